@@ -1,0 +1,34 @@
+# Two entry points, each doing all set-up on a fresh machine:
+#   make demo   - set up .venv, run the main job
+#   make test   - set up .venv, run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench venv clean
+
+venv: $(STAMP)
+
+# Rebuilt only when the pinned requirements or setup.py change.
+$(STAMP): requirements-dev.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# tf_keras would pull the `tensorflow` package beside `tensorflow-cpu`;
+	# both install the same files, so it goes in without its dependencies.
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps tf_keras==2.21.0
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,37 @@
+"""Installs torchbridge: `pip install .` (or `pip install -e .`)."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+_VERSION = re.search(r'__version__ = "([^"]+)"',
+                     Path(__file__).with_name("torchbridge").joinpath(
+                         "__init__.py").read_text()).group(1)
+
+setup(
+    name="torchbridge",
+    version=_VERSION,
+    description=("PyTorch models as TensorFlow 2 layers: zero-copy DLPack "
+                 "exchange, TF gradients, TF optimizers and checkpoints."),
+    long_description=Path(__file__).with_name("README.md").read_text()
+    if Path(__file__).with_name("README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["torchbridge", "torchbridge.*"]),
+    python_requires=">=3.10",
+    # Loose on purpose: GPU users bring their own CUDA builds. TensorFlow is
+    # not required by name because it ships under several (`tensorflow`,
+    # `tensorflow-cpu`, `tensorflow[and-cuda]`) and pip cannot tell that one
+    # satisfies another; pick one with the extras below. The pinned CPU set
+    # used for development and CI is requirements-dev.txt.
+    install_requires=[
+        "numpy",
+        "torch>=2.3",
+    ],
+    extras_require={
+        "cpu": ["tensorflow-cpu>=2.16"],
+        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "tf_keras": ["tf_keras"],
+    },
+    license="Apache-2.0",
+)

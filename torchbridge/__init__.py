@@ -1,0 +1,17 @@
+"""torchbridge: PyTorch models and functions as TensorFlow ops and modules."""
+
+from torchbridge._exchange import exchange_stats
+from torchbridge._exchange import reset_exchange_stats
+from torchbridge._exchange import to_tf
+from torchbridge._exchange import to_torch
+from torchbridge._function import torch_function
+
+__all__ = [
+    "exchange_stats",
+    "reset_exchange_stats",
+    "to_tf",
+    "to_torch",
+    "torch_function",
+]
+
+__version__ = "0.1.0"

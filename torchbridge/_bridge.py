@@ -1,0 +1,241 @@
+"""The differentiable call from TF into torch, to any order of derivative.
+
+General strategy:
+1. A bridged call runs a torch computation on zero-copy views of its TF
+   arguments. Its floating arguments become torch leaves that require grad,
+   so torch records the autograd graph while computing the outputs.
+2. The outputs go back to TF zero-copy. The torch outputs, leaves and graph
+   are kept in a `_Saved` record for the backward, which never re-runs the
+   forward: it calls `torch.autograd.grad` on the saved graph.
+3. The backward is itself a bridged call (its arguments: the upstream
+   gradients and the forward's floating arguments; its torch leaves: fresh
+   leaves for the upstream gradients and the forward's own leaves), so nested
+   `GradientTape`s compose to any order.
+4. Eagerly, the `_Saved` record lives in the closure of the gradient function
+   that `tf.custom_gradient` hands to the tape, and dies with the tape. When no
+   tape is recording, no graph is built at all.
+5. Inside `tf.function`, the call is a `tf.py_function` that returns, besides
+   the outputs, a one-byte handle tensor: a DLPack view of a torch tensor that
+   owns the `_Saved` record. TF keeps the handle exactly as long as a gradient
+   may still need it (not at all in an inference call, until the backward in a
+   training call) and then frees it, which frees the record: no leak and no
+   guessing whether a tape is active.
+"""
+
+import functools
+import weakref
+
+import tensorflow as tf
+import torch
+from tensorflow.python.eager import record as tf_record
+
+from torchbridge import _exchange
+
+# Handle data pointer -> `_Saved`. Weak: the handle tensor owns the record.
+_SAVED_BY_HANDLE = weakref.WeakValueDictionary()
+
+
+class _Saved:
+  """Torch-side state of one bridged call, kept for its backward."""
+
+  __slots__ = ("outs_torch", "leaves_torch", "has_graph", "regraph",
+               "__weakref__")
+
+  def __init__(self, outs_torch, leaves_torch, has_graph, regraph=None):
+    # Flat torch outputs, and for each TF argument of the call the torch leaf
+    # that stands for it (None where the argument gets no gradient).
+    self.outs_torch = outs_torch
+    self.leaves_torch = leaves_torch
+    self.has_graph = has_graph
+    # Recomputes this record with an autograd graph, for the rare case (a
+    # second-order gradient inside tf.function) where it was made without.
+    self.regraph = regraph
+
+
+def is_differentiable(dtype):
+  """Whether gradients flow through values of this TF dtype."""
+  return tf.as_dtype(dtype).is_floating
+
+
+def call(compute, args_tf, out_specs=None, name="torch_call"):
+  """Runs `compute` as one differentiable TF op on `args_tf`.
+
+  Args:
+    compute: `compute(args_tf, record) -> _Saved`, given eager TF tensors;
+      with `record` it must make the floating arguments torch leaves that
+      require grad and build the autograd graph.
+    args_tf: flat list of TF tensors.
+    out_specs: flat list of `tf.TensorSpec` of the outputs, required when
+      tracing a `tf.function`.
+    name: name of the op in TF graphs.
+
+  Returns:
+    Flat list of TF tensors.
+  """
+  if tf.executing_eagerly():
+    return _call_eager(compute, args_tf)
+  return _call_graph(compute, args_tf, args_tf, out_specs, True, name)
+
+
+def _call_eager(compute, args_tf):
+  if not (tf_record.could_possibly_record() and
+          any(is_differentiable(a.dtype) for a in args_tf)):
+    with torch.no_grad():
+      saved = compute(args_tf, False)
+    return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
+
+  @tf.custom_gradient
+  def bridged(*args):
+    with torch.enable_grad():
+      saved = compute(list(args), True)
+    outs_tf = [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
+
+    def grad(*dys_tf):
+      # Gradients are themselves bridged calls, so an outer tape that
+      # records this backward can differentiate it again.
+      specs = [tf.TensorSpec(o.shape, o.dtype) for o in outs_tf]
+      sel_out, diff_args = _grad_positions(specs, args, dys_tf)
+      compute_bwd = functools.partial(_backward, saved, sel_out, diff_args)
+      grads_tf = _call_eager(
+          lambda a, rec: compute_bwd(a[:len(sel_out)], rec),
+          [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args])
+      return _scatter(grads_tf, diff_args, len(args))
+
+    return outs_tf, grad
+
+  return list(bridged(*args_tf))
+
+
+def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name):
+  """`compute` inside a graph, through `tf.py_function` and a handle.
+
+  `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
+  tensors the Python body receives (for a backward: the handle of the
+  forward and the upstream gradients, not the forward's arguments, which
+  live on in its `_Saved` record).
+  """
+
+  def body(*py_args_eager):
+    with torch.set_grad_enabled(record):
+      saved = compute(list(py_args_eager), record)
+    _check_outputs(saved.outs_torch, out_specs, name)
+    device = next((o.device for o in saved.outs_torch if o.is_cuda),
+                  torch.device("cpu"))
+    handle_torch = torch.empty(1, dtype=torch.int8, device=device)
+    # The handle owns the record: torch keeps a tensor's Python object (and
+    # its attributes) alive while its memory is exported through DLPack.
+    handle_torch._torchbridge_saved = saved
+    _SAVED_BY_HANDLE[handle_torch.data_ptr()] = saved
+    return [_exchange.tensor_to_tf(handle_torch)] + [
+        _exchange.tensor_to_tf(o) for o in saved.outs_torch]
+
+  @tf.custom_gradient
+  def bridged(*grad_args):
+    results = tf.py_function(
+        body, py_args_tf, Tout=[tf.int8] + [s.dtype for s in out_specs],
+        name=name)
+    handle_tf, outs_tf = results[0], results[1:]
+    for out_tf, spec in zip(outs_tf, out_specs):
+      out_tf.set_shape(spec.shape)
+
+    def grad(*dys_tf):
+      sel_out, diff_args = _grad_positions(out_specs, grad_args, dys_tf)
+
+      def compute_bwd(py_args_eager, rec):
+        saved = _lookup(py_args_eager[0])
+        return _backward(saved, sel_out, diff_args, py_args_eager[1:], rec)
+
+      dys_sel_tf = [dys_tf[i] for i in sel_out]
+      # The backward may be traced in another graph than the forward (the
+      # backward function of a tf.function); identities capture the
+      # forward's tensors there, so that a gradient of this backward, traced
+      # in yet another graph, refers to tensors of its parent graph only.
+      xs_tf = [tf.identity(grad_args[j]) for j in diff_args]
+      grads_tf = _call_graph(
+          compute_bwd,
+          dys_sel_tf + xs_tf,
+          [tf.identity(handle_tf)] + dys_sel_tf,
+          [tf.TensorSpec(grad_args[j].shape, grad_args[j].dtype)
+           for j in diff_args],
+          # Build the double-backward graph only when a tape records this
+          # backward; otherwise a later request recomputes it (regraph).
+          tf_record.could_possibly_record(),
+          name + "_grad")
+      return _scatter(grads_tf, diff_args, len(grad_args))
+
+    return outs_tf, grad
+
+  return list(bridged(*grad_args_tf))
+
+
+def _grad_positions(out_specs, args, dys_tf):
+  """Which outputs send gradient back, and which arguments receive it."""
+  sel_out = [i for i, (spec, dy) in enumerate(zip(out_specs, dys_tf))
+             if dy is not None and is_differentiable(spec.dtype)]
+  diff_args = [j for j, a in enumerate(args) if is_differentiable(a.dtype)]
+  return sel_out, diff_args
+
+
+def _scatter(grads_tf, positions, n):
+  result = [None] * n
+  for pos, g in zip(positions, grads_tf):
+    result[pos] = g
+  return result
+
+
+def _backward(saved, sel_out, diff_args, dys_tf, record):
+  """The vector-Jacobian product of a saved call, as a new `_Saved`."""
+  if not saved.has_graph:
+    saved = saved.regraph()
+  dys_torch = [_exchange.tensor_to_torch(dy) for dy in dys_tf]
+  if record:
+    dys_torch = [dy.requires_grad_() for dy in dys_torch]
+  leaves = [saved.leaves_torch[j] for j in diff_args]
+  # Outputs torch computed without a graph (detached, integer-valued paths)
+  # contribute nothing.
+  pairs = [(saved.outs_torch[i], dy) for i, dy in zip(sel_out, dys_torch)
+           if saved.outs_torch[i].requires_grad]
+  with torch.enable_grad():
+    if pairs and leaves:
+      grads_torch = torch.autograd.grad(
+          [o for o, _ in pairs], leaves, [dy for _, dy in pairs],
+          retain_graph=True, create_graph=record, allow_unused=True,
+          materialize_grads=True)
+    else:
+      grads_torch = [torch.zeros_like(leaf) for leaf in leaves]
+  return _Saved(
+      list(grads_torch), dys_torch + leaves, has_graph=record,
+      regraph=functools.partial(_backward, saved, sel_out, diff_args, dys_tf,
+                                True))
+
+
+def _lookup(handle_tf):
+  saved = _SAVED_BY_HANDLE.get(_exchange.tensor_to_torch(handle_tf).data_ptr())
+  if saved is None:
+    raise RuntimeError(
+        "torchbridge lost the saved torch state of a forward call before its "
+        "backward ran (the handle tensor was copied or freed early). This is "
+        "a bug in torchbridge; please report it with the code that "
+        "triggered it.")
+  return saved
+
+
+def _check_outputs(outs_torch, out_specs, name):
+  if len(outs_torch) != len(out_specs):
+    raise ValueError(
+        f"{name} returned {len(outs_torch)} tensors, but {len(out_specs)} "
+        "were declared when the tf.function was traced. The torch code must "
+        "return the same structure on every call.")
+  for k, (out, spec) in enumerate(zip(outs_torch, out_specs)):
+    if out.dtype != _exchange.torch_dtype(spec.dtype):
+      raise TypeError(
+          f"{name} output {k} has dtype {out.dtype}, but {spec.dtype.name} "
+          "was declared when the tf.function was traced (by output_signature "
+          "or by running the code on meta tensors). Return the declared "
+          "dtype, or fix output_signature.")
+    if not spec.shape.is_compatible_with(out.shape):
+      raise ValueError(
+          f"{name} output {k} has shape {tuple(out.shape)}, but "
+          f"{spec.shape} was declared when the tf.function was traced (by "
+          "output_signature or by running the code on meta tensors). Fix "
+          "output_signature, or mark data-dependent dimensions as None.")

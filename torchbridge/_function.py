@@ -1,0 +1,239 @@
+"""`torch_function`: a torch callable as a differentiable TF op."""
+
+import functools
+import re
+
+import tensorflow as tf
+import torch
+from tensorflow.python.ops import control_flow_util
+
+from torchbridge import _bridge
+from torchbridge import _exchange
+from torchbridge import _signature
+
+_XLA_UNSUPPORTED = """\
+{name} cannot run inside a tf.function compiled with XLA (jit_compile=True):
+XLA compiles the whole function to device code, which cannot call back into
+Python and PyTorch. Compile without XLA instead: `tf.function(fn)` or
+`tf.function(fn, jit_compile=False)`, and in Keras `model.compile(...,
+jit_compile=False)`. The rest of the model can stay compiled if it lives in a
+separate tf.function."""
+
+
+def torch_function(fn=None, *, output_signature=None, name=None):
+  """Makes a torch callable usable as a differentiable TF function.
+
+  The wrapped function takes TF tensors (`tf.Tensor`, `tf.Variable`,
+  `np.ndarray`) anywhere in its arguments, nested in tuples, lists, dicts and
+  namedtuples; torch sees them as torch tensors sharing their memory. Other
+  arguments (numbers, strings, torch tensors, objects) reach torch as they
+  are, as static values. The torch result, a torch tensor or a nest of them,
+  comes back as TF tensors sharing torch's memory.
+
+  Eagerly, the torch code runs directly, with no `tf.py_function`. Inside
+  `tf.function` it runs as one stateful op (a `tf.py_function`), and its
+  outputs carry static shapes: torchbridge runs the code once on torch "meta"
+  tensors while tracing, which costs no computation; dimensions that depend
+  on unknown (None) input dimensions stay unknown. Code that cannot run on
+  meta tensors needs `output_signature`.
+
+  Gradients flow to every floating argument (not to integer ones) and are
+  computed by torch autograd on the graph saved by the forward, which is
+  never run again. The backward is itself differentiable, so nested
+  `GradientTape`s give higher-order gradients. Exceptions raised by the torch
+  code reach the caller: as they are eagerly, and inside `tf.function` as a TF
+  error whose message holds the original type, message and traceback.
+  `tf.function(jit_compile=True)` is not supported (XLA cannot call Python).
+
+  Args:
+    fn: a callable taking and returning torch tensors.
+    output_signature: optional `tf.TensorSpec` or nest of them, in the
+      structure `fn` returns; skips shape inference on meta tensors.
+    name: name of the op in TF graphs; defaults to `fn.__name__`.
+
+  Returns:
+    A callable taking TF tensors and returning TF tensors.
+
+  Example:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> @tb.torch_function
+    ... def scaled_sin(x, scale):
+    ...   return torch.sin(x) * scale
+    >>> x = tf.constant([0.0, 1.0])
+    >>> with tf.GradientTape() as tape:
+    ...   tape.watch(x)
+    ...   y = scaled_sin(x, 2.0)
+    >>> tape.gradient(y, x).numpy()
+    array([2.       , 1.0806046], dtype=float32)
+  """
+  if fn is None:
+    return functools.partial(
+        torch_function, output_signature=output_signature, name=name)
+  if not callable(fn):
+    raise TypeError(
+        f"torch_function() expected a callable taking torch tensors, got "
+        f"{fn!r} of type {type(fn).__name__}. Use it as a decorator, "
+        "`@tb.torch_function`, or call `tb.torch_function(fn)`.")
+  return TorchFunction(fn, output_signature=output_signature, name=name)
+
+
+class TorchFunction:
+  """A torch callable wrapped by `torch_function`."""
+
+  def __init__(self, fn, output_signature=None, name=None):
+    functools.update_wrapper(self, fn)
+    self._fn = fn
+    self._output_signature = output_signature
+    if output_signature is not None:
+      for spec in tf.nest.flatten(output_signature):
+        if not isinstance(spec, tf.TensorSpec):
+          raise TypeError(
+              f"torch_function() output_signature must hold tf.TensorSpec "
+              f"leaves, got {spec!r}. Example: output_signature="
+              "(tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([], "
+              "tf.int64)).")
+    self._name = name or getattr(fn, "__name__", None) or type(fn).__name__
+
+  def __get__(self, instance, owner=None):
+    if instance is None:
+      return self
+    return functools.partial(self, instance)
+
+  def __call__(self, *args, **kwargs):
+    call = bind_arguments(self._name, (args, kwargs))
+    if not tf.executing_eagerly():
+      check_not_xla(self._name)
+
+    def run(args_torch):
+      a, kw = call.substitute(args_torch)
+      return self._fn(*a, **kw)
+
+    return call_bridged(run, call.args_tf, self._name, self._output_signature)
+
+
+class _BoundCall:
+  """A call's arguments, split into TF tensors and static values."""
+
+  def __init__(self, structure, flat, positions, args_tf):
+    self._structure = structure
+    self._flat = flat
+    self._positions = positions
+    self.args_tf = args_tf
+
+  def substitute(self, args_torch):
+    """The original arguments with torch tensors in the TF tensors' places."""
+    flat = list(self._flat)
+    for pos, arg_torch in zip(self._positions, args_torch):
+      flat[pos] = arg_torch
+    return tf.nest.pack_sequence_as(self._structure, flat)
+
+
+def bind_arguments(name, structure):
+  """Finds the TF tensors in a nest of call arguments."""
+  flat = tf.nest.flatten(structure)
+  positions, args_tf = [], []
+  for pos, leaf in enumerate(flat):
+    _exchange.check_tf_leaf(leaf, f"{name}()")
+    if _exchange.is_tf_tensor(leaf):
+      arg_tf = tf.convert_to_tensor(leaf)
+      if arg_tf.dtype not in _exchange._TORCH_DTYPE_FROM_TF:
+        raise TypeError(
+            f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
+            f"{arg_tf.shape}), which torch has no dtype for. Convert it "
+            "first, e.g. `tf.cast(x, tf.float32)`, or `tf.strings.to_number` "
+            "for strings.")
+      positions.append(pos)
+      args_tf.append(arg_tf)
+  return _BoundCall(structure, flat, positions, args_tf)
+
+
+def check_not_xla(name):
+  """Raises if the graph being traced is compiled by XLA."""
+  if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+    raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))
+
+
+def call_bridged(run, args_tf, name, output_signature=None, extra=None):
+  """Calls `run(args_torch) -> nest of torch tensors` through the bridge.
+
+  Args:
+    run: the torch computation, given torch views of `args_tf`.
+    args_tf: flat list of TF tensors.
+    name: for errors and graph op names.
+    output_signature: optional nest of `tf.TensorSpec` of run's result.
+    extra: optional `extra(args_torch, result)` called in the forward after
+      `run` (e.g. to write back updated buffers); its return value is
+      appended to the outputs as a flat list of torch tensors.
+
+  Returns:
+    The result of `run` as a nest of TF tensors (None leaves stay None), or
+    `(result, extra_outputs_tf)` when `extra` is given.
+  """
+  layout = {}  # set by the first run: where the tensors sit in the result
+
+  def flat_outputs(args_torch):
+    result = run(args_torch)
+    outs_torch = _flatten_result(result, name, layout)
+    if extra is not None:
+      outs_torch = outs_torch + list(extra(args_torch, result))
+    return outs_torch
+
+  def compute(call_args_tf, record):
+    args_torch = [_exchange.tensor_to_torch(a) for a in call_args_tf]
+    leaves = [a.requires_grad_() if record and a.is_floating_point() else None
+              for a in args_torch]
+    return _bridge._Saved(flat_outputs(args_torch), leaves, has_graph=record)
+
+  op_name = _op_name(name)
+  if tf.executing_eagerly():
+    outs_tf = _bridge.call(compute, args_tf, name=op_name)
+  else:
+    if output_signature is not None:
+      out_specs = _flatten_signature(output_signature, layout)
+      if extra is not None:
+        raise ValueError("output_signature cannot be combined with extra")
+    else:
+      out_specs = _signature.infer(
+          flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf],
+          name)
+    outs_tf = _bridge.call(compute, args_tf, out_specs, name=op_name)
+  n_result = layout["n_tensors"]
+  result = _pack_result(layout, outs_tf[:n_result])
+  if extra is not None:
+    return result, outs_tf[n_result:]
+  return result
+
+
+def _flatten_result(result, name, layout):
+  flat = tf.nest.flatten(result)
+  tensors = []
+  for leaf in flat:
+    if isinstance(leaf, torch.Tensor):
+      tensors.append(leaf)
+    elif leaf is not None:
+      raise TypeError(
+          f"{name} returned a {type(leaf).__name__} ({leaf!r}) inside its "
+          "result; torchbridge passes back torch tensors (or None) only. "
+          "Return it as a tensor, e.g. `torch.tensor(value)`.")
+  layout.setdefault("structure", result)
+  layout.setdefault("is_tensor", [isinstance(l, torch.Tensor) for l in flat])
+  layout.setdefault("n_tensors", len(tensors))
+  return tensors
+
+
+def _flatten_signature(output_signature, layout):
+  flat = tf.nest.flatten(output_signature)
+  layout.update(structure=output_signature, is_tensor=[True] * len(flat),
+                n_tensors=len(flat))
+  return flat
+
+
+def _pack_result(layout, outs_tf):
+  outs = iter(outs_tf)
+  flat = [next(outs) if is_tensor else None for is_tensor in layout["is_tensor"]]
+  return tf.nest.pack_sequence_as(layout["structure"], flat)
+
+
+def _op_name(name):
+  cleaned = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name).lstrip("_-/") or "torch"
+  return cleaned

@@ -1,0 +1,66 @@
+"""Output signatures of torch code, found without computing anything."""
+
+import tensorflow as tf
+import torch
+
+from torchbridge import _exchange
+
+# Two stand-in sizes for the dimensions TF leaves unknown. An output dimension
+# that comes out the same for both is static; one that changes stays unknown.
+_PROBE_SIZES = (2, 3)
+
+_META_FAILED = """\
+torchbridge could not find the output shapes of {name} by running it on
+"meta" tensors (torch's shape-only device) while tracing the tf.function:
+  {error_type}: {error}
+Code that reads tensor values (`.item()`, `.tolist()`, numpy), or whose output
+shapes depend on the data, cannot run on meta tensors. Declare the outputs
+instead, with TensorSpecs in the structure the function returns and None for
+unknown dimensions, e.g.:
+  tb.torch_function(fn, output_signature=tf.TensorSpec([None, 4], tf.float32))"""
+
+
+def infer(run, args_specs, name):
+  """Runs `run(args_meta)` on meta tensors, returns its outputs' TensorSpecs.
+
+  Args:
+    run: `run(args_torch) -> list of torch tensors`.
+    args_specs: `tf.TensorSpec`s of the arguments, possibly with unknown
+      dimensions.
+    name: the function's name, for errors.
+
+  Returns:
+    One `tf.TensorSpec` per output.
+  """
+  unknown_rank = [s for s in args_specs if s.shape.rank is None]
+  if unknown_rank:
+    raise ValueError(
+        f"{name} got an argument of unknown rank inside tf.function "
+        f"({unknown_rank[0]}), so torchbridge cannot find its output shapes. "
+        "Give the tf.function an input_signature with known ranks, or pass "
+        "output_signature= to tb.torch_function.")
+  dynamic = any(None in s.shape.as_list() for s in args_specs)
+  probes = _PROBE_SIZES if dynamic else _PROBE_SIZES[:1]
+  outs_by_probe = []
+  for size in probes:
+    args_meta = [
+        torch.empty([size if d is None else d for d in s.shape.as_list()],
+                    dtype=_exchange.torch_dtype(s.dtype), device="meta")
+        for s in args_specs
+    ]
+    try:
+      with torch.no_grad():
+        outs_by_probe.append(run(args_meta))
+    except Exception as err:  # any failure of user code on meta tensors
+      raise RuntimeError(_META_FAILED.format(
+          name=name, error_type=type(err).__name__, error=err)) from err
+  specs = []
+  for outs in zip(*outs_by_probe):
+    shapes = [list(o.shape) for o in outs]
+    if len({len(s) for s in shapes}) > 1:
+      shape = None  # even the rank depends on the unknown dimensions
+    else:
+      shape = [dims[0] if len(set(dims)) == 1 else None
+               for dims in zip(*shapes)]
+    specs.append(tf.TensorSpec(shape, _exchange.tf_dtype(outs[0].dtype)))
+  return specs
