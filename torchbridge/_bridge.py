@@ -57,7 +57,8 @@ def is_differentiable(dtype):
   return tf.as_dtype(dtype).is_floating
 
 
-def call(compute, args_tf, out_specs=None, name="torch_call"):
+def call(compute, args_tf, out_specs=None, name="torch_call",
+         differentiable=None):
   """Runs `compute` as one differentiable TF op on `args_tf`.
 
   Args:
@@ -68,18 +69,22 @@ def call(compute, args_tf, out_specs=None, name="torch_call"):
     out_specs: flat list of `tf.TensorSpec` of the outputs, required when
       tracing a `tf.function`.
     name: name of the op in TF graphs.
+    differentiable: optional list of bools, one per argument: which ones get
+      gradients. Defaults to the floating ones.
 
   Returns:
     Flat list of TF tensors.
   """
+  if differentiable is None:
+    differentiable = [is_differentiable(a.dtype) for a in args_tf]
   if tf.executing_eagerly():
-    return _call_eager(compute, args_tf)
-  return _call_graph(compute, args_tf, args_tf, out_specs, True, name)
+    return _call_eager(compute, args_tf, differentiable)
+  return _call_graph(compute, args_tf, args_tf, out_specs, True, name,
+                     differentiable)
 
 
-def _call_eager(compute, args_tf):
-  if not (tf_record.could_possibly_record() and
-          any(is_differentiable(a.dtype) for a in args_tf)):
+def _call_eager(compute, args_tf, differentiable):
+  if not (tf_record.could_possibly_record() and any(differentiable)):
     with torch.no_grad():
       saved = compute(args_tf, False)
     return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
@@ -94,11 +99,12 @@ def _call_eager(compute, args_tf):
       # Gradients are themselves bridged calls, so an outer tape that
       # records this backward can differentiate it again.
       specs = [tf.TensorSpec(o.shape, o.dtype) for o in outs_tf]
-      sel_out, diff_args = _grad_positions(specs, args, dys_tf)
+      sel_out, diff_args = _grad_positions(specs, differentiable, dys_tf)
       compute_bwd = functools.partial(_backward, saved, sel_out, diff_args)
       grads_tf = _call_eager(
           lambda a, rec: compute_bwd(a[:len(sel_out)], rec),
-          [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args])
+          [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args],
+          [True] * (len(sel_out) + len(diff_args)))
       return _scatter(grads_tf, diff_args, len(args))
 
     return outs_tf, grad
@@ -106,7 +112,8 @@ def _call_eager(compute, args_tf):
   return list(bridged(*args_tf))
 
 
-def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name):
+def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
+                differentiable):
   """`compute` inside a graph, through `tf.py_function` and a handle.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
@@ -115,6 +122,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name):
   live on in its `_Saved` record).
   """
 
+  @tf.autograph.experimental.do_not_convert
   def body(*py_args_eager):
     with torch.set_grad_enabled(record):
       saved = compute(list(py_args_eager), record)
@@ -139,7 +147,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name):
       out_tf.set_shape(spec.shape)
 
     def grad(*dys_tf):
-      sel_out, diff_args = _grad_positions(out_specs, grad_args, dys_tf)
+      sel_out, diff_args = _grad_positions(out_specs, differentiable, dys_tf)
 
       def compute_bwd(py_args_eager, rec):
         saved = _lookup(py_args_eager[0])
@@ -160,7 +168,8 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name):
           # Build the double-backward graph only when a tape records this
           # backward; otherwise a later request recomputes it (regraph).
           tf_record.could_possibly_record(),
-          name + "_grad")
+          name + "_grad",
+          [True] * (len(sel_out) + len(diff_args)))
       return _scatter(grads_tf, diff_args, len(grad_args))
 
     return outs_tf, grad
@@ -168,11 +177,11 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name):
   return list(bridged(*grad_args_tf))
 
 
-def _grad_positions(out_specs, args, dys_tf):
+def _grad_positions(out_specs, differentiable, dys_tf):
   """Which outputs send gradient back, and which arguments receive it."""
   sel_out = [i for i, (spec, dy) in enumerate(zip(out_specs, dys_tf))
              if dy is not None and is_differentiable(spec.dtype)]
-  diff_args = [j for j, a in enumerate(args) if is_differentiable(a.dtype)]
+  diff_args = [j for j, diff in enumerate(differentiable) if diff]
   return sel_out, diff_args
 
 

@@ -153,7 +153,8 @@ def check_not_xla(name):
     raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))
 
 
-def call_bridged(run, args_tf, name, output_signature=None, extra=None):
+def call_bridged(run, args_tf, name, output_signature=None, extra=None,
+                 differentiable=None):
   """Calls `run(args_torch) -> nest of torch tensors` through the bridge.
 
   Args:
@@ -164,6 +165,8 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None):
     extra: optional `extra(args_torch, result)` called in the forward after
       `run` (e.g. to write back updated buffers); its return value is
       appended to the outputs as a flat list of torch tensors.
+    differentiable: optional list of bools, one per argument of `args_tf`:
+      which get gradients (default: the floating ones).
 
   Returns:
     The result of `run` as a nest of TF tensors (None leaves stay None), or
@@ -178,15 +181,19 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None):
       outs_torch = outs_torch + list(extra(args_torch, result))
     return outs_torch
 
+  if differentiable is None:
+    differentiable = [_bridge.is_differentiable(a.dtype) for a in args_tf]
+
   def compute(call_args_tf, record):
     args_torch = [_exchange.tensor_to_torch(a) for a in call_args_tf]
-    leaves = [a.requires_grad_() if record and a.is_floating_point() else None
-              for a in args_torch]
+    leaves = [a.requires_grad_() if record and diff else None
+              for a, diff in zip(args_torch, differentiable)]
     return _bridge._Saved(flat_outputs(args_torch), leaves, has_graph=record)
 
   op_name = _op_name(name)
   if tf.executing_eagerly():
-    outs_tf = _bridge.call(compute, args_tf, name=op_name)
+    outs_tf = _bridge.call(compute, args_tf, name=op_name,
+                           differentiable=differentiable)
   else:
     if output_signature is not None:
       out_specs = _flatten_signature(output_signature, layout)
@@ -196,7 +203,8 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None):
       out_specs = _signature.infer(
           flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf],
           name)
-    outs_tf = _bridge.call(compute, args_tf, out_specs, name=op_name)
+    outs_tf = _bridge.call(compute, args_tf, out_specs, name=op_name,
+                           differentiable=differentiable)
   n_result = layout["n_tensors"]
   result = _pack_result(layout, outs_tf[:n_result])
   if extra is not None:
