@@ -5,8 +5,10 @@ from torchbridge._exchange import reset_exchange_stats
 from torchbridge._exchange import to_tf
 from torchbridge._exchange import to_torch
 from torchbridge._function import torch_function
+from torchbridge._module import TorchModule
 
 __all__ = [
+    "TorchModule",
     "exchange_stats",
     "reset_exchange_stats",
     "to_tf",
