@@ -176,7 +176,7 @@ def check_tf_leaf(value, func_name):
 def _leaf_to_torch(value):
   check_tf_leaf(value, "to_torch()")
   if isinstance(value, np.ndarray):
-    return _numpy_to_torch(value)[0]
+    return _numpy_to_torch(value, "to_torch()")[0]
   if isinstance(value, tf.Variable):
     value = value.value()
   if not isinstance(value, tf.Tensor):
@@ -209,33 +209,32 @@ def tensor_to_torch(x_tf):
   return x_torch
 
 
-def _numpy_to_torch(x_np, count=True):
-  """A numpy array to torch, sharing memory where torch can."""
+def _numpy_to_torch(x_np, func_name, count=True):
+  """A numpy array to torch, sharing memory where torch can.
+
+  Returns the torch tensor and whether it is a copy.
+  """
   has_negative_stride = any(s < 0 for s in x_np.strides)
-  if x_np.flags.writeable and not has_negative_stride and x_np.dtype != object:
-    try:
-      x_torch = torch.from_numpy(x_np)
-    except TypeError as err:
-      raise TypeError(
-          f"to_torch() received a numpy array of dtype {x_np.dtype} "
-          f"(shape {x_np.shape}), which torch cannot hold. Convert it to a "
-          "numeric dtype first, e.g. `x.astype(np.float32)`.") from err
-    if count:
-      _count()
-    return x_torch, 0
   # torch cannot view negative strides, and a read-only buffer must not
-  # become a writable torch tensor: copy.
-  x_torch = torch.from_numpy(np.array(x_np, copy=True, order="C"))
-  copied_bytes = x_torch.numel() * x_torch.element_size()
+  # become a writable torch tensor: those are copied.
+  shareable = x_np.flags.writeable and not has_negative_stride
+  try:
+    x_torch = torch.from_numpy(
+        x_np if shareable else np.array(x_np, copy=True, order="C"))
+  except TypeError as err:
+    raise TypeError(
+        f"{func_name} received a numpy array of dtype {x_np.dtype} "
+        f"(shape {x_np.shape}), which torch cannot hold. Convert it to a "
+        "numeric dtype first, e.g. `x.astype(np.float32)`.") from err
   if count:
-    _count(copied_bytes)
-  return x_torch, copied_bytes
+    _count(None if shareable else x_torch.numel() * x_torch.element_size())
+  return x_torch, not shareable
 
 
 def _leaf_to_tf(value):
   if isinstance(value, np.ndarray):
-    value, copied_bytes = _numpy_to_torch(value, count=False)
-    return tensor_to_tf(value, copied=bool(copied_bytes))
+    value, copied = _numpy_to_torch(value, "to_tf()", count=False)
+    return tensor_to_tf(value, copied=copied)
   if not isinstance(value, torch.Tensor):
     return value
   return tensor_to_tf(value)

@@ -1,0 +1,76 @@
+"""Shared fixtures for the torchbridge tests.
+
+torch is imported before tensorflow everywhere: the other order segfaults on
+these machines.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch  # noqa: F401  (must come before tensorflow)
+import tensorflow as tf
+
+import torchbridge as tb
+
+
+def cuda_available():
+  """Whether both torch and TF see a CUDA GPU."""
+  return torch.cuda.is_available() and bool(
+      tf.config.list_physical_devices("GPU"))
+
+
+requires_gpu = pytest.mark.skipif(
+    not cuda_available(),
+    reason="needs a CUDA GPU visible to both torch and TF")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stats():
+  """Every test starts with zeroed exchange counters."""
+  tb.reset_exchange_stats()
+  yield
+
+
+@pytest.fixture(params=["eager", "function"])
+def mode(request):
+  """How a test body runs: eagerly, or traced by `tf.function`."""
+  return request.param
+
+
+@pytest.fixture
+def in_mode(mode):
+  """`in_mode(fn)` is `fn` eagerly and `tf.function(fn)` in graph mode."""
+
+  def wrap(fn, **kwargs):
+    if mode == "eager":
+      return fn
+    return tf.function(fn, **kwargs)
+
+  return wrap
+
+
+@pytest.fixture(params=[tf.float32, tf.float64], ids=["float32", "float64"])
+def float_dtype(request):
+  return request.param
+
+
+def tolerance(dtype):
+  """`(rtol, atol)` for comparing results computed in `dtype`."""
+  if tf.as_dtype(dtype) == tf.float64:
+    return {"rtol": 1e-12, "atol": 1e-12}
+  return {"rtol": 2e-5, "atol": 2e-6}
+
+
+def random_tf(shape, dtype, seed=0, low=-1.0, high=1.0):
+  """A TF-owned tensor of uniform values (made by a TF op, not from numpy)."""
+  rng = np.random.default_rng(seed)
+  values = rng.uniform(low, high, size=shape)
+  return tf.identity(tf.constant(values, dtype=dtype))
+
+
+def rss_bytes():
+  """The resident set size of this process."""
+  with open("/proc/self/statm") as f:
+    pages = int(f.read().split()[1])
+  return pages * os.sysconf("SC_PAGE_SIZE")
