@@ -17,3 +17,11 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+  # `tb.keras` imports Keras only when first used.
+  if name == "keras":
+    import importlib
+    return importlib.import_module("torchbridge.keras")
+  raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")

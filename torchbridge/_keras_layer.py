@@ -1,0 +1,136 @@
+"""`TorchLayer`: a torch module as a Keras 3 layer under the TF backend."""
+
+import base64
+import io
+
+import keras
+import tensorflow as tf
+import torch
+
+from torchbridge import _torch_state
+
+_UNSAFE_LOAD = """\
+Refusing to load the torch module stored in the config of TorchLayer {name!r}:
+it is a pickle, and unpickling it with `torch.load` can run arbitrary code.
+If you trust the file, load it with `keras.models.load_model(path,
+safe_mode=False)` (or call `keras.config.enable_unsafe_deserialization()`
+first). To load in safe mode instead, build the torch module in code: a
+subclass of TorchLayer (or a subclassed keras.Model) that creates its torch
+module in `__init__` and leaves "module" out of `get_config()`."""
+
+_NO_STATE = """\
+TorchLayer {name!r}: the torch module {module_type} has no parameters and no
+buffers, so there is nothing for Keras to train or save. If the module keeps
+submodules or tensors in plain Python lists or dicts, torch does not see
+them: use nn.ModuleList / nn.ModuleDict / nn.Parameter / register_buffer. If
+the module is stateless on purpose, wrap its function instead:
+  keras.layers.Lambda(tb.torch_function(module))"""
+
+
+@keras.saving.register_keras_serializable(package="torchbridge")
+class TorchLayer(keras.layers.Layer):
+  """A torch `nn.Module` as a Keras 3 layer (TensorFlow backend).
+
+  Its weights are `keras.Variable`s, one per torch parameter and buffer,
+  named after the torch path (`l1.weight`); parameters with
+  `requires_grad=True` are trainable, frozen parameters and buffers are not.
+  The forward runs in torch on zero-copy views of the weights, as in
+  `tb.TorchModule`; it works in `Sequential`, functional and subclassed
+  models, with `fit` / `evaluate` / `predict` (compiled or `run_eagerly`).
+
+  `training` follows Keras: `True` in `fit`, `False` in `evaluate` and
+  `predict`; a direct call without `training` leaves torch's own mode.
+
+  XLA cannot call into torch, so the layer sets `supports_jit = False`:
+  Keras' default `jit_compile="auto"` then compiles without XLA, and an
+  explicit `jit_compile=True` raises an error that says so.
+
+  Saving: `save_weights` / `load_weights` store the weights as any layer's.
+  `model.save("m.keras")` also stores the torch module itself (pickled with
+  `torch.save`, as Keras' own `TorchModuleWrapper` does), and
+  `keras.models.load_model` unpickles it only with `safe_mode=False`, since
+  unpickling can run arbitrary code. Models that build their torch modules in
+  code load in safe mode: subclass `TorchLayer`, create the torch module in
+  `__init__`, and drop "module" from `get_config()`.
+
+  Args:
+    module: the torch module, with all parameters initialized.
+    **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
+      defaults to the dtype of the module's floating parameters.
+
+  Example:
+    >>> import torch, keras, torchbridge as tb
+    >>> model = keras.Sequential([
+    ...     keras.Input((4,)),
+    ...     tb.keras.TorchLayer(torch.nn.Linear(4, 1), name="linear")])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> [w.path for w in model.trainable_weights]
+    ['linear/weight', 'linear/bias']
+  """
+
+  def __init__(self, module, **kwargs):
+    name = kwargs.get("name") or "torch_layer"
+    _torch_state.check_module(module, f"TorchLayer {name!r}")
+    if not any(True for _ in module.parameters()) and \
+        not any(True for _ in module.buffers()):
+      raise ValueError(_NO_STATE.format(
+          name=name, module_type=type(module).__name__))
+    kwargs.setdefault("dtype", _floating_dtype(module))
+    super().__init__(**kwargs)
+    self.supports_jit = False
+    self._torch_state = _torch_state.TorchState(
+        module, self.name, self._make_weight)
+    self.built = True
+
+  def _make_weight(self, name, value_tf, trainable):
+    return self.add_weight(
+        shape=tuple(value_tf.shape), dtype=value_tf.dtype.name,
+        initializer=lambda shape, dtype: value_tf, trainable=trainable,
+        autocast=False, name=name)
+
+  @property
+  def torch_module(self):
+    """The torch module, holding the layer's current weight values."""
+    return self._torch_state.sync_torch()
+
+  def call(self, *args, training=None, **kwargs):
+    return self._torch_state.call(args, kwargs, training)
+
+  def get_weights_by_name(self):
+    """The weights as `{torch state_dict name: np.ndarray}`."""
+    return self._torch_state.get_weights()
+
+  def set_weights_by_name(self, weights):
+    """Sets the weights from `{torch state_dict name: array}` (strict)."""
+    self._torch_state.set_weights(weights)
+
+  def get_config(self):
+    config = super().get_config()
+    buffer = io.BytesIO()
+    torch.save(self.torch_module, buffer)
+    config["module"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    if "module" in config:
+      # Unset (a direct from_config call) counts as safe: fail closed.
+      if _in_safe_mode() is not False:
+        raise ValueError(_UNSAFE_LOAD.format(name=config.get("name")))
+      config["module"] = torch.load(
+          io.BytesIO(base64.b64decode(config["module"])), weights_only=False)
+    return cls(**config)
+
+
+def _in_safe_mode():
+  from keras.src.saving import serialization_lib  # no public accessor
+  return serialization_lib.in_safe_mode()
+
+
+def _floating_dtype(module):
+  dtypes = {t.dtype for t in list(module.parameters()) + list(module.buffers())
+            if t.is_floating_point()}
+  if len(dtypes) == 1:
+    return tf.as_dtype(str(dtypes.pop()).replace("torch.", "")).name
+  return None

@@ -1,0 +1,246 @@
+"""The variables that mirror a torch module's state, and calls through them.
+
+Shared by `TorchModule` (plain `tf.Variable`s) and `keras.TorchLayer`
+(`keras.Variable`s): both hand this class a dict of variables, and it runs
+the torch module on their current values.
+"""
+
+import collections.abc
+
+import numpy as np
+import tensorflow as tf
+import torch
+from torch.func import functional_call
+
+from torchbridge import _bridge
+from torchbridge import _exchange
+from torchbridge import _function
+
+_TRAINING_NOT_BOOL = """\
+{name}(training=...) must be None, True or False, got {received!r}. Inside
+tf.function the torch mode is fixed when tracing: pass a Python bool (Keras
+does), or call the module in two tf.functions, one per mode."""
+
+
+class TorchState:
+  """A torch module whose parameters and buffers live in TF variables.
+
+  Args:
+    module: the torch `nn.Module`.
+    owner_name: the wrapper's name, for errors.
+    make_variable: `make_variable(name, initial_value_tf, trainable)` ->
+      a variable (`tf.Variable` or `keras.Variable`).
+  """
+
+  def __init__(self, module, owner_name, make_variable):
+    check_module(module, owner_name)
+    self.module = module
+    self.name = owner_name
+    params = dict(module.named_parameters())  # tied parameters appear once
+    buffers = dict(module.named_buffers())
+    self.param_names = list(params)
+    self.buffer_names = list(buffers)
+    # state_dict name -> canonical name of the tensor it holds (tied
+    # parameters have several state_dict names for one tensor).
+    by_id = {id(t): n for n, t in list(params.items()) + list(buffers.items())}
+    self.state_names = {n: by_id[id(t)] for n, t in
+                        module.state_dict(keep_vars=True).items()}
+    # torch modes -> names of the buffers the forward writes (learnt while
+    # tracing or on the first eager call), so later calls copy only those.
+    self._mutated_buffers = {}
+    self.variables = {}
+    for n, t in list(params.items()) + list(buffers.items()):
+      trainable = n in params and t.requires_grad
+      self.variables[n] = make_variable(n, tf_owned_copy(t), trainable)
+
+  def sync_torch(self):
+    """Copies the variables' values into the torch module; returns it."""
+    tensors = dict(self.module.named_parameters())
+    tensors.update(self.module.named_buffers())
+    with torch.no_grad():
+      for n, var in self.variables.items():
+        tensors[n].copy_(_exchange.tensor_to_torch(tf.convert_to_tensor(var)))
+    return self.module
+
+  def call(self, args, kwargs, training):
+    """Runs the forward on TF tensors; see `TorchModule.__call__`."""
+    if training is not None:
+      training = _as_python_bool(training, self.name)
+    call = _function.bind_arguments(self.name, (args, kwargs))
+    if not tf.executing_eagerly():
+      _function.check_not_xla(self.name)
+    names = self.param_names + self.buffer_names
+    vars_tf = [tf.convert_to_tensor(self.variables[n]) for n in names]
+    n_params, n_vars = len(self.param_names), len(names)
+    mode_key = self._mode_key(training)
+    written = []  # (buffer name, torch tensor written by the forward)
+
+    def run(args_torch):
+      known_mutated = self._mutated_buffers.get(mode_key)
+      buffers_torch = {}
+      for n, b in zip(self.buffer_names, args_torch[n_params:n_vars]):
+        # Buffers the forward may write get a private copy, so torch never
+        # writes into a TF buffer behind TF's back; the copy is then
+        # assigned to the variable (which adopts it without copying).
+        if known_mutated is None or n in known_mutated:
+          b = b.clone()
+        buffers_torch[n] = (b, b._version)
+      tensors = dict(zip(self.param_names, args_torch[:n_params]))
+      tensors.update({n: b for n, (b, _) in buffers_torch.items()})
+      a, kw = call.substitute(args_torch[n_vars:])
+      with _torch_mode(self.module, training):
+        result = functional_call(self.module, tensors, a, kw)
+      written[:] = [(n, b) for n, (b, version) in buffers_torch.items()
+                    if b._version != version]
+      return result
+
+    def extra(args_torch, result):
+      del args_torch, result
+      return [b for _, b in written]
+
+    differentiable = (
+        [self.variables[n].trainable for n in self.param_names] +
+        [False] * len(self.buffer_names) +
+        [_bridge.is_differentiable(a.dtype) for a in call.args_tf])
+    result, written_tf = _function.call_bridged(
+        run, vars_tf + call.args_tf, self.name, extra=extra,
+        differentiable=differentiable)
+    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written)
+    for (n, _), value_tf in zip(written, written_tf):
+      self.variables[n].assign(value_tf)
+    return result
+
+  def _mode_key(self, training):
+    if training is not None:
+      return str(bool(training))
+    return "".join("1" if m.training else "0" for m in self.module.modules())
+
+  def get_weights(self):
+    """`{state_dict name: np.ndarray}`, copies of the current values."""
+    return {n: np.array(self.variables[c].numpy(), copy=True)
+            for n, c in self.state_names.items()}
+
+  def set_weights(self, weights):
+    """Sets every variable from `{state_dict name: array}`, all or nothing."""
+    if not isinstance(weights, collections.abc.Mapping):
+      raise TypeError(
+          f"{self.name}.set_weights() expects a mapping from torch "
+          f"state_dict names to arrays, got {type(weights).__name__}. Pass "
+          "the dict that get_weights() returns, or a torch state_dict.")
+    expected = set(self.state_names)
+    missing = sorted(expected - set(weights))
+    unexpected = sorted(set(weights) - expected)
+    problems = []
+    if missing:
+      problems.append(f"missing names: {missing}")
+    if unexpected:
+      problems.append(f"unexpected names: {unexpected}")
+    values = {}
+    for n in sorted(expected & set(weights)):
+      var = self.variables[self.state_names[n]]
+      value = _as_numpy(weights[n], n, self.name)
+      if tuple(value.shape) != tuple(var.shape):
+        problems.append(
+            f"{n!r} has shape {tuple(value.shape)}, expected "
+            f"{tuple(var.shape)}")
+        continue
+      canonical = self.state_names[n]
+      if canonical in values and not np.array_equal(values[canonical], value):
+        problems.append(
+            f"{n!r} is tied to {canonical!r} in torch but has other values")
+      values[canonical] = value
+    if problems:
+      raise ValueError(
+          f"{self.name}.set_weights() got weights that do not fit the torch "
+          f"module: {'; '.join(problems)}. Expected exactly the names of "
+          f"its state_dict: {sorted(expected)}.")
+    for canonical, value in values.items():
+      var = self.variables[canonical]
+      dtype = tf.as_dtype(var.dtype)
+      var.assign(tf.raw_ops.DeepCopy(x=tf.constant(value.astype(dtype.as_numpy_dtype))))
+
+
+def tf_owned_copy(tensor_torch):
+  """A TF tensor holding a copy of a torch tensor, in a TF-allocated buffer.
+
+  A variable whose buffer came from DLPack or numpy cannot be updated in
+  place: TF copies it on the first optimizer step. Starting from a buffer TF
+  allocated keeps every update in place. Placed on the torch tensor's device.
+  """
+  if tensor_torch.is_cuda:
+    device = "/GPU:%d" % tensor_torch.device.index
+  else:
+    device = "/CPU:0"
+  with tf.device(device):
+    return tf.raw_ops.DeepCopy(x=_exchange.tensor_to_tf(tensor_torch.detach()))
+
+
+def check_module(module, owner_name):
+  """Raises for modules that cannot be wrapped (not a module, lazy, meta)."""
+  if not isinstance(module, torch.nn.Module):
+    raise TypeError(
+        f"{owner_name}: expected a torch.nn.Module, got {module!r} of type "
+        f"{type(module).__name__}. Wrap a plain torch function with "
+        "tb.torch_function instead: `f = tb.torch_function(fn)`.")
+  for n, t in list(module.named_parameters()) + list(module.named_buffers()):
+    if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+      raise ValueError(
+          f"{owner_name}: torch parameter or buffer {n!r} is not initialized "
+          "yet (a lazy module such as nn.LazyLinear). Run the torch module "
+          "once on an example input before wrapping it, e.g. "
+          "`module(torch.zeros(1, in_features))`.")
+    if t.is_meta:
+      raise ValueError(
+          f"{owner_name}: torch parameter or buffer {n!r} is on the meta "
+          "device and holds no values. Materialize it first, e.g. "
+          "`module.to_empty(device='cpu')`, then initialize or load weights.")
+
+
+class _torch_mode:
+  """Sets train/eval mode on a torch module for one call, then restores it."""
+
+  def __init__(self, module, training):
+    self._module = module
+    self._training = training
+    self._saved = None
+
+  def __enter__(self):
+    if self._training is not None:
+      self._saved = [(m, m.training) for m in self._module.modules()]
+      self._module.train(self._training)
+
+  def __exit__(self, *exc_info):
+    if self._saved is not None:
+      for m, mode in self._saved:
+        m.training = mode
+
+
+def _as_python_bool(training, name):
+  if isinstance(training, (bool, np.bool_)):
+    return bool(training)
+  if (isinstance(training, (tf.Tensor, tf.Variable)) and
+      tf.executing_eagerly() and training.dtype == tf.bool and
+      training.shape.rank == 0):
+    return bool(training.numpy())
+  raise TypeError(_TRAINING_NOT_BOOL.format(name=name, received=training))
+
+
+def _as_numpy(value, key, name):
+  if isinstance(value, torch.Tensor):
+    value = value.detach().cpu()
+    if value.dtype == torch.bfloat16:
+      return _exchange.tensor_to_tf(value).numpy()
+    return value.numpy()
+  if isinstance(value, (tf.Tensor, tf.Variable)):
+    return value.numpy()
+  try:
+    array = np.asarray(value)
+  except Exception as err:
+    raise TypeError(
+        f"{name}.set_weights(): entry {key!r} is a {type(value).__name__}, "
+        "expected a numpy array or a tensor.") from err
+  if array.dtype == object or array.dtype.kind in "USV":
+    raise TypeError(
+        f"{name}.set_weights(): entry {key!r} has dtype {array.dtype}, "
+        "expected numeric values (a numpy array or a tensor).")
+  return array
