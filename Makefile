@@ -27,8 +27,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# QUICK=1: the under-a-minute smoke run (the test suite runs it too).
 bench: $(STAMP)
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(if $(QUICK),--quick --out benchmarks/results/quick)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

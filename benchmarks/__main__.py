@@ -1,0 +1,54 @@
+"""`python -m benchmarks [--quick] [--out DIR] [--threads N]`: run the suite."""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import torch  # noqa: E402  (before TensorFlow)
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks import suite  # noqa: E402
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks",
+                                   description=__doc__)
+  parser.add_argument("--quick", action="store_true",
+                      help="a smoke run under a minute: fewer sizes, models, repeats")
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+  args = parser.parse_args(argv)
+
+  harness.configure_threads(args.threads)
+  device = ("cuda" if torch.cuda.is_available() and tf.config.list_physical_devices("GPU")
+            else "cpu")
+  start = time.time()
+  results = {"quick": args.quick,
+             "environment": harness.environment(args.threads, device)}
+  print(f"benchmarks on {device} ({results['environment']['cpu']}), "
+        f"{args.threads} threads each, quick={args.quick}", flush=True)
+  results["exchange"] = suite.exchange(args.quick, device)
+  results["overhead"] = suite.overhead(args.quick, device)
+  models = ["small_mlp"] if args.quick else ["small_mlp", "cnn", "large_mlp"]
+  results["train_steps"] = {}
+  for model in models:
+    print(f"  training steps: {model}", flush=True)
+    results["train_steps"][model] = suite.train_steps(model, args.quick, device)
+  if not args.quick:
+    results["peak_memory"] = {"large_mlp": suite.peak_memory("large_mlp", device)}
+  results["targets"] = report.targets(results)
+  results["seconds"] = time.time() - start
+  print()
+  print(report.table(results))
+  path, plots = report.write(results, args.out)
+  print(f"\nwrote {path} and {', '.join(plots)} in {results['seconds']:.0f} s")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
