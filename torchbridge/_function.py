@@ -2,9 +2,11 @@
 
 import functools
 import re
+import weakref
 
 import tensorflow as tf
 import torch
+from tensorflow.core.function.trace_type import default_types
 from tensorflow.python.ops import control_flow_util
 
 from torchbridge import _bridge
@@ -98,6 +100,13 @@ class TorchFunction:
     if instance is None:
       return self
     return functools.partial(self, instance)
+
+  def __tf_tracing_type__(self, context):
+    # Passed as an argument of a tf.function, an object with `__wrapped__`
+    # (set by functools.update_wrapper) is traced as the function it wraps,
+    # so the tf.function would call the raw torch code on symbolic tensors.
+    del context
+    return default_types.Weakref(weakref.ref(self))
 
   def __call__(self, *args, **kwargs):
     call = bind_arguments(self._name, (args, kwargs))
@@ -219,7 +228,7 @@ def _flatten_result(result, name, layout):
     if isinstance(leaf, torch.Tensor):
       tensors.append(leaf)
     elif leaf is not None:
-      raise TypeError(
+      raise _signature.ResultError(
           f"{name} returned a {type(leaf).__name__} ({leaf!r}) inside its "
           "result; torchbridge passes back torch tensors (or None) only. "
           "Return it as a tensor, e.g. `torch.tensor(value)`.")

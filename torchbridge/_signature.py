@@ -20,6 +20,15 @@ unknown dimensions, e.g.:
   tb.torch_function(fn, output_signature=tf.TensorSpec([None, 4], tf.float32))"""
 
 
+class ResultError(TypeError):
+  """The torch code returned something torchbridge cannot hand to TF."""
+
+  # AutoGraph re-raises errors from traced code with a longer message, and
+  # turns exception types it cannot rebuild that way into a StagingError
+  # (no longer a TypeError). It rebuilds those with Exception's constructor.
+  __init__ = Exception.__init__
+
+
 def infer(run, args_specs, name):
   """Runs `run(args_meta)` on meta tensors, returns its outputs' TensorSpecs.
 
@@ -51,11 +60,18 @@ def infer(run, args_specs, name):
     try:
       with torch.no_grad():
         outs_by_probe.append(run(args_meta))
+    except ResultError:
+      raise  # the result itself is wrong: output_signature would not help
     except Exception as err:  # any failure of user code on meta tensors
       raise RuntimeError(_META_FAILED.format(
           name=name, error_type=type(err).__name__, error=err)) from err
   specs = []
-  for outs in zip(*outs_by_probe):
+  for k, outs in enumerate(zip(*outs_by_probe)):
+    if outs[0].dtype not in _exchange._TF_DTYPE_FROM_TORCH:
+      raise ResultError(
+          f"{name} returned a torch tensor of dtype {outs[0].dtype} as "
+          f"output {k}, which TF lacks. Cast it to a dtype TF has first, "
+          "e.g. `x.to(torch.float32)`.")
     shapes = [list(o.shape) for o in outs]
     if len({len(s) for s in shapes}) > 1:
       shape = None  # even the rank depends on the unknown dimensions
