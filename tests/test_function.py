@@ -6,6 +6,8 @@ Most tests run as a matrix: eagerly and inside `tf.function` (the `mode` /
 
 import collections
 import functools
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -14,14 +16,9 @@ import tensorflow as tf
 
 import torchbridge as tb
 from conftest import random_tf
-from conftest import requires_gpu
 from conftest import tolerance
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
-
-
-def torch_dtype_of(dtype_tf):
-  return {tf.float32: torch.float32, tf.float64: torch.float64}[dtype_tf]
 
 
 def as_torch_leaf(x_tf):
@@ -451,6 +448,52 @@ def test_second_order_gradients(where, float_dtype):
   assert calls["real"] == 1  # the forward ran once
 
 
+def test_gradient_of_a_tf_function_that_returns_a_gradient():
+  bridged = tb.torch_function(lambda a, b: torch.sin(a) * b)
+  a = random_tf([4], tf.float64, seed=46)
+  b = random_tf([4], tf.float64, seed=47)
+
+  @tf.function
+  def first_derivative(a, b):
+    with tf.GradientTape() as tape:
+      tape.watch(a)
+      y = tf.reduce_sum(bridged(a, b))
+    return tape.gradient(y, a)
+
+  with tf.GradientTape() as outer:
+    outer.watch([a, b])
+    dy_da = first_derivative(a, b)
+  d2y_da2, d2y_dadb = outer.gradient(dy_da, [a, b])
+  assert_sin_mul_derivatives(a, b, dy_da, d2y_da2, d2y_dadb, tf.float64)
+
+
+def test_second_order_after_first_order_on_the_same_tf_function():
+  fn, calls = counting(lambda a, b: torch.sin(a) * b)
+  traced = tf.function(tb.torch_function(fn))
+  a = random_tf([4], tf.float64, seed=48)
+  b = random_tf([4], tf.float64, seed=49)
+  with tf.GradientTape() as tape:
+    tape.watch(a)
+    y = tf.reduce_sum(traced(a, b))
+  np.testing.assert_allclose(tape.gradient(y, a).numpy(),
+                             np.cos(a.numpy()) * b.numpy(), rtol=1e-12)
+  # The backward TF built for first order is reused; second order must still
+  # be right.
+  assert_sin_mul_derivatives(a, b, *second_order(traced, a, b), tf.float64)
+  assert calls["real"] == 2
+
+
+def test_gradients_with_unknown_batch_dimension():
+  bridged = tb.torch_function(lambda a, b: torch.sin(a) * b)
+  spec = tf.TensorSpec([None, 2], tf.float64)
+  traced = tf.function(lambda a, b: second_order(bridged, a, b),
+                       input_signature=[spec, spec])
+  for batch in (3, 5):
+    a = random_tf([batch, 2], tf.float64, seed=batch)
+    b = random_tf([batch, 2], tf.float64, seed=batch + 1)
+    assert_sin_mul_derivatives(a, b, *traced(a, b), tf.float64)
+
+
 def test_third_order_gradient(in_mode):
   bridged = tb.torch_function(lambda a, b: torch.sin(a) * b)
   a = random_tf([5], tf.float64, seed=42)
@@ -857,7 +900,6 @@ def test_eager_call_without_tape_builds_no_graph():
 
 
 def test_eager_saved_state_dies_with_the_tape():
-  import weakref
   refs = []
 
   @tb.torch_function
@@ -876,7 +918,6 @@ def test_eager_saved_state_dies_with_the_tape():
       tape.gradient(y, x).numpy(),
       np.cos(np.exp([0.1, 0.2])) * np.exp([0.1, 0.2]), rtol=1e-6)
   del tape, y
-  import gc
   gc.collect()
   assert refs[0]() is None
 
