@@ -1,0 +1,138 @@
+"""The TD3 example: the three backends agree, short runs work, kill-and-resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch  # before TensorFlow
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+SCRIPT = os.path.join(EXAMPLES, "td3_pendulum.py")
+sys.path.insert(0, EXAMPLES)
+
+from td3 import agents  # noqa: E402
+
+
+def _batch(rng, n=32):
+  return (rng.standard_normal((n, 3)).astype(np.float32),
+          rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+          rng.standard_normal((n, 1)).astype(np.float32),
+          rng.standard_normal((n, 3)).astype(np.float32),
+          np.ones((n, 1), np.float32))
+
+
+@pytest.mark.parametrize("backend", ["torchbridge", "tf"])
+def test_tf_backends_match_pure_torch_step_by_step(backend):
+  # Without target-policy noise the algorithm is deterministic: the same
+  # initial weights and batches must give the same losses and actions. SGD
+  # in both frameworks (Keras' and torch's Adam place epsilon differently).
+  hyper = agents.Hyper(policy_noise=0.0, noise_clip=0.0, batch_size=32, lr=0.05)
+  reference = agents.TorchAgent(3, 1, 2.0, seed=3, hyper=hyper)
+  reference.actor_opt = torch.optim.SGD(reference.actor.parameters(), hyper.lr)
+  reference.critic_opt = torch.optim.SGD(reference.critic.parameters(), hyper.lr)
+  agent = agents.TFAgent(backend, 3, 1, 2.0, seed=3, hyper=hyper)
+  agent.actor_opt = tf.keras.optimizers.SGD(hyper.lr)
+  agent.critic_opt = tf.keras.optimizers.SGD(hyper.lr)
+  rng = np.random.default_rng(0)
+  for _ in range(6):
+    batch = _batch(rng)
+    critic_ref, actor_ref = reference.train_step(*batch)
+    critic_tf, actor_tf = (float(v) for v in agent.train_step(*batch))
+    np.testing.assert_allclose(critic_tf, critic_ref, rtol=1e-4, atol=1e-5)
+    if np.isnan(actor_ref):
+      assert np.isnan(actor_tf)
+    else:
+      np.testing.assert_allclose(actor_tf, actor_ref, rtol=1e-4, atol=1e-5)
+  obs = rng.standard_normal(3).astype(np.float32)
+  np.testing.assert_allclose(agent.policy(obs), reference.policy(obs),
+                             rtol=1e-4, atol=1e-5)
+
+
+def test_torchbridge_target_networks_follow_polyak_averaging():
+  hyper = agents.Hyper(batch_size=16)
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed=0, hyper=hyper)
+  before_online = [v.numpy() for v in agent.actor.variables]
+  before_target = [v.numpy() for v in agent.actor_target.variables]
+  rng = np.random.default_rng(1)
+  agent.train_step(*_batch(rng, 16))  # update 1: critic only
+  for v, t0 in zip(agent.actor_target.variables, before_target):
+    np.testing.assert_array_equal(v.numpy(), t0)
+  agent.train_step(*_batch(rng, 16))  # update 2: actor and targets
+  for online, target, o0, t0 in zip(agent.actor.variables,
+                                    agent.actor_target.variables,
+                                    before_online, before_target):
+    del o0
+    expected = hyper.tau * online.numpy() + (1 - hyper.tau) * t0
+    np.testing.assert_allclose(target.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+def _run(out, backend="torchbridge", steps=300, extra=(), **popen):
+  cmd = [sys.executable, SCRIPT, "--backend", backend, "--steps", str(steps),
+         "--seed", "0", "--out", str(out), "--start-steps", "100",
+         "--eval-every", "100", "--eval-episodes", "1",
+         "--checkpoint-every", "100", *extra]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen)
+
+
+@pytest.mark.parametrize("backend", ["torchbridge", "torch", "tf"])
+def test_short_run_writes_results_curve_and_checkpoints(tmp_path, backend):
+  out = tmp_path / backend
+  proc = _run(out, backend=backend, steps=300)
+  log, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 0, log
+  with open(out / "results.json") as f:
+    results = json.load(f)
+  assert results["backend"] == backend and results["seed"] == 0
+  assert results["steps"] == 300
+  assert [s for s, _ in results["eval_returns"]] == [100, 200, 300]
+  assert all(np.isfinite(r) and r < 0 for _, r in results["eval_returns"])
+  assert results["train_steps"] == 200
+  assert results["sec_per_train_step"] > 0
+  assert (out / "learning_curve.png").stat().st_size > 1000
+  assert os.listdir(out / "tensorboard")
+  assert (out / "checkpoints" / "progress.json").exists()
+  assert "learning curve:" in log
+  if backend == "torchbridge":
+    assert results["exchange_stats"]["zero_copy"] > 0
+    assert "crossed the TF/torch boundary" in log
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+  out = tmp_path / "run"
+  proc = _run(out, steps=600)
+  progress = out / "checkpoints" / "progress.json"
+  deadline = time.time() + 200
+  try:
+    while time.time() < deadline:
+      if progress.exists() and json.loads(progress.read_text())["env_step"] >= 200:
+        break
+      assert proc.poll() is None, proc.communicate()[0]
+      time.sleep(0.2)
+    else:
+      pytest.fail("no checkpoint at step 200 within the time limit")
+    proc.send_signal(signal.SIGKILL)
+  finally:
+    proc.kill()
+    proc.communicate()
+  killed_at = json.loads(progress.read_text())["env_step"]
+  assert 200 <= killed_at < 600
+
+  proc = _run(out, steps=600)
+  log, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 0, log
+  assert f"resuming from checkpoint at step {killed_at}" in log
+  results = json.loads((out / "results.json").read_text())
+  assert results["resumed_from"] == killed_at
+  # Evaluations before the kill were kept; the rest came after the resume.
+  assert [s for s, _ in results["eval_returns"]] == [100, 200, 300, 400, 500, 600]
+  # Every environment step after the random warm-up trained exactly once.
+  assert results["train_steps"] == 500
