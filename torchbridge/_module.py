@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 import torch
 from torch.func import functional_call
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge import _bridge
 from torchbridge import _exchange
@@ -41,7 +42,8 @@ class TorchModule(tf.Module):
 
   `training=True/False` puts the torch module (and every submodule) in
   train or eval mode for that call only; `training=None` leaves torch's own
-  mode as it is.
+  mode as it is (inside `tf.function`: the modes the submodules had when the
+  function was traced, since the traced graph depends on them).
 
   `torch_module` gives back the torch module holding the current TF values;
   `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
@@ -115,6 +117,7 @@ class TorchModule(tf.Module):
         tensors[n].copy_(_exchange.tensor_to_torch(var.value()))
     return self._torch_module
 
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, *args, training=None, **kwargs):
     """Runs the torch module's forward on TF tensors.
 
@@ -129,6 +132,11 @@ class TorchModule(tf.Module):
     """
     if training is not None:
       training = _as_python_bool(training, self.name)
+    elif not tf.executing_eagerly():
+      # The traced graph depends on the mode (which buffers the forward
+      # writes, hence the op's outputs), so the modes at tracing time are
+      # the ones every run of this graph uses.
+      training = [m.training for m in self._torch_module.modules()]
     call = _function.bind_arguments(self.name, (args, kwargs))
     if not tf.executing_eagerly():
       _function.check_not_xla(self.name)
@@ -142,19 +150,37 @@ class TorchModule(tf.Module):
       known_mutated = self._mutated_buffers.get(mode_key)
       buffers_torch = {}
       for n, b in zip(self._buffer_names, args_torch[n_params:n_vars]):
+        if b.is_meta and b.dim() == 0:
+          # Finding the output shapes on meta tensors while tracing: scalar
+          # buffers (counters such as BatchNorm's num_batches_tracked, which
+          # its forward reads with `.item()`) get their current value, on
+          # the CPU, where torch lets 0-d tensors mix with any device.
+          with tf.init_scope():
+            b = _exchange.tensor_to_torch(self._tf_variables[n].value()).cpu()
         # Buffers the forward may write get a private copy, so torch never
         # writes into a TF buffer behind TF's back; the copy is then
         # assigned to the variable (which adopts it without copying).
         if known_mutated is None or n in known_mutated:
           b = b.clone()
-        buffers_torch[n] = (b, b._version)
+        buffers_torch[n] = b
       tensors = dict(zip(self._param_names, args_torch[:n_params]))
-      tensors.update({n: b for n, (b, _) in buffers_torch.items()})
+      tensors.update(buffers_torch)
       a, kw = call.substitute(args_torch[n_vars:])
       with _torch_mode(self._torch_module, training):
-        result = functional_call(self._torch_module, tensors, a, kw)
-      written[:] = [(n, b) for n, (b, version) in buffers_torch.items()
-                    if b._version != version]
+        if known_mutated is None:
+          # The first call in this mode (eagerly, or on meta tensors while
+          # tracing) finds the buffers the forward writes; later calls in
+          # this mode copy and write back exactly those.
+          versions = {n: b._version for n, b in buffers_torch.items()}
+          with _WriteRecorder() as recorder:
+            result = functional_call(self._torch_module, tensors, a, kw)
+          known_mutated = frozenset(
+              n for n, b in buffers_torch.items()
+              if b._version != versions[n] or recorder.wrote(b))
+        else:
+          result = functional_call(self._torch_module, tensors, a, kw)
+      written[:] = [(n, b) for n, b in buffers_torch.items()
+                    if n in known_mutated]
       return result
 
     def extra(args_torch, result):
@@ -174,10 +200,11 @@ class TorchModule(tf.Module):
     return result
 
   def _mode_key(self, training):
-    if training is not None:
-      return str(bool(training))
-    return "".join("1" if m.training else "0"
-                   for m in self._torch_module.modules())
+    if isinstance(training, bool):
+      return str(training)
+    if training is None:
+      training = [m.training for m in self._torch_module.modules()]
+    return "".join("1" if t else "0" for t in training)
 
   def get_weights(self):
     """The state as `{torch state_dict name: np.ndarray}`.
@@ -223,6 +250,7 @@ class TorchModule(tf.Module):
     if unexpected:
       problems.append(f"unexpected names: {unexpected}")
     values = {}
+    first_name = {}  # canonical name -> the state_dict name that set it
     for n in sorted(expected & set(weights)):
       var = self._tf_variables[self._state_names[n]]
       value = _as_numpy(weights[n], n, self.name)
@@ -232,10 +260,14 @@ class TorchModule(tf.Module):
             f"{tuple(var.shape)}")
         continue
       canonical = self._state_names[n]
-      if canonical in values and not np.array_equal(values[canonical], value):
-        problems.append(
-            f"{n!r} is tied to {canonical!r} in torch but has other values")
+      if canonical in values:
+        if not np.array_equal(values[canonical], value):
+          problems.append(
+              f"{first_name[canonical]!r} and {n!r} are one tied tensor in "
+              "torch but have different values")
+        continue
       values[canonical] = value
+      first_name[canonical] = n
     if problems:
       raise ValueError(
           f"{self.name}.set_weights() got weights that do not fit the torch "
@@ -243,7 +275,8 @@ class TorchModule(tf.Module):
           f"its state_dict: {sorted(expected)}.")
     for canonical, value in values.items():
       var = self._tf_variables[canonical]
-      var.assign(tf.constant(value.astype(var.dtype.as_numpy_dtype)))
+      value_tf = tf.constant(value.astype(var.dtype.as_numpy_dtype))
+      var.assign(_tf_owned(value_tf))
 
 
 def _variable_like(tensor_torch, name, trainable):
@@ -252,8 +285,21 @@ def _variable_like(tensor_torch, name, trainable):
     value_torch = tensor_torch.detach().clone(memory_format=torch.contiguous_format)
   device = "/GPU:%d" % value_torch.device.index if value_torch.is_cuda else "/CPU:0"
   with tf.device(device):
-    return tf.Variable(_exchange.tensor_to_tf(value_torch), name=name,
-                       trainable=trainable)
+    return tf.Variable(_tf_owned(_exchange.tensor_to_tf(value_torch)),
+                       name=name, trainable=trainable)
+
+
+def _tf_owned(value_tf):
+  """A copy of `value_tf` in a buffer that TF allocated.
+
+  A variable whose buffer came from DLPack or numpy cannot be updated in
+  place: TF copies it on the first optimizer step. Starting from a
+  TF-allocated buffer keeps every update in place.
+  """
+  try:
+    return tf.raw_ops.DeepCopy(x=value_tf)
+  except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+    return value_tf  # no kernel for this dtype and device: TF copies once
 
 
 def _check_materialized(module, name):
@@ -271,8 +317,52 @@ def _check_materialized(module, name):
           "`module.to_empty(device='cpu')` and initialize or load weights.")
 
 
+# Ops that write a batch norm's running statistics (arguments 3 and 4) when
+# their `training` argument (5) is true, with no write annotation in their
+# schema, and so without bumping the tensors' version counters.
+_UNANNOTATED_STATS_WRITERS = frozenset((
+    "aten::native_batch_norm", "aten::cudnn_batch_norm",
+    "aten::miopen_batch_norm"))
+
+
+class _WriteRecorder(TorchDispatchMode):
+  """Records the storages that the torch ops run under it write to.
+
+  A write shows in the op's schema (`Tensor(a!)`), except for the batch
+  norm kernels, which update the running statistics in place undeclared
+  (and leave the version counters alone).
+  """
+
+  def __init__(self):
+    super().__init__()
+    self._storages = set()
+
+  def wrote(self, tensor_torch):
+    return tensor_torch.untyped_storage()._cdata in self._storages
+
+  def _record(self, value):
+    for t in value if isinstance(value, (list, tuple)) else [value]:
+      if isinstance(t, torch.Tensor):
+        self._storages.add(t.untyped_storage()._cdata)
+
+  def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    kwargs = kwargs or {}
+    schema = func._schema
+    for k, arg in enumerate(schema.arguments):
+      if arg.alias_info is not None and arg.alias_info.is_write:
+        self._record(args[k] if k < len(args) else kwargs.get(arg.name))
+    if schema.name in _UNANNOTATED_STATS_WRITERS and len(args) > 5 \
+        and args[5]:
+      self._record([args[3], args[4]])
+    return func(*args, **kwargs)
+
+
 class _torch_mode:
-  """Sets train/eval mode on a torch module for one call, then restores it."""
+  """Sets train/eval mode on a torch module for one call, then restores it.
+
+  `training` is None (leave the modes), a bool (for every submodule), or a
+  list of bools, one per `module.modules()`.
+  """
 
   def __init__(self, module, training):
     self._module = module
@@ -282,7 +372,11 @@ class _torch_mode:
   def __enter__(self):
     if self._training is not None:
       self._saved = [(m, m.training) for m in self._module.modules()]
-      self._module.train(self._training)
+      if isinstance(self._training, bool):
+        self._module.train(self._training)
+      else:
+        for m, mode in zip(self._module.modules(), self._training):
+          m.training = mode
 
   def __exit__(self, *exc_info):
     if self._saved is not None:
@@ -321,5 +415,8 @@ def _as_numpy(value, key, name):
 
 
 def _snake_case(class_name):
-  name = re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
+  # As Keras does: "BatchNorm1d" -> "batch_norm1d", "LSTM" -> "lstm",
+  # "BNNet" -> "bn_net".
+  name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)
+  name = re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
   return re.sub(r"\W", "_", name) or "torch_module"

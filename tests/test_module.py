@@ -1,0 +1,692 @@
+"""`tb.TorchModule`: variables, calls, modes, buffers, randomness, zero copy."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import tensorflow as tf
+
+import torchbridge as tb
+from _module_helpers import BNNet
+from _module_helpers import MLP
+from _module_helpers import data
+from _module_helpers import data_ptr
+from _module_helpers import maybe_function
+from _module_helpers import mode_param
+from _module_helpers import seeded
+from _module_helpers import var
+
+
+# ---------------------------------------------------------------- variables
+
+
+def test_one_variable_per_parameter_and_buffer_named_after_torch_path():
+  net = seeded(0, BNNet)
+  actor = tb.TorchModule(net, name="actor")
+  params = dict(net.named_parameters())
+  buffers = dict(net.named_buffers())
+  assert sorted(v.name for v in actor.trainable_variables) == sorted(
+      f"actor/{n}:0" for n in params)
+  assert sorted(v.name for v in actor.variables) == sorted(
+      f"actor/{n}:0" for n in list(params) + list(buffers))
+  assert "actor/bn.num_batches_tracked:0" in [v.name for v in actor.variables]
+  for n, t in list(params.items()) + list(buffers.items()):
+    v = var(actor, n)
+    assert tuple(v.shape) == tuple(t.shape)
+    assert v.dtype == tb._exchange.tf_dtype(t.dtype)
+    np.testing.assert_array_equal(v.numpy(), t.detach().numpy())
+    assert v.trainable == (n in params)
+
+
+def test_variables_hold_their_own_copy_of_the_torch_values():
+  net = seeded(0, torch.nn.Linear, 3, 2)
+  actor = tb.TorchModule(net, name="actor")
+  initial = var(actor, "weight").numpy().copy()
+  with torch.no_grad():
+    net.weight.add_(1.0)  # the torch tensors are not the truth any more
+  np.testing.assert_array_equal(var(actor, "weight").numpy(), initial)
+
+
+def test_default_name_is_the_snake_cased_class_name():
+  actor = tb.TorchModule(seeded(0, BNNet))
+  assert actor.name == "bn_net"
+  assert "bn_net/l1.weight:0" in [v.name for v in actor.variables]
+
+
+def test_nested_submodule_paths_name_the_variables():
+  net = seeded(0, MLP)
+  actor = tb.TorchModule(net, name="pi")
+  assert sorted(v.name for v in actor.trainable_variables) == [
+      "pi/head.bias:0", "pi/head.weight:0", "pi/hidden.0.bias:0",
+      "pi/hidden.0.weight:0", "pi/hidden.1.bias:0", "pi/hidden.1.weight:0"]
+
+
+def test_two_modules_have_distinct_variables():
+  a = tb.TorchModule(seeded(0, MLP), name="actor")
+  b = tb.TorchModule(seeded(0, MLP), name="target")
+  names_a = {v.name for v in a.variables}
+  names_b = {v.name for v in b.variables}
+  assert not names_a & names_b
+  assert not {id(v) for v in a.variables} & {id(v) for v in b.variables}
+
+
+# ------------------------------------------------------------ frozen params
+
+
+@mode_param
+def test_frozen_parameters_are_not_trainable_and_stay_unchanged(mode):
+  net = seeded(0, MLP)
+  net.hidden[0].requires_grad_(False)
+  net.head.bias.requires_grad_(False)
+  actor = tb.TorchModule(net, name="actor")
+  frozen = {"hidden.0.weight", "hidden.0.bias", "head.bias"}
+  assert {v.name for v in actor.trainable_variables} == {
+      f"actor/{n}:0" for n, p in net.named_parameters()
+      if n not in frozen}
+  assert {f"actor/{n}:0" for n in frozen} <= {v.name for v in actor.variables}
+  for n in frozen:
+    assert not var(actor, n).trainable
+  before = {n: var(actor, n).numpy().copy() for n in frozen}
+  trained = {v.name: v.numpy().copy() for v in actor.trainable_variables}
+  opt = tf.keras.optimizers.Adam(0.05)
+  x, y = tf.constant(data([8, 4])), tf.constant(data([8, 2], seed=1))
+
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((actor(x) - y) ** 2)
+    # All variables, frozen ones included: those get no gradient.
+    grads = tape.gradient(loss, actor.variables)
+    by_name = {v.name: g for v, g in zip(actor.variables, grads)}
+    opt.apply_gradients([(by_name[v.name], v)
+                         for v in actor.trainable_variables])
+    return [by_name[f"actor/{n}:0"] is None for n in sorted(frozen)]
+
+  step = maybe_function(mode, step)
+  for _ in range(3):
+    assert all(step())
+  for n in frozen:
+    np.testing.assert_array_equal(var(actor, n).numpy(), before[n])
+  for v in actor.trainable_variables:
+    assert not np.array_equal(v.numpy(), trained[v.name]), v.name
+  # The frozen values still take part in the forward, as in torch.
+  net_ref = copy.deepcopy(net)
+  net_ref.load_state_dict({k: torch.from_numpy(a)
+                           for k, a in actor.get_weights().items()})
+  np.testing.assert_allclose(
+      actor(x).numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(),
+      rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ calling
+
+
+class Multi(torch.nn.Module):
+  """Positional, keyword and static inputs; nested dict/tuple outputs."""
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(3, 2)
+
+  def forward(self, x, scale, *, offset=None, square=False):
+    h = self.lin(x) * scale
+    if square:
+      h = h * h
+    out = {"h": h, "pair": (h.sum(-1), x.shape[0] * torch.ones(1))}
+    if offset is not None:
+      out["shifted"] = [h + offset["a"], offset["b"] * 2]
+    return out
+
+
+@mode_param
+def test_positional_keyword_and_nested_inputs_and_outputs(mode):
+  net = seeded(0, Multi)
+  actor = tb.TorchModule(net, name="multi")
+  x = data([4, 3])
+  a, b = data([2], seed=1), data([5], seed=2).astype(np.float64)
+
+  def call(x, a, b):
+    return actor(x, tf.constant(2.0), offset={"a": a, "b": b}, square=True)
+
+  out = maybe_function(mode, call)(tf.constant(x), tf.constant(a),
+                                   tf.constant(b))
+  ref = net(torch.from_numpy(x), torch.tensor(2.0),
+            offset={"a": torch.from_numpy(a), "b": torch.from_numpy(b)},
+            square=True)
+  assert set(out) == {"h", "pair", "shifted"}
+  assert isinstance(out["pair"], tuple) and isinstance(out["shifted"], list)
+  flat_out, flat_ref = tf.nest.flatten(out), tf.nest.flatten(ref)
+  assert len(flat_out) == len(flat_ref) == 5
+  for o, r in zip(flat_out, flat_ref):
+    assert o.dtype == tb._exchange.tf_dtype(r.dtype)
+    assert tuple(o.shape) == tuple(r.shape)
+    np.testing.assert_allclose(o.numpy(), r.detach().numpy(), rtol=1e-6)
+  # A Python static argument and a missing keyword reach torch as given.
+  out2 = actor(tf.constant(x), 3.0)
+  assert set(out2) == {"h", "pair"}
+  np.testing.assert_allclose(
+      out2["h"].numpy(),
+      net(torch.from_numpy(x), 3.0)["h"].detach().numpy(), rtol=1e-6)
+
+
+@mode_param
+def test_gradients_reach_inputs_and_variables_like_torch_autograd(mode):
+  net = seeded(0, MLP).double()
+  actor = tb.TorchModule(net, name="actor")
+  x = data([5, 4], dtype=np.float64)
+
+  def grads(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      loss = tf.reduce_sum(tf.sin(actor(x)))
+    return tape.gradient(loss, [x] + list(actor.trainable_variables))
+
+  got = maybe_function(mode, grads)(tf.constant(x))
+  x_torch = torch.from_numpy(x).requires_grad_()
+  loss = torch.sin(net(x_torch)).sum()
+  names = [v.name[len("actor/"):-2] for v in actor.trainable_variables]
+  params = dict(net.named_parameters())
+  want = torch.autograd.grad(loss, [x_torch] + [params[n] for n in names])
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@mode_param
+def test_integer_inputs_get_no_gradient_and_embeddings_train(mode):
+  net = seeded(0, torch.nn.Embedding, 10, 3)
+  actor = tb.TorchModule(net, name="emb")
+  idx = tf.constant([1, 2, 2, 7])
+
+  def grads(idx):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(actor(idx))
+    return tape.gradient(loss, [idx] + list(actor.trainable_variables))
+
+  g_idx, g_weight = maybe_function(mode, grads)(idx)
+  assert g_idx is None
+  np.testing.assert_array_equal(g_weight.numpy().sum(1),
+                                [0, 3, 6, 0, 0, 0, 0, 3, 0, 0])
+
+
+# ----------------------------------------------------------- training= mode
+
+
+class ModeRecorder(torch.nn.Module):
+  """Records, in each forward, the mode of every submodule."""
+
+  def __init__(self):
+    super().__init__()
+    self.a = torch.nn.Linear(3, 3)
+    self.b = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    self.seen = []
+
+  def forward(self, x):
+    if not x.is_meta:  # not the shape-inference run while tracing
+      self.seen.append([m.training for m in self.modules()])
+    return self.b(self.a(x))
+
+
+def _set_mixed_modes(net):
+  net.train()
+  net.a.eval()
+  net.b[1].eval()
+  return [m.training for m in net.modules()]
+
+
+@mode_param
+@pytest.mark.parametrize("training", [True, False])
+def test_training_switches_the_mode_for_one_call_and_restores_mixed_modes(
+    mode, training):
+  net = seeded(0, ModeRecorder)
+  mixed = _set_mixed_modes(net)
+  assert len(set(mixed)) == 2
+  actor = tb.TorchModule(net, name="rec")
+  call = maybe_function(mode, lambda x: actor(x, training=training))
+  x = tf.constant(data([2, 3]))
+  for _ in range(2):
+    call(x)
+    assert [m.training for m in net.modules()] == mixed
+  assert net.seen == [[training] * len(mixed)] * 2
+
+
+@mode_param
+def test_training_none_leaves_torch_modes_as_they_are(mode):
+  net = seeded(0, ModeRecorder)
+  mixed = _set_mixed_modes(net)
+  actor = tb.TorchModule(net, name="rec")
+  call = maybe_function(mode, lambda x: actor(x))
+  call(tf.constant(data([2, 3])))
+  assert net.seen == [mixed]
+  assert [m.training for m in net.modules()] == mixed
+
+
+def test_training_none_follows_torch_mode_changes_between_eager_calls():
+  net = seeded(0, BNNet)
+  actor = tb.TorchModule(net, name="bn")
+  x = tf.constant(data([6, 3]))
+  net.train()
+  actor(x)
+  assert var(actor, "bn.num_batches_tracked").numpy() == 1
+  net.eval()
+  actor(x)
+  assert var(actor, "bn.num_batches_tracked").numpy() == 1
+  net.train()
+  actor(x)
+  assert var(actor, "bn.num_batches_tracked").numpy() == 2
+
+
+@pytest.mark.parametrize("traced_in", ["train", "eval"])
+def test_training_none_in_tf_function_keeps_the_traced_mode(traced_in):
+  """A tf.function traced with training=None runs in the modes it was traced
+  in, even when torch's mode changes afterwards (as all Python state in a
+  tf.function), and never writes to the variables behind TF's back."""
+  net = seeded(0, BNNet)
+  net.train(traced_in == "train")
+  actor = tb.TorchModule(net, name="bn")
+  call = tf.function(lambda x: actor(x))
+  x = tf.constant(data([6, 3]))
+  call(x)
+  after_trace = actor.get_weights()
+  net.train(traced_in != "train")  # switch torch's mode after tracing
+  out = call(x)
+  assert [m.training for m in net.modules()] == [traced_in != "train"] * 4
+  weights = actor.get_weights()
+  if traced_in == "train":
+    assert weights["bn.num_batches_tracked"] == 2
+    assert not np.array_equal(weights["bn.running_mean"],
+                              after_trace["bn.running_mean"])
+  else:
+    for k in weights:
+      np.testing.assert_array_equal(weights[k], after_trace[k])
+    net_ref = copy.deepcopy(net).eval()
+    net_ref.load_state_dict({k: torch.from_numpy(a)
+                             for k, a in weights.items()})
+    np.testing.assert_allclose(
+        out.numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(),
+        rtol=1e-6)
+
+
+# --------------------------------------------------------------- BatchNorm
+
+
+def _bn_reference_run(net_ref, xs, training):
+  net_ref.train(training)
+  with torch.no_grad():
+    return [net_ref(torch.from_numpy(x)).numpy() for x in xs]
+
+
+@mode_param
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["ema", "cumulative"])
+def test_batchnorm_train_mode_updates_buffers_exactly_like_torch(
+    mode, momentum):
+  net = seeded(0, BNNet, momentum=momentum).double()
+  net_ref = copy.deepcopy(net)
+  actor = tb.TorchModule(net, name="bn")
+  xs = [data([8, 3], seed=s, dtype=np.float64) * (1 + s) + s
+        for s in range(4)]
+  want = _bn_reference_run(net_ref, xs, training=True)
+  opt = tf.keras.optimizers.SGD(0.0)  # a full training step, no change
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      y = actor(x, training=True)
+      loss = tf.reduce_sum(y)
+    opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
+                            actor.trainable_variables))
+    return y
+
+  step = maybe_function(mode, step)
+  for x, w in zip(xs[:2], want[:2]):
+    np.testing.assert_array_equal(step(tf.constant(x)).numpy(), w)
+  # Also through an inference call (no tape): buffers still update.
+  call = maybe_function(mode, lambda x: actor(x, training=True))
+  for x, w in zip(xs[2:], want[2:]):
+    np.testing.assert_array_equal(call(tf.constant(x)).numpy(), w)
+  ref_state = net_ref.state_dict()
+  for n in ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]:
+    np.testing.assert_array_equal(var(actor, n).numpy(), ref_state[n].numpy(),
+                                  err_msg=n)
+  assert var(actor, "bn.num_batches_tracked").numpy() == 4
+  assert var(actor, "bn.num_batches_tracked").dtype == tf.int64
+  assert not np.array_equal(ref_state["bn.running_mean"].numpy(),
+                            np.zeros(5))
+
+
+def test_batchnorm_called_several_times_in_one_tf_function_in_order():
+  """Each call reads the buffers the previous call wrote."""
+  net = seeded(0, BNNet).double()
+  net_ref = copy.deepcopy(net)
+  actor = tb.TorchModule(net, name="bn")
+
+  @tf.function
+  def three_calls(a, b):
+    return (actor(a, training=True), actor(b, training=False),
+            actor(b, training=True))
+
+  x1, x2 = [data([5, 3], seed=s, dtype=np.float64) for s in (1, 2)]
+  outs = three_calls(tf.constant(x1), tf.constant(x2))
+  with torch.no_grad():
+    want = [net_ref.train()(torch.from_numpy(x1)),
+            net_ref.eval()(torch.from_numpy(x2)),
+            net_ref.train()(torch.from_numpy(x2))]
+  for o, w in zip(outs, want):
+    np.testing.assert_array_equal(o.numpy(), w.numpy())
+  for n, t in net_ref.state_dict().items():
+    np.testing.assert_array_equal(actor.get_weights()[n], t.numpy(),
+                                  err_msg=n)
+  assert actor.get_weights()["bn.num_batches_tracked"] == 2
+
+
+@mode_param
+def test_batchnorm_eval_mode_uses_running_stats_and_changes_nothing(mode):
+  net = seeded(0, BNNet).double()
+  actor = tb.TorchModule(net, name="bn")
+  # Non-trivial running statistics, set the TF way.
+  rng = np.random.default_rng(3)
+  var(actor, "bn.running_mean").assign(rng.standard_normal(5))
+  var(actor, "bn.running_var").assign(rng.uniform(0.5, 2.0, 5))
+  var(actor, "bn.num_batches_tracked").assign(7)
+  before = actor.get_weights()
+  call = maybe_function(mode, lambda x: actor(x, training=False))
+  x = data([8, 3], dtype=np.float64)
+  outs = [call(tf.constant(x)).numpy() for _ in range(2)]
+  after = actor.get_weights()
+  for k in before:
+    np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+  # Reference: torch BN in eval mode with those statistics, written out.
+  h = x @ before["l1.weight"].T + before["l1.bias"]
+  h = (h - before["bn.running_mean"]) / np.sqrt(
+      before["bn.running_var"] + net.bn.eps)
+  h = np.maximum(h * before["bn.weight"] + before["bn.bias"], 0)
+  want = h @ before["l2.weight"].T + before["l2.bias"]
+  for out in outs:
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+  # Batch statistics would give something else.
+  train_out = actor(tf.constant(x), training=True).numpy()
+  assert not np.allclose(train_out, want)
+
+
+# ------------------------------------------------------------------ dropout
+
+
+class DropNet(torch.nn.Module):
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(16, 64)
+    self.drop = torch.nn.Dropout(0.5)
+
+  def forward(self, x):
+    return self.drop(self.lin(x))
+
+
+@mode_param
+def test_dropout_gives_fresh_masks_in_training_and_none_in_eval(mode):
+  net = seeded(0, DropNet)
+  actor = tb.TorchModule(net, name="drop")
+  x = tf.constant(data([8, 16]))
+  train = maybe_function(mode, lambda x: actor(x, training=True))
+  evaluate = maybe_function(mode, lambda x: actor(x, training=False))
+  masks = [train(x).numpy() != 0 for _ in range(3)]
+  assert not np.array_equal(masks[0], masks[1])
+  assert not np.array_equal(masks[1], masks[2])
+  for m in masks:
+    assert 0.3 < m.mean() < 0.7
+  e1, e2 = evaluate(x).numpy(), evaluate(x).numpy()
+  np.testing.assert_array_equal(e1, e2)
+  with torch.no_grad():
+    want = net.lin(torch.from_numpy(x.numpy())).numpy()
+  np.testing.assert_allclose(e1, want, rtol=1e-6, atol=1e-6)
+
+
+@mode_param
+def test_dropout_backward_uses_the_forward_mask(mode):
+  """The backward reuses the forward's graph; it never draws a new mask."""
+  net = seeded(0, DropNet)
+  actor = tb.TorchModule(net, name="drop")
+  bias = var(actor, "lin.bias")
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      y = actor(x, training=True)
+      loss = tf.reduce_sum(y)
+    return y, tape.gradient(loss, bias)
+
+  step = maybe_function(mode, step)
+  for _ in range(2):
+    y, g = step(tf.constant(data([8, 16])))
+    kept = (y.numpy() != 0).astype(np.float32)
+    np.testing.assert_allclose(g.numpy(), kept.sum(0) * 2.0, rtol=1e-6)
+
+
+# ------------------------------------------------------------- Polyak update
+
+
+@mode_param
+def test_target_network_polyak_update_with_assign(mode):
+  actor = tb.TorchModule(seeded(0, MLP), name="actor")
+  target_net = seeded(1, MLP)
+  target = tb.TorchModule(target_net, name="target")
+  tau = 0.25
+  x = tf.constant(data([5, 4]))
+
+  def update():
+    for v, t in zip(actor.variables, target.variables):
+      t.assign(tau * v + (1 - tau) * t)
+    return target(x)
+
+  update = maybe_function(mode, update)
+  a, t0 = actor.get_weights(), target.get_weights()
+  assert sorted(a) == sorted(t0)
+  expected = dict(t0)
+  for _ in range(3):
+    out = update()
+    expected = {k: tau * a[k] + (1 - tau) * expected[k] for k in a}
+    got = target.get_weights()
+    for k in expected:
+      np.testing.assert_allclose(got[k], expected[k], rtol=1e-6, atol=1e-7)
+    # The target's forward sees the new values.
+    ref = seeded(2, MLP)
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in got.items()})
+    with torch.no_grad():
+      want = ref(torch.from_numpy(x.numpy())).numpy()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
+  # The actor is untouched.
+  for k, v in actor.get_weights().items():
+    np.testing.assert_array_equal(v, a[k])
+  # And the torch module of the target holds the mixed values too.
+  for k, t in target.torch_module.state_dict().items():
+    np.testing.assert_array_equal(t.numpy(), target.get_weights()[k])
+
+
+# ------------------------------------------------------------- weight tying
+
+
+class Tied(torch.nn.Module):
+  """An autoencoder whose encoder and decoder share one weight matrix."""
+
+  def __init__(self):
+    super().__init__()
+    self.enc = torch.nn.Linear(4, 4)
+    self.dec = torch.nn.Linear(4, 4)
+    self.dec.weight = self.enc.weight
+
+  def forward(self, x):
+    return self.dec(torch.tanh(self.enc(x)))
+
+
+@mode_param
+def test_tied_parameters_get_one_variable_and_the_summed_gradient(mode):
+  net = seeded(0, Tied).double()
+  actor = tb.TorchModule(net, name="ae")
+  names = sorted(v.name for v in actor.trainable_variables)
+  assert names == ["ae/dec.bias:0", "ae/enc.bias:0", "ae/enc.weight:0"]
+  x = data([6, 4], dtype=np.float64)
+
+  def grad(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(actor(x) ** 2)
+    return tape.gradient(loss, var(actor, "enc.weight"))
+
+  got = maybe_function(mode, grad)(tf.constant(x)).numpy()
+  loss = (net(torch.from_numpy(x)) ** 2).sum()
+  (want,) = torch.autograd.grad(loss, [net.enc.weight])
+  np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+  # The sum of the two uses, not either alone: with the decoder's use
+  # detached the gradient differs.
+  w_dec = net.enc.weight.detach()
+  h = torch.tanh(torch.nn.functional.linear(torch.from_numpy(x),
+                                            net.enc.weight, net.enc.bias))
+  (enc_only,) = torch.autograd.grad(
+      (torch.nn.functional.linear(h, w_dec, net.dec.bias) ** 2).sum(),
+      [net.enc.weight])
+  assert not np.allclose(got, enc_only.numpy())
+
+  weights = actor.get_weights()
+  assert sorted(weights) == sorted(net.state_dict())
+  assert "dec.weight" in weights and "enc.weight" in weights
+  np.testing.assert_array_equal(weights["dec.weight"], weights["enc.weight"])
+
+
+def test_tied_parameters_stay_tied_through_training_and_set_weights():
+  net = seeded(0, Tied)
+  actor = tb.TorchModule(net, name="ae")
+  opt = tf.keras.optimizers.SGD(0.1)
+  x = tf.constant(data([6, 4]))
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(actor(x) ** 2)
+  opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
+                          actor.trainable_variables))
+  module = actor.torch_module
+  assert module.dec.weight is module.enc.weight
+  np.testing.assert_array_equal(module.dec.weight.detach().numpy(),
+                                var(actor, "enc.weight").numpy())
+  w = actor.get_weights()
+  w["enc.weight"] = w["enc.weight"] + 1
+  w["dec.weight"] = w["enc.weight"].copy()
+  actor.set_weights(w)
+  np.testing.assert_array_equal(var(actor, "enc.weight").numpy(),
+                                w["enc.weight"])
+  bad = dict(w)
+  bad["dec.weight"] = bad["dec.weight"] + 1
+  with pytest.raises(ValueError,
+                     match=r"'dec\.weight' and 'enc\.weight' are one tied"):
+    actor.set_weights(bad)
+  np.testing.assert_array_equal(var(actor, "enc.weight").numpy(),
+                                w["enc.weight"])
+
+
+# --------------------------------------------------------------- zero copy
+
+
+class PtrRecorder(torch.nn.Module):
+  """Records the data pointers of the parameters its forward receives."""
+
+  def __init__(self):
+    super().__init__()
+    self.l1 = torch.nn.Linear(32, 64)
+    self.l2 = torch.nn.Linear(64, 8)
+    self.seen = []
+
+  def forward(self, x):
+    if not x.is_meta:
+      self.seen.append({"l1.weight": self.l1.weight.data_ptr(),
+                        "l1.bias": self.l1.bias.data_ptr(),
+                        "l2.weight": self.l2.weight.data_ptr(),
+                        "l2.bias": self.l2.bias.data_ptr(),
+                        "x": x.data_ptr()})
+    return self.l2(torch.relu(self.l1(x)))
+
+
+@pytest.mark.parametrize("opt_name", ["keras_adam", "keras_sgd", "v1_sgd"])
+@mode_param
+def test_training_step_copies_nothing_and_updates_in_place(mode, opt_name):
+  net = seeded(0, PtrRecorder)
+  actor = tb.TorchModule(net, name="z")
+  opt = {"keras_adam": lambda: tf.keras.optimizers.Adam(0.01),
+         "keras_sgd": lambda: tf.keras.optimizers.SGD(0.01),
+         "v1_sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.01),
+         }[opt_name]()
+  tvars = actor.trainable_variables
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(actor(x) ** 2)
+    opt.apply_gradients(zip(tape.gradient(loss, tvars), tvars))
+    return loss
+
+  step = maybe_function(mode, step)
+  x = tf.constant(data([16, 32]))
+  step(x)  # builds the optimizer state and traces
+  names = ["l1.weight", "l1.bias", "l2.weight", "l2.bias"]
+  for _ in range(3):
+    ptrs = {n: data_ptr(var(actor, n)) for n in names}
+    values = {n: var(actor, n).numpy().copy() for n in names}
+    tb.reset_exchange_stats()
+    step(x)
+    stats = tb.exchange_stats()
+    assert stats["copied"] == 0 and stats["bytes_copied"] == 0, stats
+    assert stats["zero_copy"] > 0, stats
+    seen = net.seen[-1]
+    for n in names:
+      # Torch computed on the variable's own buffer ...
+      assert seen[n] == ptrs[n], n
+      # ... which the optimizer then updated in place.
+      assert data_ptr(var(actor, n)) == ptrs[n], n
+      assert not np.array_equal(var(actor, n).numpy(), values[n]), n
+    assert seen["x"] == tb.to_torch(x).data_ptr()
+
+
+# ------------------------------------------------------- other buffer writes
+
+
+class BufferWriter(torch.nn.Module):
+  """Writes its buffers in several ways; one buffer is a read-only table."""
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(3, 3)
+    self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+    self.register_buffer("last_mean", torch.zeros(3))
+    self.register_buffer("history", torch.zeros(4, 3))
+    self.register_buffer("table", torch.arange(3.0))
+    self.table_ptrs = []
+
+  def forward(self, x):
+    if not x.is_meta:
+      self.table_ptrs.append(self.table.data_ptr())
+    h = self.lin(x) + self.table
+    if self.training:
+      with torch.no_grad():
+        self.calls += 1                                 # in-place op
+        self.last_mean.copy_(h.mean(0))                 # copy_
+        self.history[self.calls.item() % 4] = h[0]      # write via a view
+    return h
+
+
+@mode_param
+def test_buffers_written_in_place_are_written_back_and_read_only_ones_shared(
+    mode):
+  net = seeded(0, BufferWriter)
+  net_ref = copy.deepcopy(net)
+  actor = tb.TorchModule(net, name="w")
+  table_before = data_ptr(var(actor, "table"))
+  call = maybe_function(mode, lambda x: actor(x, training=True))
+  for s in range(3):
+    x = data([5, 3], seed=s)
+    out = call(tf.constant(x))
+    with torch.no_grad():
+      want = net_ref.train()(torch.from_numpy(x))
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
+    got = actor.get_weights()
+    for n, t in net_ref.state_dict().items():
+      np.testing.assert_allclose(got[n], t.numpy(), rtol=1e-6, err_msg=n)
+  assert actor.get_weights()["calls"] == 3
+  # The table, never written, is handed to torch in place, not copied.
+  assert data_ptr(var(actor, "table")) == table_before
+  assert net.table_ptrs[-1] == table_before
+  # In eval mode nothing is written.
+  before = actor.get_weights()
+  actor(tf.constant(data([5, 3])), training=False)
+  for n, v in actor.get_weights().items():
+    np.testing.assert_array_equal(v, before[n])
