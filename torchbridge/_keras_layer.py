@@ -1,6 +1,7 @@
 """`TorchLayer`: a torch module as a Keras 3 layer under the TF backend."""
 
 import base64
+import inspect
 import io
 
 import keras
@@ -15,8 +16,9 @@ it is a pickle, and unpickling it with `torch.load` can run arbitrary code.
 If you trust the file, load it with `keras.models.load_model(path,
 safe_mode=False)` (or call `keras.config.enable_unsafe_deserialization()`
 first). To load in safe mode instead, build the torch module in code: a
-subclass of TorchLayer (or a subclassed keras.Model) that creates its torch
-module in `__init__` and leaves "module" out of `get_config()`."""
+subclass of TorchLayer whose `__init__` creates its torch module (and takes
+no `module` argument), or a subclassed keras.Model that creates the
+TorchLayer in its `__init__`."""
 
 _NO_STATE = """\
 TorchLayer {name!r}: the torch module {module_type} has no parameters and no
@@ -43,20 +45,25 @@ class TorchLayer(keras.layers.Layer):
 
   XLA cannot call into torch, so the layer sets `supports_jit = False`:
   Keras' default `jit_compile="auto"` then compiles without XLA, and an
-  explicit `jit_compile=True` raises an error that says so.
+  explicit `model.compile(jit_compile=True)` warns and falls back to
+  `jit_compile=False` (Keras' rule for layers without XLA support). A
+  `tf.function(jit_compile=True)` around the layer raises an error that says
+  so.
 
   Saving: `save_weights` / `load_weights` store the weights as any layer's.
   `model.save("m.keras")` also stores the torch module itself (pickled with
   `torch.save`, as Keras' own `TorchModuleWrapper` does), and
   `keras.models.load_model` unpickles it only with `safe_mode=False`, since
   unpickling can run arbitrary code. Models that build their torch modules in
-  code load in safe mode: subclass `TorchLayer`, create the torch module in
-  `__init__`, and drop "module" from `get_config()`.
+  code load in safe mode: subclass `TorchLayer` with an `__init__` that
+  creates the torch module and takes no `module` argument (the config then
+  holds no pickle), or build the `TorchLayer` in a subclassed `keras.Model`.
 
   Args:
     module: the torch module, with all parameters initialized.
     **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
-      defaults to the dtype of the module's floating parameters.
+      defaults to the dtype of the module's floating parameters, and must
+      match it when given (Keras casts floating inputs to it).
 
   Example:
     >>> import torch, keras, torchbridge as tb
@@ -75,8 +82,10 @@ class TorchLayer(keras.layers.Layer):
         not any(True for _ in module.buffers()):
       raise ValueError(_NO_STATE.format(
           name=name, module_type=type(module).__name__))
-    kwargs.setdefault("dtype", _floating_dtype(module))
+    module_dtype = _floating_dtype(module)
+    kwargs.setdefault("dtype", module_dtype)
     super().__init__(**kwargs)
+    _check_dtype(self, module_dtype)
     self.supports_jit = False
     self._torch_state = _torch_state.TorchState(
         module, self.name, self._make_weight)
@@ -106,9 +115,12 @@ class TorchLayer(keras.layers.Layer):
 
   def get_config(self):
     config = super().get_config()
-    buffer = io.BytesIO()
-    torch.save(self.torch_module, buffer)
-    config["module"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+    # Subclasses whose __init__ builds the module (and so takes no `module`
+    # argument) are rebuilt by their code: no pickle in their config.
+    if "module" in inspect.signature(type(self).__init__).parameters:
+      buffer = io.BytesIO()
+      torch.save(self.torch_module, buffer)
+      config["module"] = base64.b64encode(buffer.getvalue()).decode("ascii")
     return config
 
   @classmethod
@@ -126,6 +138,18 @@ class TorchLayer(keras.layers.Layer):
 def _in_safe_mode():
   from keras.src.saving import serialization_lib  # no public accessor
   return serialization_lib.in_safe_mode()
+
+
+def _check_dtype(layer, module_dtype):
+  if module_dtype is None or layer.compute_dtype == module_dtype:
+    return
+  raise ValueError(
+      f"TorchLayer {layer.name!r} got dtype={layer.dtype_policy.name!r}, but "
+      f"the torch module's floating parameters and buffers are "
+      f"{module_dtype}. Keras casts floating inputs to the layer's compute "
+      f"dtype ({layer.compute_dtype}), and torch does not convert them "
+      f"again. Leave dtype out (it defaults to {module_dtype}), or convert "
+      "the torch module first, e.g. `module.float()` / `module.double()`.")
 
 
 def _floating_dtype(module):

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 import torch
 from torch.func import functional_call
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge import _bridge
 from torchbridge import _exchange
@@ -66,6 +67,11 @@ class TorchState:
     """Runs the forward on TF tensors; see `TorchModule.__call__`."""
     if training is not None:
       training = _as_python_bool(training, self.name)
+    elif not tf.executing_eagerly():
+      # The traced graph depends on the modes (which buffers the forward
+      # writes, hence the op's outputs): every run of it uses the modes the
+      # submodules had when it was traced.
+      training = [m.training for m in self.module.modules()]
     call = _function.bind_arguments(self.name, (args, kwargs))
     if not tf.executing_eagerly():
       _function.check_not_xla(self.name)
@@ -79,19 +85,39 @@ class TorchState:
       known_mutated = self._mutated_buffers.get(mode_key)
       buffers_torch = {}
       for n, b in zip(self.buffer_names, args_torch[n_params:n_vars]):
+        if b.is_meta and b.dim() == 0:
+          # Finding the output shapes on meta tensors while tracing: scalar
+          # buffers (BatchNorm's num_batches_tracked, which its forward may
+          # read with `.item()`) get their current value, on the CPU, where
+          # torch lets 0-d tensors mix with any device.
+          with tf.init_scope():
+            b = _exchange.tensor_to_torch(
+                tf.convert_to_tensor(self.variables[n])).cpu()
         # Buffers the forward may write get a private copy, so torch never
         # writes into a TF buffer behind TF's back; the copy is then
         # assigned to the variable (which adopts it without copying).
         if known_mutated is None or n in known_mutated:
           b = b.clone()
-        buffers_torch[n] = (b, b._version)
+        buffers_torch[n] = b
       tensors = dict(zip(self.param_names, args_torch[:n_params]))
-      tensors.update({n: b for n, (b, _) in buffers_torch.items()})
+      tensors.update(buffers_torch)
       a, kw = call.substitute(args_torch[n_vars:])
-      with _torch_mode(self.module, training):
-        result = functional_call(self.module, tensors, a, kw)
-      written[:] = [(n, b) for n, (b, version) in buffers_torch.items()
-                    if b._version != version]
+      with _torch_mode(self.module, training), _explain_dtype_errors(
+          self.name, self.module, args_torch[n_vars:]):
+        if known_mutated is None:
+          # The first call in this mode (eagerly, or on meta tensors while
+          # tracing) finds the buffers the forward writes; later calls in
+          # this mode copy and write back exactly those.
+          versions = {n: b._version for n, b in buffers_torch.items()}
+          with _WriteRecorder() as recorder:
+            result = functional_call(self.module, tensors, a, kw)
+          known_mutated = frozenset(
+              n for n, b in buffers_torch.items()
+              if b._version != versions[n] or recorder.wrote(b))
+        else:
+          result = functional_call(self.module, tensors, a, kw)
+      written[:] = [(n, b) for n, b in buffers_torch.items()
+                    if n in known_mutated]
       return result
 
     def extra(args_torch, result):
@@ -111,6 +137,8 @@ class TorchState:
     return result
 
   def _mode_key(self, training):
+    if isinstance(training, list):
+      return "".join("1" if mode else "0" for mode in training)
     if training is not None:
       return str(bool(training))
     return "".join("1" if m.training else "0" for m in self.module.modules())
@@ -196,8 +224,96 @@ def check_module(module, owner_name):
           "`module.to_empty(device='cpu')`, then initialize or load weights.")
 
 
+# Kernels that update the running statistics (arguments 3 and 4) in place when
+# their `training` argument (5) is true, with no write annotation in their
+# schema, and so without bumping the tensors' version counters.
+_UNANNOTATED_STATS_WRITERS = frozenset((
+    "aten::native_batch_norm", "aten::cudnn_batch_norm",
+    "aten::miopen_batch_norm"))
+
+
+class _WriteRecorder(TorchDispatchMode):
+  """Records the storages that the torch ops run under it write to.
+
+  A write shows in the op's schema (`Tensor(a!)`), except for the batch
+  norm kernels, which update the running statistics in place undeclared
+  (and leave the version counters alone).
+  """
+
+  def __init__(self):
+    super().__init__()
+    self._storages = set()
+
+  def wrote(self, tensor_torch):
+    return tensor_torch.untyped_storage()._cdata in self._storages
+
+  def _record(self, value):
+    for t in value if isinstance(value, (list, tuple)) else [value]:
+      if isinstance(t, torch.Tensor):
+        self._storages.add(t.untyped_storage()._cdata)
+
+  def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    kwargs = kwargs or {}
+    schema = func._schema
+    for k, arg in enumerate(schema.arguments):
+      if arg.alias_info is not None and arg.alias_info.is_write:
+        self._record(args[k] if k < len(args) else kwargs.get(arg.name))
+    if schema.name in _UNANNOTATED_STATS_WRITERS and len(args) > 5 \
+        and args[5]:
+      self._record([args[3], args[4]])
+    return func(*args, **kwargs)
+
+
+_DTYPE_MISMATCH = """\
+{name}: the torch module failed on {inputs}.
+Its floating parameters are {param}, and torch does not convert dtypes:
+  {error_type}: {error}
+Cast the inputs to {param} before the call, e.g. `tf.cast(x, tf.{param})` (in
+a Keras model: `keras.Input(shape, dtype="{param}")`){module_fix}."""
+
+
+class _explain_dtype_errors:
+  """Re-raises a torch error that inputs of the wrong dtype likely caused
+  with a message naming the input and parameter dtypes and the fix."""
+
+  def __init__(self, name, module, inputs_torch):
+    self._name = name
+    self._module = module
+    self._inputs = inputs_torch
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, err, tb):
+    if not isinstance(err, (RuntimeError, TypeError)) or \
+        "type" not in str(err).lower():
+      return False
+    params = sorted({str(p.dtype).replace("torch.", "")
+                     for p in self._module.parameters()
+                     if p.is_floating_point()})
+    odd = [(k, t) for k, t in enumerate(self._inputs)
+           if str(t.dtype).replace("torch.", "") not in params]
+    if len(params) != 1 or not odd:
+      return False
+    inputs = ", ".join(
+        f"input {k} of dtype {str(t.dtype).replace('torch.', '')} (shape "
+        f"{tuple(t.shape)})" for k, t in odd)
+    module_fix = ""
+    if all(t.is_floating_point() for _, t in odd):
+      module_fix = (", or convert the torch module to the inputs' dtype "
+                    "before wrapping it (e.g. `module.double()`)")
+    raise type(err)(_DTYPE_MISMATCH.format(
+        name=self._name, inputs=inputs, param=params[0],
+        error_type=type(err).__name__, error=err,
+        module_fix=module_fix)) from err
+
+
 class _torch_mode:
-  """Sets train/eval mode on a torch module for one call, then restores it."""
+  """Sets train/eval mode on a torch module for one call, then restores it.
+
+  `training` is None (leave the modes), a bool (for every submodule), or a
+  list of bools, one per `module.modules()`.
+  """
 
   def __init__(self, module, training):
     self._module = module
@@ -207,7 +323,11 @@ class _torch_mode:
   def __enter__(self):
     if self._training is not None:
       self._saved = [(m, m.training) for m in self._module.modules()]
-      self._module.train(self._training)
+      if isinstance(self._training, bool):
+        self._module.train(self._training)
+      else:
+        for m, mode in zip(self._module.modules(), self._training):
+          m.training = mode
 
   def __exit__(self, *exc_info):
     if self._saved is not None:
