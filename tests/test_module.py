@@ -1,6 +1,8 @@
 """`tb.TorchModule`: variables, calls, modes, buffers, randomness, zero copy."""
 
 import copy
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -690,3 +692,51 @@ def test_buffers_written_in_place_are_written_back_and_read_only_ones_shared(
   actor(tf.constant(data([5, 3])), training=False)
   for n, v in actor.get_weights().items():
     np.testing.assert_array_equal(v, before[n])
+
+
+# ------------------------------------------------------------------ threads
+
+
+class SlowCheck(torch.nn.Module):
+  """Notes whether its parameters changed under it while it slept."""
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(8, 8)
+    self.torn = 0
+
+  def forward(self, x):
+    weight = self.lin.weight
+    if not x.is_meta:
+      time.sleep(0.002)  # lets other threads run
+      if self.lin.weight is not weight:
+        self.torn += 1
+    return torch.nn.functional.linear(x, self.lin.weight, self.lin.bias)
+
+
+@mode_param
+def test_concurrent_calls_from_threads_are_correct(mode):
+  net = seeded(0, SlowCheck)
+  actor = tb.TorchModule(net, name="slow")
+  for v in actor.trainable_variables:
+    v.assign(v * 3.0)  # the TF values differ from torch's own tensors
+  call = maybe_function(mode, lambda x: actor(x))
+  xs = [tf.constant(data([4, 8], seed=s)) for s in range(4)]
+  w, b = [v.numpy() for v in (var(actor, "lin.weight"), var(actor, "lin.bias"))]
+  call(xs[0])
+  errors = []
+
+  def work(x):
+    want = x.numpy() @ w.T + b
+    for _ in range(15):
+      got = call(x).numpy()
+      if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+        errors.append(np.abs(got - want).max())
+
+  threads = [threading.Thread(target=work, args=(x,)) for x in xs]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert net.torn == 0
+  assert not errors

@@ -2,6 +2,7 @@
 
 import collections.abc
 import re
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -85,7 +86,8 @@ class TorchModule(tf.Module):
   # `tf.Module.variables`: only the variables are the module's TF state.
   _TF_MODULE_IGNORED_PROPERTIES = frozenset((
       "_torch_module", "_param_names", "_buffer_names", "_state_names",
-      "_mutated_buffers")).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+      "_mutated_buffers", "_lock")).union(
+          tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   @tf.__internal__.tracking.no_automatic_dependency_tracking
   def _init_untracked(self, module, params, buffers):
@@ -100,6 +102,10 @@ class TorchModule(tf.Module):
     # torch modes -> names of the buffers the forward writes (found while
     # tracing), so later calls copy only those.
     self._mutated_buffers = {}
+    # One forward at a time: functional_call swaps the module's tensors and
+    # the train/eval flags are the module's, so concurrent calls (threads,
+    # or tf.functions run from several threads) would see each other's.
+    self._lock = threading.RLock()
 
   @property
   def torch_module(self):
@@ -112,7 +118,7 @@ class TorchModule(tf.Module):
     """
     tensors = dict(self._torch_module.named_parameters())
     tensors.update(self._torch_module.named_buffers())
-    with torch.no_grad():
+    with self._lock, torch.no_grad():
       for n, var in self._tf_variables.items():
         tensors[n].copy_(_exchange.tensor_to_torch(var.value()))
     return self._torch_module
@@ -144,9 +150,15 @@ class TorchModule(tf.Module):
     vars_tf = [self._tf_variables[n].value() for n in names]
     n_params, n_vars = len(self._param_names), len(names)
     mode_key = self._mode_key(training)
-    written = []  # (buffer name, torch tensor written by the forward)
+    # (buffer name, torch tensor written by the forward), per thread: a
+    # traced function may run in several threads at once.
+    written = threading.local()
 
     def run(args_torch):
+      with self._lock:
+        return locked_run(args_torch)
+
+    def locked_run(args_torch):
       known_mutated = self._mutated_buffers.get(mode_key)
       buffers_torch = {}
       for n, b in zip(self._buffer_names, args_torch[n_params:n_vars]):
@@ -179,13 +191,13 @@ class TorchModule(tf.Module):
               if b._version != versions[n] or recorder.wrote(b))
         else:
           result = functional_call(self._torch_module, tensors, a, kw)
-      written[:] = [(n, b) for n, b in buffers_torch.items()
-                    if n in known_mutated]
+      written.items = [(n, b) for n, b in buffers_torch.items()
+                       if n in known_mutated]
       return result
 
     def extra(args_torch, result):
       del args_torch, result
-      return [b for _, b in written]
+      return [b for _, b in written.items]
 
     differentiable = (
         [self._tf_variables[n].trainable for n in self._param_names] +
@@ -194,8 +206,8 @@ class TorchModule(tf.Module):
     result, written_tf = _function.call_bridged(
         run, vars_tf + call.args_tf, self.name, extra=extra,
         differentiable=differentiable)
-    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written)
-    for (n, _), value_tf in zip(written, written_tf):
+    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written.items)
+    for (n, _), value_tf in zip(written.items, written_tf):
       self._tf_variables[n].assign(value_tf)
     return result
 
