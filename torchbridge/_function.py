@@ -108,6 +108,9 @@ class TorchFunction:
     del context
     return default_types.Weakref(weakref.ref(self))
 
+  # Not converted by autograph when called from a tf.function: the bridge's
+  # own Python would otherwise run as converted code on every call.
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, *args, **kwargs):
     call = bind_arguments(self._name, (args, kwargs))
     if not tf.executing_eagerly():
@@ -162,6 +165,7 @@ def check_not_xla(name):
     raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))
 
 
+@tf.autograph.experimental.do_not_convert
 def call_bridged(run, args_tf, name, output_signature=None, extra=None,
                  differentiable=None):
   """Calls `run(args_torch) -> nest of torch tensors` through the bridge.

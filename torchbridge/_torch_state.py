@@ -6,6 +6,7 @@ the torch module on their current values.
 """
 
 import collections.abc
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -49,6 +50,9 @@ class TorchState:
     # torch modes -> names of the buffers the forward writes (learnt while
     # tracing or on the first eager call), so later calls copy only those.
     self._mutated_buffers = {}
+    # One forward at a time: functional_call swaps tensors into the shared
+    # torch module for the duration of a call.
+    self._lock = threading.RLock()
     self.variables = {}
     for n, t in list(params.items()) + list(buffers.items()):
       trainable = n in params and t.requires_grad
@@ -58,11 +62,12 @@ class TorchState:
     """Copies the variables' values into the torch module; returns it."""
     tensors = dict(self.module.named_parameters())
     tensors.update(self.module.named_buffers())
-    with torch.no_grad():
+    with self._lock, torch.no_grad():
       for n, var in self.variables.items():
         tensors[n].copy_(_exchange.tensor_to_torch(tf.convert_to_tensor(var)))
     return self.module
 
+  @tf.autograph.experimental.do_not_convert
   def call(self, args, kwargs, training):
     """Runs the forward on TF tensors; see `TorchModule.__call__`."""
     if training is not None:
@@ -79,9 +84,15 @@ class TorchState:
     vars_tf = [tf.convert_to_tensor(self.variables[n]) for n in names]
     n_params, n_vars = len(self.param_names), len(names)
     mode_key = self._mode_key(training)
-    written = []  # (buffer name, torch tensor written by the forward)
+    # (buffer name, torch tensor written by the forward), per thread: a traced
+    # function may run in several threads at once.
+    written = threading.local()
 
     def run(args_torch):
+      with self._lock:
+        return locked_run(args_torch)
+
+    def locked_run(args_torch):
       known_mutated = self._mutated_buffers.get(mode_key)
       buffers_torch = {}
       for n, b in zip(self.buffer_names, args_torch[n_params:n_vars]):
@@ -116,13 +127,13 @@ class TorchState:
               if b._version != versions[n] or recorder.wrote(b))
         else:
           result = functional_call(self.module, tensors, a, kw)
-      written[:] = [(n, b) for n, b in buffers_torch.items()
-                    if n in known_mutated]
+      written.items = [(n, b) for n, b in buffers_torch.items()
+                       if n in known_mutated]
       return result
 
     def extra(args_torch, result):
       del args_torch, result
-      return [b for _, b in written]
+      return [b for _, b in written.items]
 
     differentiable = (
         [self.variables[n].trainable for n in self.param_names] +
@@ -131,8 +142,8 @@ class TorchState:
     result, written_tf = _function.call_bridged(
         run, vars_tf + call.args_tf, self.name, extra=extra,
         differentiable=differentiable)
-    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written)
-    for (n, _), value_tf in zip(written, written_tf):
+    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written.items)
+    for (n, _), value_tf in zip(written.items, written_tf):
       self.variables[n].assign(value_tf)
     return result
 
@@ -164,6 +175,7 @@ class TorchState:
     if unexpected:
       problems.append(f"unexpected names: {unexpected}")
     values = {}
+    first_name = {}  # canonical name -> the state_dict name that set it
     for n in sorted(expected & set(weights)):
       var = self.variables[self.state_names[n]]
       value = _as_numpy(weights[n], n, self.name)
@@ -173,10 +185,14 @@ class TorchState:
             f"{tuple(var.shape)}")
         continue
       canonical = self.state_names[n]
-      if canonical in values and not np.array_equal(values[canonical], value):
-        problems.append(
-            f"{n!r} is tied to {canonical!r} in torch but has other values")
+      if canonical in values:
+        if not np.array_equal(values[canonical], value):
+          problems.append(
+              f"{first_name[canonical]!r} and {n!r} are one tied tensor in "
+              "torch but have different values")
+        continue
       values[canonical] = value
+      first_name[canonical] = n
     if problems:
       raise ValueError(
           f"{self.name}.set_weights() got weights that do not fit the torch "
@@ -185,7 +201,7 @@ class TorchState:
     for canonical, value in values.items():
       var = self.variables[canonical]
       dtype = tf.as_dtype(var.dtype)
-      var.assign(tf.raw_ops.DeepCopy(x=tf.constant(value.astype(dtype.as_numpy_dtype))))
+      var.assign(_tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))
 
 
 def tf_owned_copy(tensor_torch):
@@ -200,7 +216,14 @@ def tf_owned_copy(tensor_torch):
   else:
     device = "/CPU:0"
   with tf.device(device):
-    return tf.raw_ops.DeepCopy(x=_exchange.tensor_to_tf(tensor_torch.detach()))
+    return _tf_owned(_exchange.tensor_to_tf(tensor_torch.detach()))
+
+
+def _tf_owned(value_tf):
+  try:
+    return tf.raw_ops.DeepCopy(x=value_tf)
+  except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+    return value_tf  # no kernel for this dtype and device: TF copies once
 
 
 def check_module(module, owner_name):
@@ -302,10 +325,14 @@ class _explain_dtype_errors:
     if all(t.is_floating_point() for _, t in odd):
       module_fix = (", or convert the torch module to the inputs' dtype "
                     "before wrapping it (e.g. `module.double()`)")
-    raise type(err)(_DTYPE_MISMATCH.format(
+    message = _DTYPE_MISMATCH.format(
         name=self._name, inputs=inputs, param=params[0],
-        error_type=type(err).__name__, error=err,
-        module_fix=module_fix)) from err
+        error_type=type(err).__name__, error=err, module_fix=module_fix)
+    try:
+      explained = type(err)(message)
+    except Exception:  # an exception type whose constructor wants more
+      explained = RuntimeError(message)
+    raise explained from err
 
 
 class _torch_mode:
