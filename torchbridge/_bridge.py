@@ -122,11 +122,13 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
   live on in its `_Saved` record).
   """
 
-  @tf.autograph.experimental.do_not_convert
+  check_outputs = _OutputCheck(out_specs, name)
+
+  # (tf.py_function already keeps autograph away from `body`.)
   def body(*py_args_eager):
     with torch.set_grad_enabled(record):
       saved = compute(list(py_args_eager), record)
-    _check_outputs(saved.outs_torch, out_specs, name)
+    check_outputs(saved.outs_torch)
     device = next((o.device for o in saved.outs_torch if o.is_cuda),
                   torch.device("cpu"))
     handle_torch = torch.empty(1, dtype=torch.int8, device=device)
@@ -158,11 +160,11 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
       # backward function of a tf.function); identities capture the
       # forward's tensors there, so that a gradient of this backward, traced
       # in yet another graph, refers to tensors of its parent graph only.
-      xs_tf = [tf.identity(grad_args[j]) for j in diff_args]
+      xs_tf = [_in_current_graph(grad_args[j]) for j in diff_args]
       grads_tf = _call_graph(
           compute_bwd,
           dys_sel_tf + xs_tf,
-          [tf.identity(handle_tf)] + dys_sel_tf,
+          [_in_current_graph(handle_tf)] + dys_sel_tf,
           [tf.TensorSpec(grad_args[j].shape, grad_args[j].dtype)
            for j in diff_args],
           # Build the double-backward graph only when a tape records this
@@ -175,6 +177,12 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     return outs_tf, grad
 
   return list(bridged(*grad_args_tf))
+
+
+def _in_current_graph(tensor_tf):
+  if tensor_tf.graph is tf.compat.v1.get_default_graph():
+    return tensor_tf
+  return tf.identity(tensor_tf)  # captures it into this graph
 
 
 def _grad_positions(out_specs, differentiable, dys_tf):
@@ -229,7 +237,40 @@ def _lookup(handle_tf):
   return saved
 
 
+class _OutputCheck:
+  """Checks a call's torch outputs against the specs declared at trace time.
+
+  The specs are turned into plain tuples once, so the check costs little on
+  every run.
+  """
+
+  def __init__(self, out_specs, name):
+    self._specs = out_specs
+    self._name = name
+    self._expected = [
+        (_exchange.torch_dtype(s.dtype),
+         None if s.shape.rank is None else tuple(s.shape.as_list()))
+        for s in out_specs]
+
+  def __call__(self, outs_torch):
+    if len(outs_torch) == len(self._expected):
+      for out, (dtype, dims) in zip(outs_torch, self._expected):
+        if out.dtype != dtype or not _dims_match(dims, out.shape):
+          break
+      else:
+        return
+    _check_outputs(outs_torch, self._specs, self._name)
+
+
+def _dims_match(dims, shape):
+  if dims is None:
+    return True
+  return len(dims) == len(shape) and all(
+      d is None or d == n for d, n in zip(dims, shape))
+
+
 def _check_outputs(outs_torch, out_specs, name):
+  """Raises the error that says how the outputs differ from the specs."""
   if len(outs_torch) != len(out_specs):
     raise ValueError(
         f"{name} returned {len(outs_torch)} tensors, but {len(out_specs)} "

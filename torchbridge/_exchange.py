@@ -246,7 +246,10 @@ def tensor_to_tf(x_torch, copied=False):
   `copied` says that `x_torch` is already a private copy made on the way
   here, so the exchange is counted as a copy even when TF can view it.
   """
-  _check_torch_kind(x_torch)
+  if (x_torch.dtype not in _TF_DTYPE_FROM_TORCH or
+      x_torch.layout is not torch.strided or
+      x_torch.device.type not in ("cpu", "cuda")):
+    _check_torch_kind(x_torch)  # raises the error that names the kind
   if x_torch.requires_grad:
     x_torch = x_torch.detach()
   if x_torch.is_conj() or x_torch.is_neg():
@@ -266,18 +269,12 @@ def tensor_to_tf(x_torch, copied=False):
 
 
 def _tf_can_view(x_torch):
-  if x_torch.numel() == 0:
-    return True
-  if x_torch.data_ptr() % _TF_ALIGNMENT:
-    return False
   # DLPack passes strides as they are, and TF accepts only the dense
-  # row-major layout (size-1 dimensions may carry any stride).
-  expected = 1
-  for size, stride in reversed(list(zip(x_torch.shape, x_torch.stride()))):
-    if size != 1 and stride != expected:
-      return False
-    expected *= size
-  return True
+  # row-major layout; size-1 dimensions may carry any stride, as in torch's
+  # own definition of contiguous.
+  if not x_torch.is_contiguous():
+    return False
+  return x_torch.numel() == 0 or x_torch.data_ptr() % _TF_ALIGNMENT == 0
 
 
 def _check_torch_kind(x_torch):

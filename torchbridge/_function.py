@@ -131,9 +131,15 @@ class _BoundCall:
     self._flat = flat
     self._positions = positions
     self.args_tf = args_tf
+    # The common call, f(x, y) with tensors only, needs no nest packing.
+    args, kwargs = structure
+    self._only_tensors = (not kwargs and len(args) == len(flat) ==
+                          len(positions))
 
   def substitute(self, args_torch):
     """The original arguments with torch tensors in the TF tensors' places."""
+    if self._only_tensors:
+      return tuple(args_torch), {}
     flat = list(self._flat)
     for pos, arg_torch in zip(self._positions, args_torch):
       flat[pos] = arg_torch
