@@ -21,8 +21,12 @@ $(STAMP): requirements-dev.txt setup.py
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# The main job: TD3 on Pendulum with a torch actor-critic in a TF loop,
+# a short budget (about 5 minutes on 2 cores). Starts afresh each time.
+DEMO_STEPS ?= 15000
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	rm -rf runs/demo
+	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

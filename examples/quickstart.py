@@ -1,11 +1,11 @@
-"""The main job, small: a torch model trained inside a TF training loop.
+"""Quick start: a torch model trained inside a TF training loop.
 
 A torch MLP becomes a `tb.TorchModule`; a Keras Adam optimizer trains its
 parameters (held as TF variables) in a `tf.function` train step; a TF
 checkpoint saves it; and `tb.exchange_stats()` shows what crossed the
 boundary between the frameworks, and that nothing was copied.
 
-Run: `make demo` (or `.venv/bin/python examples/demo.py`).
+Run: `.venv/bin/python examples/quickstart.py`.
 """
 
 import os
