@@ -242,3 +242,18 @@ def test_xla_compilation_is_refused_with_the_alternative():
   call = tf.function(lambda x: actor(x, training=False), jit_compile=True)
   with pytest.raises(NotImplementedError, match=r"jit_compile=False"):
     call(tf.constant(data([4, 3])))
+
+
+def test_wrong_shape_found_while_tracing_keeps_torch_error_type_and_names_inputs():
+  # An input error shows while tracing (on meta tensors): the message is the
+  # user's error, not advice about output_signature, which would not help.
+  actor = tb.TorchModule(torch.nn.Linear(3, 5), name="actor")
+  call = tf.function(lambda x: actor(x))
+  with pytest.raises(RuntimeError) as info:
+    call(tf.zeros([4, 7]))
+  message = str(info.value)
+  assert "actor failed while tf.function traced it" in message
+  assert "(4, 7) float32" in message
+  assert "output_signature" not in message
+  assert "[4, 7] X [3, 5]" in message  # torch's own message is kept
+  np.testing.assert_array_equal(actor(tf.zeros([2, 3])).shape, [2, 5])

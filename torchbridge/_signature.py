@@ -20,6 +20,25 @@ unknown dimensions, e.g.:
   tb.torch_function(fn, output_signature=tf.TensorSpec([None, 4], tf.float32))"""
 
 
+_TRACE_FAILED = """\
+{name} failed while tf.function traced it (torchbridge runs the torch code on
+shape-only "meta" tensors to learn its output shapes), on arguments of shapes
+and dtypes {inputs}:
+  {error_type}: {error}"""
+
+
+def _is_meta_limitation(err):
+  """Whether `err` comes from the meta device itself, not from the inputs."""
+  return isinstance(err, NotImplementedError) or "meta" in str(err).lower()
+
+
+def _same_type(err, message):
+  try:
+    return type(err)(message)
+  except Exception:  # an exception type whose constructor wants more
+    return RuntimeError(message)
+
+
 class ResultError(TypeError):
   """The torch code returned something torchbridge cannot hand to TF."""
 
@@ -63,8 +82,16 @@ def infer(run, args_specs, name):
     except ResultError:
       raise  # the result itself is wrong: output_signature would not help
     except Exception as err:  # any failure of user code on meta tensors
-      raise RuntimeError(_META_FAILED.format(
-          name=name, error_type=type(err).__name__, error=err)) from err
+      if _is_meta_limitation(err):
+        raise RuntimeError(_META_FAILED.format(
+            name=name, error_type=type(err).__name__, error=err)) from err
+      # An error the inputs would cause on real tensors too (a wrong shape
+      # or dtype): the user's error, in its own type, said to come from
+      # tracing.
+      raise _same_type(err, _TRACE_FAILED.format(
+          name=name, error_type=type(err).__name__, error=err,
+          inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}"
+                           for s in args_specs))) from err
   specs = []
   for k, outs in enumerate(zip(*outs_by_probe)):
     if outs[0].dtype not in _exchange._TF_DTYPE_FROM_TORCH:
