@@ -945,3 +945,19 @@ def test_torch_function_as_tf_function_argument():
                              rtol=1e-6)
   other = tb.torch_function(lambda a: a + 1)
   np.testing.assert_array_equal(apply(other, x).numpy(), [1.5, 2.0])
+
+
+def test_in_place_write_into_an_argument_is_reported(in_mode):
+  # The torch view of an argument is TF's own buffer: a torch function that
+  # writes into it is told so, with the fix, instead of passing silently.
+  bump = tb.torch_function(lambda idx: idx.add_(1), name="bump")
+  idx = tf.constant([1, 2, 3])
+  call = in_mode(lambda i: bump(i))
+  with pytest.raises((RuntimeError, tf.errors.UnknownError),
+                     match=r"bump modified its tensor argument 0 .* in place.*"
+                           r"x = x \+ 1.*x\.clone\(\)"):
+    call(idx)
+  # An out-of-place version of the same code works, on the same kind of input.
+  plus_one = tb.torch_function(lambda i: i + 1, name="plus_one")
+  np.testing.assert_array_equal(
+      in_mode(lambda i: plus_one(i))(tf.constant([1, 2, 3])).numpy(), [2, 3, 4])

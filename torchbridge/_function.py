@@ -207,7 +207,9 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
     args_torch = [_exchange.tensor_to_torch(a) for a in call_args_tf]
     leaves = [a.requires_grad_() if record and diff else None
               for a, diff in zip(args_torch, differentiable)]
-    return _bridge._Saved(flat_outputs(args_torch), leaves, has_graph=record)
+    outs_torch = flat_outputs(args_torch)
+    _check_unmodified(args_torch, name)
+    return _bridge._Saved(outs_torch, leaves, has_graph=record)
 
   op_name = _op_name(name)
   if tf.executing_eagerly():
@@ -229,6 +231,19 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
   if extra is not None:
     return result, outs_tf[n_result:]
   return result
+
+
+def _check_unmodified(args_torch, name):
+  """Raises if the torch code wrote into an argument (a view of TF memory)."""
+  for k, arg_torch in enumerate(args_torch):
+    if arg_torch._version:  # fresh views start at 0; in-place ops count up
+      raise RuntimeError(
+          f"{name} modified its tensor argument {k} (shape "
+          f"{tuple(arg_torch.shape)}, dtype {arg_torch.dtype}) in place. Its "
+          "torch tensor shares memory with a TF tensor, and TF tensors must "
+          "never change (TF may hand the same buffer to other ops): the TF "
+          "tensor now holds the modified values. Use out-of-place ops "
+          "(`x = x + 1`, not `x.add_(1)`), or copy first (`x = x.clone()`).")
 
 
 def _flatten_result(result, name, layout):
