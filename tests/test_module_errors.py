@@ -26,8 +26,8 @@ def test_non_module_is_rejected_with_a_type_error(not_a_module):
   with pytest.raises(TypeError) as info:
     tb.TorchModule(not_a_module)
   message = str(info.value)
-  assert "expects a torch.nn.Module" in message
-  assert f"of type\n{type(not_a_module).__name__}" in message
+  assert "TorchModule(module) expects a torch.nn.Module" in message
+  assert f"of type {type(not_a_module).__name__}." in message
   assert "tb.torch_function" in message
 
 

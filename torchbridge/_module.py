@@ -3,15 +3,8 @@
 import re
 
 import tensorflow as tf
-import torch
 
 from torchbridge import _torch_state
-
-_NOT_A_MODULE = """\
-TorchModule(module) expects a torch.nn.Module, got {received!r} of type
-{type_name}. Wrap a plain torch function with tb.torch_function instead:
-  f = tb.torch_function(fn)"""
-
 
 class TorchModule(tf.Module):
   """A torch `nn.Module` as a `tf.Module`, its state held by TF variables.
@@ -54,9 +47,7 @@ class TorchModule(tf.Module):
   """
 
   def __init__(self, module, name=None):
-    if not isinstance(module, torch.nn.Module):
-      raise TypeError(_NOT_A_MODULE.format(
-          received=module, type_name=type(module).__name__))
+    _torch_state.check_is_module(module, "TorchModule(module)")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(

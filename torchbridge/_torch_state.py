@@ -226,13 +226,18 @@ def _tf_owned(value_tf):
     return value_tf  # no kernel for this dtype and device: TF copies once
 
 
-def check_module(module, owner_name):
-  """Raises for modules that cannot be wrapped (not a module, lazy, meta)."""
+def check_is_module(module, owner_name):
+  """Raises a TypeError, with the fix, for anything but a torch module."""
   if not isinstance(module, torch.nn.Module):
     raise TypeError(
-        f"{owner_name}: expected a torch.nn.Module, got {module!r} of type "
+        f"{owner_name} expects a torch.nn.Module, got {module!r} of type "
         f"{type(module).__name__}. Wrap a plain torch function with "
         "tb.torch_function instead: `f = tb.torch_function(fn)`.")
+
+
+def check_module(module, owner_name):
+  """Raises for modules that cannot be wrapped (not a module, lazy, meta)."""
+  check_is_module(module, owner_name)
   for n, t in list(module.named_parameters()) + list(module.named_buffers()):
     if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
       raise ValueError(

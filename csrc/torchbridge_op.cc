@@ -1,0 +1,809 @@
+// TorchbridgeCall: a TensorFlow op whose kernel calls back into Python (torch)
+// and exchanges tensors with it through DLPack, without copies.
+//
+// The kernel
+//   1. wraps every input tensor as a DLPack capsule (named "dltensor") that
+//      holds a reference on the TF buffer until the consumer calls its deleter;
+//   2. takes the GIL, calls `torchbridge._native._dispatch(callback_id,
+//      capsules)` (on a GPU: `..., cuda_stream, cuda_device)`), and releases
+//      the GIL again;
+//   3. checks the returned capsules (count, dtype, shape, device, alignment,
+//      layout) and adopts each as an output through a TensorBuffer that owns
+//      the DLManagedTensor and calls its deleter when TF frees the buffer.
+// Every failure is a TF error: a bad output never aborts the process, and a
+// Python exception comes back with its type, message and traceback.
+//
+// The registry of Python callables lives in Python (torchbridge/_native.py);
+// the only Python object this file keeps is the dispatcher function, cached
+// under the GIL.
+//
+// Build: torchbridge/_native.py compiles this file on first use, with the
+// flags of the installed TensorFlow (tf.sysconfig) and the Python headers.
+// The GPU kernel is compiled only with -DTORCHBRIDGE_GPU=1 (set by the loader
+// when TensorFlow was built with CUDA); it needs no CUDA headers.
+
+#include <Python.h>  // first, as Python asks
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/allocation_description.pb.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+
+#if TORCHBRIDGE_GPU
+#include "xla/stream_executor/stream.h"
+#endif
+
+#if __has_include("external/dlpack/include/dlpack/dlpack.h")
+#include "external/dlpack/include/dlpack/dlpack.h"  // shipped with TF
+#elif __has_include("dlpack/dlpack.h")
+#include "dlpack/dlpack.h"
+#else
+// The DLPack ABI, as far as this file uses it (legacy v0.x structs and the
+// v1 versioned one).
+extern "C" {
+typedef enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 } DLDeviceType;
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+typedef enum {
+  kDLInt = 0,
+  kDLUInt = 1,
+  kDLFloat = 2,
+  kDLOpaqueHandle = 3,
+  kDLBfloat = 4,
+  kDLComplex = 5,
+  kDLBool = 6,
+} DLDataTypeCode;
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensor* self);
+} DLManagedTensor;
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
+typedef struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensorVersioned* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+}
+#endif
+
+namespace torchbridge {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeString;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::PartialTensorShape;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorBuffer;
+using ::tensorflow::TensorShape;
+
+// TF's CPU kernels assume buffers aligned to EIGEN_MAX_ALIGN_BYTES (64).
+constexpr uintptr_t kAlignment = 64;
+
+constexpr char kCapsuleName[] = "dltensor";
+constexpr char kUsedCapsuleName[] = "used_dltensor";
+constexpr char kVersionedCapsuleName[] = "dltensor_versioned";
+constexpr char kUsedVersionedCapsuleName[] = "used_dltensor_versioned";
+
+// ---------------------------------------------------------------------------
+// Dtypes
+
+bool ToDLDataType(DataType dt, DLDataType* out) {
+  uint8_t code;
+  uint8_t bits;
+  switch (dt) {
+    case tensorflow::DT_HALF: code = kDLFloat; bits = 16; break;
+    case tensorflow::DT_BFLOAT16: code = kDLBfloat; bits = 16; break;
+    case tensorflow::DT_FLOAT: code = kDLFloat; bits = 32; break;
+    case tensorflow::DT_DOUBLE: code = kDLFloat; bits = 64; break;
+    case tensorflow::DT_INT8: code = kDLInt; bits = 8; break;
+    case tensorflow::DT_INT16: code = kDLInt; bits = 16; break;
+    case tensorflow::DT_INT32: code = kDLInt; bits = 32; break;
+    case tensorflow::DT_INT64: code = kDLInt; bits = 64; break;
+    case tensorflow::DT_UINT8: code = kDLUInt; bits = 8; break;
+    case tensorflow::DT_UINT16: code = kDLUInt; bits = 16; break;
+    case tensorflow::DT_UINT32: code = kDLUInt; bits = 32; break;
+    case tensorflow::DT_UINT64: code = kDLUInt; bits = 64; break;
+    case tensorflow::DT_BOOL: code = kDLBool; bits = 8; break;
+    case tensorflow::DT_COMPLEX64: code = kDLComplex; bits = 64; break;
+    case tensorflow::DT_COMPLEX128: code = kDLComplex; bits = 128; break;
+    default: return false;
+  }
+  out->code = code;
+  out->bits = bits;
+  out->lanes = 1;
+  return true;
+}
+
+bool DLDataTypeMatches(DataType dt, const DLDataType& got) {
+  DLDataType want;
+  if (!ToDLDataType(dt, &want)) return false;
+  if (got.lanes != 1 || got.bits != want.bits) return false;
+  if (got.code == want.code) return true;
+  // Older producers export bool as uint8.
+  return dt == tensorflow::DT_BOOL && got.code == kDLUInt;
+}
+
+std::string DLDataTypeString(const DLDataType& t) {
+  const char* code;
+  switch (t.code) {
+    case kDLInt: code = "int"; break;
+    case kDLUInt: code = "uint"; break;
+    case kDLFloat: code = "float"; break;
+    case kDLBfloat: code = "bfloat"; break;
+    case kDLComplex: code = "complex"; break;
+    case kDLBool: code = "bool"; break;
+    default: code = "code?"; break;
+  }
+  std::string s = absl::StrCat(code, t.bits);
+  if (t.lanes != 1) absl::StrAppend(&s, "x", t.lanes);
+  return s;
+}
+
+std::string DimsString(int32_t ndim, const int64_t* shape) {
+  std::string s = "[";
+  for (int32_t i = 0; i < ndim; ++i) {
+    absl::StrAppend(&s, i ? ", " : "", shape ? shape[i] : -1);
+  }
+  return s + "]";
+}
+
+// ---------------------------------------------------------------------------
+// GIL and deleters
+
+// Whether Python is shutting down (then taking the GIL from another thread
+// can block for ever or end the thread).
+bool PythonFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+class GilLock {
+ public:
+  GilLock() : state_(PyGILState_Ensure()) {}
+  ~GilLock() { PyGILState_Release(state_); }
+  GilLock(const GilLock&) = delete;
+  GilLock& operator=(const GilLock&) = delete;
+
+ private:
+  PyGILState_STATE state_;
+};
+
+// An exported (producer-owned) DLPack tensor, legacy or versioned.
+struct Managed {
+  DLManagedTensor* legacy = nullptr;
+  DLManagedTensorVersioned* versioned = nullptr;
+
+  const DLTensor& tensor() const {
+    return legacy ? legacy->dl_tensor : versioned->dl_tensor;
+  }
+  explicit operator bool() const { return legacy || versioned; }
+
+  // Calls the producer's deleter. The caller holds the GIL or knows that
+  // Python is not running.
+  void DeleteNow() {
+    if (legacy && legacy->deleter) legacy->deleter(legacy);
+    if (versioned && versioned->deleter) versioned->deleter(versioned);
+    legacy = nullptr;
+    versioned = nullptr;
+  }
+
+  // Calls the deleter from any thread. Producers' deleters may touch Python
+  // objects (torch's drops a tensor that may own a Python object), so the
+  // GIL is taken while Python runs. During interpreter shutdown the tensor
+  // is leaked instead: the process is ending, and taking the GIL then is
+  // not safe.
+  void DeleteFromAnyThread() {
+    if (!*this) return;
+    if (!Py_IsInitialized()) {
+      DeleteNow();
+      return;
+    }
+    if (PythonFinalizing()) {
+      legacy = nullptr;
+      versioned = nullptr;
+      return;
+    }
+    GilLock gil;
+    DeleteNow();
+  }
+};
+
+// A TF buffer over memory owned by a DLPack producer (torch). TF sees it as
+// memory it does not own, so it never reuses it in place for another op's
+// output (torch may still hold the tensor, e.g. for a backward pass).
+class DLPackBuffer : public TensorBuffer {
+ public:
+  DLPackBuffer(void* data, size_t size, Managed managed, bool on_host)
+      : TensorBuffer(data), size_(size), managed_(managed), on_host_(on_host) {}
+  ~DLPackBuffer() override { managed_.DeleteFromAnyThread(); }
+
+  size_t size() const override { return size_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(
+      tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<int64_t>(size_));
+    proto->set_allocated_bytes(static_cast<int64_t>(size_));
+    proto->set_allocator_name("torchbridge_dlpack");
+    proto->set_ptr(reinterpret_cast<uintptr_t>(data()));
+  }
+  bool OwnsMemory() const override { return false; }
+  tsl::AllocatorMemoryType GetMemoryType() const override {
+    return on_host_ ? tsl::AllocatorMemoryType::kHostPageable
+                    : tsl::AllocatorMemoryType::kDevice;
+  }
+
+ private:
+  const size_t size_;
+  Managed managed_;
+  const bool on_host_;
+};
+
+// ---------------------------------------------------------------------------
+// Inputs: TF tensor -> DLPack capsule
+
+struct InputContext {
+  Tensor tensor;  // holds a reference on the TF buffer
+  std::vector<int64_t> shape;
+  DLManagedTensor managed;
+};
+
+void DeleteInputContext(DLManagedTensor* self) {
+  delete static_cast<InputContext*>(self->manager_ctx);
+}
+
+// Called when the capsule dies; the deleter runs only if no consumer took
+// the tensor (a consumer renames the capsule and calls the deleter itself).
+void InputCapsuleDestructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, kCapsuleName)) return;
+  auto* managed = static_cast<DLManagedTensor*>(
+      PyCapsule_GetPointer(capsule, kCapsuleName));
+  if (managed && managed->deleter) managed->deleter(managed);
+}
+
+absl::Status WrapInput(const Tensor& tensor, DLDevice device, int index,
+                       DLManagedTensor** out) {
+  DLDataType dtype;
+  if (!ToDLDataType(tensor.dtype(), &dtype)) {
+    return tensorflow::errors::InvalidArgument(
+        "input ", index, " has dtype ", DataTypeString(tensor.dtype()),
+        ", which DLPack cannot carry to torch");
+  }
+  auto* ctx = new InputContext{tensor, {}, {}};
+  const int ndim = tensor.dims();
+  ctx->shape.resize(ndim);
+  for (int i = 0; i < ndim; ++i) ctx->shape[i] = tensor.dim_size(i);
+  DLTensor& t = ctx->managed.dl_tensor;
+  t.data = tensor.NumElements() ? ctx->tensor.data() : nullptr;
+  t.device = device;
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.shape = ndim ? ctx->shape.data() : nullptr;
+  t.strides = nullptr;  // dense row-major
+  t.byte_offset = 0;
+  ctx->managed.manager_ctx = ctx;
+  ctx->managed.deleter = DeleteInputContext;
+  *out = &ctx->managed;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Python errors -> TF errors
+
+std::string PyObjectString(PyObject* obj) {
+  if (obj == nullptr) return "";
+  PyObject* str = PyObject_Str(obj);
+  if (str == nullptr) {
+    PyErr_Clear();
+    return "<unprintable>";
+  }
+  const char* utf8 = PyUnicode_AsUTF8(str);
+  std::string result = utf8 ? utf8 : "<unprintable>";
+  if (utf8 == nullptr) PyErr_Clear();
+  Py_DECREF(str);
+  return result;
+}
+
+// Formats the pending Python exception (and clears it) as a TF error with
+// the exception's type, message and traceback. The error code follows
+// tf.py_function's: TypeError/ValueError -> InvalidArgument, and so on; a
+// tf.errors.OpError raised in Python keeps its own code.
+absl::Status PythonErrorToStatus(const std::string& context) {
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  if (type == nullptr) {
+    return tensorflow::errors::Unknown(context,
+                                       ": failed without a Python error");
+  }
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr && value != nullptr) {
+    PyException_SetTraceback(value, traceback);
+  }
+
+  const char* type_name =
+      PyType_Check(type) ? reinterpret_cast<PyTypeObject*>(type)->tp_name
+                         : "exception";
+  std::string message = PyObjectString(value);
+
+  std::string formatted;
+  PyObject* tb_module = PyImport_ImportModule("traceback");
+  if (tb_module != nullptr) {
+    PyObject* lines = PyObject_CallMethod(
+        tb_module, "format_exception", "OOO", type,
+        value ? value : Py_None, traceback ? traceback : Py_None);
+    if (lines != nullptr) {
+      PyObject* empty = PyUnicode_FromString("");
+      PyObject* joined = empty ? PyUnicode_Join(empty, lines) : nullptr;
+      if (joined != nullptr) formatted = PyObjectString(joined);
+      Py_XDECREF(joined);
+      Py_XDECREF(empty);
+      Py_DECREF(lines);
+    }
+    Py_DECREF(tb_module);
+  }
+  PyErr_Clear();
+
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  if (PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
+      PyErr_GivenExceptionMatches(type, PyExc_TypeError)) {
+    code = absl::StatusCode::kInvalidArgument;
+  } else if (PyErr_GivenExceptionMatches(type, PyExc_IndexError) ||
+             PyErr_GivenExceptionMatches(type, PyExc_StopIteration)) {
+    code = absl::StatusCode::kOutOfRange;
+  } else if (PyErr_GivenExceptionMatches(type, PyExc_MemoryError)) {
+    code = absl::StatusCode::kResourceExhausted;
+  } else if (PyErr_GivenExceptionMatches(type, PyExc_NotImplementedError)) {
+    code = absl::StatusCode::kUnimplemented;
+  }
+  if (value != nullptr && PyObject_HasAttrString(value, "error_code") &&
+      PyObject_HasAttrString(value, "node_def")) {  // tf.errors.OpError
+    PyObject* error_code = PyObject_GetAttrString(value, "error_code");
+    if (error_code != nullptr && PyLong_Check(error_code)) {
+      long c = PyLong_AsLong(error_code);
+      if (c > 0 && c <= 16) code = static_cast<absl::StatusCode>(c);
+    }
+    Py_XDECREF(error_code);
+    PyErr_Clear();
+  }
+
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+  return absl::Status(
+      code, absl::StrCat(context, ": the torch callback raised ", type_name,
+                         ": ", message,
+                         "\n\nPython traceback:\n", formatted));
+}
+
+// ---------------------------------------------------------------------------
+// The dispatcher, cached under the GIL (the GIL is its lock).
+
+PyObject* g_dispatch = nullptr;
+
+PyObject* GetDispatch() {  // borrowed; needs the GIL
+  if (g_dispatch != nullptr) return g_dispatch;
+  PyObject* module = PyImport_ImportModule("torchbridge._native");
+  if (module == nullptr) return nullptr;
+  PyObject* dispatch = PyObject_GetAttrString(module, "_dispatch");
+  Py_DECREF(module);
+  if (dispatch == nullptr) return nullptr;
+  // The import may have released the GIL and let another thread get here
+  // first: keep one.
+  if (g_dispatch == nullptr) {
+    g_dispatch = dispatch;
+  } else {
+    Py_DECREF(dispatch);
+  }
+  return g_dispatch;
+}
+
+// ---------------------------------------------------------------------------
+// The kernel
+
+template <bool kGpu>
+class TorchbridgeCallOp : public OpKernel {
+ public:
+  explicit TorchbridgeCallOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("callback_id", &callback_id_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &out_types_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &out_shapes_));
+    OP_REQUIRES(
+        ctx, out_shapes_.empty() || out_shapes_.size() == out_types_.size(),
+        tensorflow::errors::InvalidArgument(
+            "TorchbridgeCall: ", out_shapes_.size(), " output_shapes for ",
+            out_types_.size(), " outputs"));
+    for (DataType dt : out_types_) {
+      DLDataType unused;
+      OP_REQUIRES(ctx, ToDLDataType(dt, &unused),
+                  tensorflow::errors::InvalidArgument(
+                      "TorchbridgeCall: output dtype ", DataTypeString(dt),
+                      " cannot come from torch through DLPack"));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int num_inputs = ctx->num_inputs();
+    const int num_outputs = static_cast<int>(out_types_.size());
+    OP_REQUIRES(ctx, Py_IsInitialized(),
+                tensorflow::errors::FailedPrecondition(
+                    "TorchbridgeCall needs a running Python interpreter"));
+
+    void* stream = nullptr;
+    int device_id = 0;
+    if (kGpu) {
+#if TORCHBRIDGE_GPU
+      auto* device_context = ctx->op_device_context();
+      OP_REQUIRES(ctx, device_context && device_context->stream(),
+                  tensorflow::errors::Internal(
+                      "TorchbridgeCall: no GPU stream for this op"));
+      stream = device_context->stream()->platform_specific_handle().stream;
+      device_id = ctx->device()->parsed_name().id;
+#endif
+    }
+
+    // The inputs as DLPack tensors (no GIL needed yet).
+    std::vector<DLManagedTensor*> inputs(num_inputs, nullptr);
+    absl::Status status;
+    for (int i = 0; i < num_inputs && status.ok(); ++i) {
+      status = WrapInput(ctx->input(i), InputDevice(ctx, i, device_id), i,
+                         &inputs[i]);
+    }
+
+    std::vector<Managed> outputs(num_outputs);
+    {
+      GilLock gil;
+      if (!status.ok()) {
+        for (DLManagedTensor* m : inputs) {
+          if (m) m->deleter(m);
+        }
+      } else {
+        status = CallPython(ctx, &inputs, stream, device_id, &outputs);
+      }
+    }
+    OP_REQUIRES_OK(ctx, status);
+
+    for (int i = 0; i < num_outputs; ++i) {
+      const DLTensor& t = outputs[i].tensor();
+      TensorShape shape;
+      for (int32_t d = 0; d < t.ndim; ++d) shape.AddDim(t.shape[d]);
+      if (shape.num_elements() == 0) {
+        // Nothing to share: TF makes its own empty tensor.
+        outputs[i].DeleteFromAnyThread();
+        Tensor* out = nullptr;
+        status = ctx->allocate_output(i, shape, &out);
+        if (!status.ok()) {
+          for (int j = i + 1; j < num_outputs; ++j) {
+            outputs[j].DeleteFromAnyThread();
+          }
+          ctx->SetStatus(status);
+          return;
+        }
+        continue;
+      }
+      void* data = static_cast<char*>(t.data) + t.byte_offset;
+      const size_t bytes =
+          shape.num_elements() * tensorflow::DataTypeSize(out_types_[i]);
+      const bool on_host = t.device.device_type != kDLCUDA;
+      tensorflow::core::RefCountPtr<TensorBuffer> buffer(
+          new DLPackBuffer(data, bytes, outputs[i], on_host));
+      outputs[i] = Managed();  // the buffer owns it now
+      ctx->set_output(i, Tensor(out_types_[i], shape, std::move(buffer)));
+    }
+  }
+
+ private:
+  DLDevice InputDevice(OpKernelContext* ctx, int i, int device_id) const {
+    if (kGpu && ctx->input_memory_type(i) != tensorflow::HOST_MEMORY) {
+      return DLDevice{kDLCUDA, device_id};
+    }
+    return DLDevice{kDLCPU, 0};
+  }
+
+  DLDevice OutputDevice(OpKernelContext* ctx, int i, int device_id) const {
+    if (kGpu && ctx->output_memory_type(i) != tensorflow::HOST_MEMORY) {
+      return DLDevice{kDLCUDA, device_id};
+    }
+    return DLDevice{kDLCPU, 0};
+  }
+
+  std::string Where() const {
+    return absl::StrCat("TorchbridgeCall '", name(), "'");
+  }
+
+  // Runs the Python callback. Needs the GIL. Takes ownership of `inputs`
+  // (their capsules own them); fills `outputs` only if every output passes
+  // its checks.
+  absl::Status CallPython(OpKernelContext* ctx,
+                          std::vector<DLManagedTensor*>* inputs, void* stream,
+                          int device_id, std::vector<Managed>* outputs) {
+    PyObject* args = PyList_New(static_cast<Py_ssize_t>(inputs->size()));
+    if (args == nullptr) {
+      for (DLManagedTensor* m : *inputs) m->deleter(m);
+      return PythonErrorToStatus(Where());
+    }
+    bool ok = true;
+    for (size_t i = 0; i < inputs->size(); ++i) {
+      DLManagedTensor* m = (*inputs)[i];
+      PyObject* capsule =
+          ok ? PyCapsule_New(m, kCapsuleName, InputCapsuleDestructor)
+             : nullptr;
+      if (capsule == nullptr) {
+        ok = false;
+        m->deleter(m);
+        continue;
+      }
+      PyList_SET_ITEM(args, i, capsule);  // steals the reference
+    }
+    inputs->clear();
+    if (!ok) {
+      Py_DECREF(args);
+      return PythonErrorToStatus(Where());
+    }
+
+    PyObject* dispatch = GetDispatch();
+    if (dispatch == nullptr) {
+      Py_DECREF(args);
+      return PythonErrorToStatus(
+          absl::StrCat(Where(), " (importing torchbridge._native._dispatch)"));
+    }
+    PyObject* id = PyLong_FromLongLong(callback_id_);
+    PyObject* result = nullptr;
+    if (id != nullptr) {
+      if (kGpu) {
+        PyObject* py_stream =
+            PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(stream));
+        PyObject* py_device = PyLong_FromLong(device_id);
+        if (py_stream && py_device) {
+          result = PyObject_CallFunctionObjArgs(dispatch, id, args, py_stream,
+                                                py_device, nullptr);
+        }
+        Py_XDECREF(py_stream);
+        Py_XDECREF(py_device);
+      } else {
+        result = PyObject_CallFunctionObjArgs(dispatch, id, args, nullptr);
+      }
+    }
+    Py_XDECREF(id);
+    Py_DECREF(args);
+    if (result == nullptr) return PythonErrorToStatus(Where());
+    absl::Status status = AdoptOutputs(ctx, result, device_id, outputs);
+    Py_DECREF(result);  // unconsumed capsules release their tensors
+    return status;
+  }
+
+  absl::Status AdoptOutputs(OpKernelContext* ctx, PyObject* result,
+                            int device_id, std::vector<Managed>* outputs) {
+    const size_t n = out_types_.size();
+    if (result == Py_None && n == 0) return absl::OkStatus();
+    if (!PyList_Check(result) && !PyTuple_Check(result)) {
+      return tensorflow::errors::InvalidArgument(
+          Where(), ": the torch callback must return a list of DLPack "
+          "capsules, got ", Py_TYPE(result)->tp_name);
+    }
+    const Py_ssize_t got = PySequence_Fast_GET_SIZE(result);
+    if (static_cast<size_t>(got) != n) {
+      return tensorflow::errors::InvalidArgument(
+          Where(), ": the torch callback returned ", got, " tensors, but ", n,
+          " outputs were declared (Tout) when the graph was built. The torch "
+          "code must return the same structure on every call.");
+    }
+    PyObject** items = PySequence_Fast_ITEMS(result);
+    std::vector<Managed> taken(n);
+    // Check everything before taking anything: on error the capsules keep
+    // their tensors and release them when Python drops them.
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* item = items[i];
+      if (PyCapsule_IsValid(item, kCapsuleName)) {
+        taken[i].legacy = static_cast<DLManagedTensor*>(
+            PyCapsule_GetPointer(item, kCapsuleName));
+      } else if (PyCapsule_IsValid(item, kVersionedCapsuleName)) {
+        auto* v = static_cast<DLManagedTensorVersioned*>(
+            PyCapsule_GetPointer(item, kVersionedCapsuleName));
+        if (v != nullptr && v->version.major != 1) {
+          return tensorflow::errors::InvalidArgument(
+              Where(), ": output ", i, " is a DLPack capsule of major version ",
+              v->version.major, "; this op reads version 1");
+        }
+        taken[i].versioned = v;
+      }
+      if (!taken[i]) {
+        std::string what = Py_TYPE(item)->tp_name;
+        if (PyCapsule_CheckExact(item)) {
+          const char* cname = PyCapsule_GetName(item);
+          what = absl::StrCat("capsule named '", cname ? cname : "", "'");
+          PyErr_Clear();
+        }
+        return tensorflow::errors::InvalidArgument(
+            Where(), ": output ", i, " from the torch callback is a ", what,
+            ", not an unused DLPack capsule ('dltensor'); return "
+            "torch.utils.dlpack.to_dlpack(tensor) for each output.");
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (taken[j].legacy == taken[i].legacy &&
+            taken[j].versioned == taken[i].versioned) {
+          return tensorflow::errors::InvalidArgument(
+              Where(), ": outputs ", j, " and ", i, " from the torch callback "
+              "are the same DLPack capsule; each output needs its own "
+              "(call torch.utils.dlpack.to_dlpack once per output).");
+        }
+      }
+      TF_RETURN_IF_ERROR(
+          CheckOutput(i, taken[i].tensor(), OutputDevice(ctx, i, device_id)));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      // Consumed, per the DLPack protocol: the capsule no longer deletes it.
+      PyCapsule_SetName(items[i], taken[i].legacy ? kUsedCapsuleName
+                                                  : kUsedVersionedCapsuleName);
+      (*outputs)[i] = taken[i];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckOutput(size_t i, const DLTensor& t,
+                           DLDevice expected_device) const {
+    const DataType dt = out_types_[i];
+    if (!DLDataTypeMatches(dt, t.dtype)) {
+      return tensorflow::errors::InvalidArgument(
+          Where(), ": output ", i, " from the torch callback has dtype ",
+          DLDataTypeString(t.dtype), ", but ", DataTypeString(dt),
+          " was declared (Tout) when the graph was built. Return the "
+          "declared dtype.");
+    }
+    if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
+      return tensorflow::errors::InvalidArgument(
+          Where(), ": output ", i, " has an invalid DLPack shape");
+    }
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) {
+      if (t.shape[d] < 0) {
+        return tensorflow::errors::InvalidArgument(
+            Where(), ": output ", i, " has a negative dimension ",
+            DimsString(t.ndim, t.shape));
+      }
+      numel *= t.shape[d];
+    }
+    if (!out_shapes_.empty()) {
+      const PartialTensorShape& want = out_shapes_[i];
+      bool compatible = want.unknown_rank() || want.dims() == t.ndim;
+      for (int32_t d = 0; compatible && !want.unknown_rank() && d < t.ndim;
+           ++d) {
+        const int64_t w = want.dim_size(d);
+        compatible = w < 0 || w == t.shape[d];
+      }
+      if (!compatible) {
+        return tensorflow::errors::InvalidArgument(
+            Where(), ": output ", i, " from the torch callback has shape ",
+            DimsString(t.ndim, t.shape), ", but ", want.DebugString(),
+            " was declared (output_shapes) when the graph was built. Return "
+            "that shape, or declare data-dependent dimensions as None.");
+      }
+    }
+    if (numel == 0) return absl::OkStatus();  // nothing is read
+    const bool device_ok =
+        t.device.device_type == expected_device.device_type &&
+        (expected_device.device_type == kDLCPU ||
+         t.device.device_id == expected_device.device_id);
+    if (!device_ok) {
+      return tensorflow::errors::InvalidArgument(
+          Where(), ": output ", i, " from the torch callback is on DLPack "
+          "device (type ", static_cast<int>(t.device.device_type), ", id ",
+          t.device.device_id, "), but this kernel needs device (type ",
+          static_cast<int>(expected_device.device_type), ", id ",
+          expected_device.device_id, ") (1 = CPU, 2 = CUDA). Move the "
+          "tensor to the op's device.");
+    }
+    if (t.strides != nullptr) {
+      int64_t expected = 1;
+      for (int32_t d = t.ndim - 1; d >= 0; --d) {
+        if (t.shape[d] != 1 && t.strides[d] != expected) {
+          return tensorflow::errors::InvalidArgument(
+              Where(), ": output ", i, " from the torch callback is not "
+              "contiguous (shape ", DimsString(t.ndim, t.shape), ", strides ",
+              DimsString(t.ndim, t.strides), "); TF needs dense row-major "
+              "memory. Return x.contiguous() (or x.clone()).");
+        }
+        expected *= t.shape[d];
+      }
+    }
+    const uintptr_t address =
+        reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+    if (address % kAlignment != 0) {
+      return tensorflow::errors::InvalidArgument(
+          Where(), ": output ", i, " from the torch callback is not ",
+          kAlignment, "-byte aligned (address 0x", absl::Hex(address),
+          "); TF kernels require ", kAlignment, "-byte aligned buffers and "
+          "would crash on it. Return an aligned copy (x.clone()).");
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t callback_id_ = 0;
+  std::vector<DataType> out_types_;
+  std::vector<PartialTensorShape> out_shapes_;
+};
+
+}  // namespace
+
+REGISTER_OP("TorchbridgeCall")
+    .Input("inputs: Tin")
+    .Output("outputs: Tout")
+    .Attr("Tin: list(type) >= 0")
+    .Attr("Tout: list(type) >= 0")
+    .Attr("output_shapes: list(shape) = []")
+    .Attr("callback_id: int")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      std::vector<PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("output_shapes", &shapes));
+      if (shapes.empty()) {
+        for (int i = 0; i < c->num_outputs(); ++i) {
+          c->set_output(i, c->UnknownShape());
+        }
+        return absl::OkStatus();
+      }
+      if (static_cast<int>(shapes.size()) != c->num_outputs()) {
+        return tensorflow::errors::InvalidArgument(
+            "TorchbridgeCall: ", shapes.size(), " output_shapes for ",
+            c->num_outputs(), " outputs");
+      }
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        tensorflow::shape_inference::ShapeHandle s;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &s));
+        c->set_output(i, s);
+      }
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Calls the Python callable registered as `callback_id` in torchbridge._native,
+handing it the inputs as DLPack capsules and adopting the DLPack capsules it
+returns as outputs, without copies.
+)doc");
+
+REGISTER_KERNEL_BUILDER(Name("TorchbridgeCall").Device(tensorflow::DEVICE_CPU),
+                        TorchbridgeCallOp<false>);
+
+#if TORCHBRIDGE_GPU
+// Inputs and outputs stay in GPU memory (int32, which TF keeps in host memory
+// on GPUs, travels as CPU tensors); the callback gets TF's CUDA stream for
+// this op and must queue its work on it (torch.cuda.ExternalStream).
+REGISTER_KERNEL_BUILDER(Name("TorchbridgeCall").Device(tensorflow::DEVICE_GPU),
+                        TorchbridgeCallOp<true>);
+#endif
+
+}  // namespace torchbridge

@@ -1,0 +1,624 @@
+"""Tests for the native TF op `TorchbridgeCall` and its loader (_native.py).
+
+The whole module is skipped when the op cannot be built or loaded here (no
+compiler, TORCHBRIDGE_DISABLE_NATIVE=1): the package then runs on the
+tf.py_function path, which the other test modules cover.
+"""
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+import torch  # noqa: F401  (before tensorflow)
+import tensorflow as tf
+import torch.utils.dlpack as torch_dlpack
+
+import torchbridge as tb
+from torchbridge import _native
+
+from conftest import requires_gpu
+
+if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
+    not _native.available()):
+  pytest.skip(f"native op not available: {_native.status()}",
+              allow_module_level=True)
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _identity(capsules):
+  return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c))
+          for c in capsules]
+
+
+def _data_ptr(x_tf):
+  """Address of a TF tensor's buffer (through a torch view of it)."""
+  return torch_dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)
+                                  ).data_ptr()
+
+
+def _returning(make_outputs):
+  """A callback that ignores its inputs and returns `make_outputs()`."""
+
+  def callback(capsules):
+    del capsules
+    return make_outputs()
+
+  return callback
+
+
+def _run_subprocess(code, env_update, timeout=300):
+  env = dict(os.environ)
+  for key, value in env_update.items():
+    if value is None:
+      env.pop(key, None)
+    else:
+      env[key] = value
+  env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  prologue = textwrap.dedent("""\
+      import json, logging
+      records = []
+      class _Keep(logging.Handler):
+        def emit(self, record):  # what users see: INFO and above
+          if record.levelno >= logging.INFO:
+            records.append((record.levelname, record.getMessage()))
+      logging.getLogger("torchbridge").addHandler(_Keep())
+      logging.getLogger("torchbridge").setLevel(logging.DEBUG)
+      logging.getLogger("torchbridge").propagate = False
+      import torch
+      import tensorflow as tf
+      from torchbridge import _native
+      """)
+  proc = subprocess.run(
+      [sys.executable, "-c", prologue + textwrap.dedent(code)], env=env,
+      cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      timeout=timeout, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------
+# Values, zero copy, shapes
+
+
+def test_identity_in_tf_function_values_and_zero_copy():
+  seen = {}
+
+  def callback(capsules):
+    x = torch_dlpack.from_dlpack(capsules[0])
+    seen["in"] = x.data_ptr()
+    y = x * 2 + 1
+    seen["out"] = y.data_ptr()
+    return [torch_dlpack.to_dlpack(y)]
+
+  @tf.function
+  def f(x):
+    return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+
+  x = tf.random.normal([16, 5])
+  y = f(x)
+  np.testing.assert_allclose(y.numpy(), x.numpy() * 2 + 1, rtol=1e-6)
+  # The torch input was a view of the TF input, and the TF output is the
+  # very buffer torch wrote.
+  assert seen["in"] == _data_ptr(x)
+  assert _data_ptr(y) == seen["out"]
+
+
+def test_static_shapes_in_graph():
+  specs = []
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+  def f(x):
+    outs = _native.call(
+        _returning(lambda: [torch_dlpack.to_dlpack(torch.zeros(2, 3)),
+                            torch_dlpack.to_dlpack(torch.zeros(4)),
+                            torch_dlpack.to_dlpack(torch.zeros(2, 2))]),
+        [x], [tf.float32, tf.float32, tf.float32],
+        [[None, 3], [4], None])
+    specs.extend(o.shape for o in outs)
+    return outs
+
+  graph = f.get_concrete_function().graph
+  assert [s.as_list() if s.rank is not None else None for s in specs] == [
+      [None, 3], [4], None]
+  op = next(o for o in graph.get_operations() if o.type == "TorchbridgeCall")
+  assert op.outputs[0].shape.as_list() == [None, 3]
+  assert op.get_attr("Tout") == [tf.float32] * 3
+  outs = f(tf.zeros([2, 3]))
+  assert [tuple(o.shape) for o in outs] == [(2, 3), (4,), (2, 2)]
+
+
+@pytest.mark.parametrize("dtype", [
+    tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
+    tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool,
+    tf.complex64, tf.complex128])
+def test_dtypes_round_trip(dtype):
+  values = np.arange(12).reshape(3, 4) % 3
+  x = tf.cast(tf.constant(values), dtype)
+
+  @tf.function
+  def f(x):
+    return _native.call(_identity, [x], [dtype], [[3, 4]])[0]
+
+  y = f(x)
+  assert y.dtype == dtype
+  np.testing.assert_array_equal(y.numpy(), x.numpy())
+
+
+def test_scalars_empty_tensors_and_no_tensors():
+  calls = []
+
+  def callback(capsules):
+    calls.append(len(capsules))
+    ins = [torch_dlpack.from_dlpack(c) for c in capsules]
+    return [torch_dlpack.to_dlpack(ins[0] + 1),
+            torch_dlpack.to_dlpack(torch.zeros(0, 3)),
+            torch_dlpack.to_dlpack(ins[1].clone())]
+
+  def nothing(capsules):
+    calls.append(len(capsules))
+    return []
+
+  @tf.function
+  def f(s, e):
+    outs = _native.call(callback, [s, e], [tf.float32, tf.float32, tf.int64],
+                        [[], [0, 3], [None]])
+    with tf.control_dependencies(outs):
+      _native.call(nothing, [], [], [])
+    return outs
+
+  s, z, e = f(tf.constant(2.0), tf.zeros([0], tf.int64))
+  assert float(s) == 3.0 and s.shape == ()
+  assert z.shape == (0, 3) and e.shape == (0,)
+  assert calls == [2, 0]
+
+
+def test_eager_call_runs_at_once_and_does_not_stay_registered():
+  before = _native.registered_count()
+  y = _native.call(_identity, [tf.constant([1.0, 2.0])], [tf.float32])[0]
+  np.testing.assert_array_equal(y.numpy(), [1.0, 2.0])
+  assert _native.registered_count() == before
+
+
+def test_several_ops_in_one_graph_and_downstream_tf_ops():
+  def double(capsules):
+    return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(capsules[0]) * 2)]
+
+  @tf.function
+  def f(x):
+    y = _native.call(double, [x], [tf.float32], [x.shape])[0]
+    z = _native.call(double, [tf.sin(y)], [tf.float32], [x.shape])[0]
+    return tf.reduce_sum(z * 3.0)
+
+  x = tf.random.normal([64])
+  np.testing.assert_allclose(
+      f(x).numpy(), np.sum(np.sin(x.numpy() * 2) * 2 * 3), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+def _raises_value_error(capsules):
+  del capsules
+  raise ValueError("torch said no: bad value 42")
+
+
+def test_python_exception_becomes_tf_error_with_traceback():
+  calls = []
+
+  def callback(capsules):
+    calls.append(1)
+    if len(calls) == 1:
+      _raises_value_error(capsules)
+    return _identity(capsules)
+
+  @tf.function
+  def f(x):
+    return _native.call(callback, [x], [tf.float32], [[2]])[0]
+
+  with pytest.raises(tf.errors.InvalidArgumentError) as info:
+    f(tf.ones([2]))
+  message = info.value.message
+  assert "ValueError" in message
+  assert "torch said no: bad value 42" in message
+  assert "Traceback (most recent call last)" in message
+  assert "_raises_value_error" in message  # a frame of the traceback
+  assert __file__ in message
+  # The same function works on the next call.
+  np.testing.assert_array_equal(f(tf.ones([2])).numpy(), [1.0, 1.0])
+
+
+def test_other_exception_types_map_to_tf_codes():
+  def raising(exc):
+    def callback(capsules):
+      del capsules
+      raise exc
+    return callback
+
+  cases = [(RuntimeError("r"), tf.errors.UnknownError),
+           (TypeError("t"), tf.errors.InvalidArgumentError),
+           (NotImplementedError("n"), tf.errors.UnimplementedError),
+           (tf.errors.FailedPreconditionError(None, None, "fp"),
+            tf.errors.FailedPreconditionError)]
+  for exc, tf_error in cases:
+    f = tf.function(lambda x, exc=exc: _native.call(
+        raising(exc), [x], [tf.float32])[0])
+    with pytest.raises(tf_error) as info:
+      f(tf.ones([1]))
+    assert type(exc).__name__ in info.value.message
+
+
+@pytest.mark.parametrize("case,pattern", [
+    ("misaligned", "not 64-byte aligned"),
+    ("dtype", "has dtype float64, but float was declared"),
+    ("rank", "has shape [1024, 1], but [1024] was declared"),
+    ("dim", "has shape [1000], but [1024] was declared"),
+    ("too_many", "returned 2 tensors, but 1 outputs were declared"),
+    ("too_few", "returned 0 tensors, but 1 outputs were declared"),
+    ("non_contiguous", "is not contiguous"),
+    ("not_a_capsule", "is a Tensor, not an unused DLPack capsule"),
+    ("used_capsule", "capsule named 'used_dltensor'"),
+    ("not_a_list", "must return a list of DLPack capsules"),
+])
+def test_bad_outputs_give_clear_errors(case, pattern):
+  def used_capsule():
+    cap = torch_dlpack.to_dlpack(torch.zeros(1024))
+    torch_dlpack.from_dlpack(cap)
+    return [cap]
+
+  makers = {
+      "misaligned": lambda: [torch_dlpack.to_dlpack(torch.randn(1025)[1:])],
+      "dtype": lambda: [torch_dlpack.to_dlpack(
+          torch.zeros(1024, dtype=torch.float64))],
+      "rank": lambda: [torch_dlpack.to_dlpack(torch.zeros(1024, 1))],
+      "dim": lambda: [torch_dlpack.to_dlpack(torch.zeros(1000))],
+      "too_many": lambda: [torch_dlpack.to_dlpack(torch.zeros(1024)),
+                           torch_dlpack.to_dlpack(torch.zeros(1024))],
+      "too_few": lambda: [],
+      "non_contiguous": lambda: [torch_dlpack.to_dlpack(
+          torch.zeros(32, 32).t())],
+      "not_a_capsule": lambda: [torch.zeros(1024)],
+      "used_capsule": used_capsule,
+      "not_a_list": lambda: torch_dlpack.to_dlpack(torch.zeros(1024)),
+  }
+  shape = [32, 32] if case == "non_contiguous" else [1024]
+
+  @tf.function
+  def f(x):
+    y = _native.call(_returning(makers[case]), [x], [tf.float32], [shape])[0]
+    return y + 1.0  # a TF kernel that would crash on a bad buffer
+
+  with pytest.raises(tf.errors.InvalidArgumentError) as info:
+    f(tf.zeros([3]))
+  assert pattern in info.value.message
+  assert "TorchbridgeCall" in info.value.message
+  # The process is intact, and so is the op with a good output.
+  good = tf.function(lambda x: _native.call(
+      _returning(lambda: [torch_dlpack.to_dlpack(torch.ones(shape))]),
+      [x], [tf.float32], [shape])[0] + 1.0)
+  assert float(tf.reduce_sum(good(tf.zeros([3])))) == 2.0 * 1024
+
+
+def test_same_capsule_twice_is_refused():
+  def callback(capsules):
+    del capsules
+    cap = torch_dlpack.to_dlpack(torch.zeros(4))
+    return [cap, cap]
+
+  f = tf.function(lambda x: _native.call(callback, [x],
+                                         [tf.float32, tf.float32]))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="same DLPack"):
+    f(tf.zeros([1]))
+
+
+def test_refused_outputs_are_released():
+  # An output that fails the checks is not adopted; its capsule, dropped by
+  # Python, gives the memory back to torch.
+  fired = []
+
+  def callback(capsules):
+    del capsules
+    t = torch.randn(1025)[1:]
+    weakref.finalize(t, fired.append, 1)
+    return [torch_dlpack.to_dlpack(t)]
+
+  f = tf.function(lambda x: _native.call(callback, [x], [tf.float32]))
+  for _ in range(5):
+    with pytest.raises(tf.errors.InvalidArgumentError):
+      f(tf.zeros([1]))
+  gc.collect()
+  assert len(fired) == 5
+
+
+def test_unregistered_callback_gives_clear_error():
+  @tf.function
+  def f(x):
+    return _native.call(_identity, [x], [tf.float32])[0]
+
+  graph = f.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
+  ids = list(graph._torchbridge_native_ids)  # pylint: disable=protected-access
+  saved = {i: _native._registry[i] for i in ids}  # pylint: disable=protected-access
+  _native._release(ids)  # pylint: disable=protected-access
+  try:
+    with pytest.raises(tf.errors.UnknownError, match="is not registered"):
+      f(tf.ones([2]))
+  finally:
+    _native._registry.update(saved)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(f(tf.ones([2])).numpy(), [1.0, 1.0])
+
+
+# ---------------------------------------------------------------------------
+# Threads and memory
+
+
+def test_concurrent_calls_from_eight_threads():
+  def callback(capsules):
+    x = torch_dlpack.from_dlpack(capsules[0])
+    k = torch_dlpack.from_dlpack(capsules[1])
+    return [torch_dlpack.to_dlpack(torch.tanh(x) * k + k)]
+
+  @tf.function
+  def f(x, k):
+    return _native.call(callback, [x, k], [tf.float32], [x.shape])[0]
+
+  f(tf.zeros([256]), tf.constant(0.0))
+  errors = []
+  barrier = threading.Barrier(8)
+
+  def worker(index):
+    try:
+      rng = np.random.default_rng(index)
+      barrier.wait()
+      for _ in range(40):
+        x = rng.standard_normal(256).astype(np.float32)
+        y = f(tf.constant(x), tf.constant(float(index)))
+        np.testing.assert_allclose(y.numpy(), np.tanh(x) * index + index,
+                                   rtol=1e-5, atol=1e-5)
+    except Exception as err:  # pylint: disable=broad-except
+      errors.append(err)
+
+  threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors[0]
+
+
+def test_outputs_are_freed_when_tf_drops_them():
+  made, freed = [], []
+
+  def callback(capsules):
+    x = torch_dlpack.from_dlpack(capsules[0])
+    y = x + 1
+    made.append(1)
+    weakref.finalize(y, freed.append, 1)
+    return [torch_dlpack.to_dlpack(y)]
+
+  @tf.function
+  def returned(x):  # the output leaves the function
+    return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+
+  @tf.function
+  def internal(x):  # the output dies inside the graph, on a TF thread
+    return tf.reduce_sum(
+        _native.call(callback, [x], [tf.float32], [x.shape])[0])
+
+  x = tf.zeros([1000])
+  for _ in range(200):
+    y = returned(x)
+    s = internal(x)
+  del y, s
+  gc.collect()
+  assert len(made) == 400
+  assert len(freed) == 400
+
+
+def _rss_mb():
+  with open("/proc/self/status") as status_file:
+    for line in status_file:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) / 1024
+  return 0.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="needs /proc")
+def test_many_calls_do_not_leak_memory():
+  def callback(capsules):
+    x = torch_dlpack.from_dlpack(capsules[0])
+    return [torch_dlpack.to_dlpack(x * 2)]
+
+  @tf.function
+  def f(x):
+    return tf.reduce_sum(
+        _native.call(callback, [x * 1.0], [tf.float32], [x.shape])[0])
+
+  x = tf.ones([256, 1024])  # 1 MiB in, 1 MiB out per call
+  for _ in range(50):
+    f(x)
+  gc.collect()
+  start = _rss_mb()
+  for _ in range(400):
+    f(x)
+  gc.collect()
+  grown = _rss_mb() - start
+  assert grown < 100, f"RSS grew by {grown:.0f} MiB over 400 calls"
+
+
+def test_registrations_end_with_their_graph():
+  gc.collect()
+  before = _native.registered_count()
+
+  def make():
+    @tf.function
+    def f(x):
+      return _native.call(_identity, [x], [tf.float32])[0]
+    f(tf.ones([2]))
+    return f
+
+  f = make()
+  assert _native.registered_count() == before + 1
+  del f
+  gc.collect()
+  assert _native.registered_count() == before
+
+
+# ---------------------------------------------------------------------------
+# The torch-side helper
+
+
+def test_torch_callback_copies_only_what_tf_cannot_view():
+  @tf.function
+  def f(x):
+    return _native.call(
+        _native.torch_callback(lambda ins: [ins[0] * 2,
+                                            torch.randn(1025)[1:],
+                                            torch.zeros(8, 4).t()]),
+        [x], [tf.float32] * 3, [x.shape, [1024], [4, 8]])
+
+  tb.reset_exchange_stats()
+  a, b, c = f(tf.ones([5]))
+  np.testing.assert_array_equal(a.numpy(), [2.0] * 5)
+  assert b.shape == (1024,) and c.shape == (4, 8)
+  assert float(tf.reduce_sum(b + 0.0)) == pytest.approx(
+      float(tf.reduce_sum(b)))
+  stats = tb.exchange_stats()
+  assert stats["zero_copy"] == 2  # the input and the first output
+  assert stats["copied"] == 2
+  assert stats["bytes_copied"] == 1024 * 4 + 32 * 4
+
+
+# ---------------------------------------------------------------------------
+# Loader
+
+
+def test_disabled_by_environment_logs_one_line():
+  result = _run_subprocess("""
+      first = _native.available()
+      second = _native.available()
+      print(json.dumps({"available": [first, second], "records": records,
+                        "builds": _native.build_count}))
+      """, {_native.DISABLE_ENV: "1"})
+  assert result["available"] == [False, False]
+  assert result["builds"] == 0
+  assert len(result["records"]) == 1
+  level, message = result["records"][0]
+  assert level == "INFO"
+  assert _native.DISABLE_ENV in message
+
+
+def test_cache_is_reused_without_recompiling():
+  path = _native._build_or_reuse()  # pylint: disable=protected-access
+  mtime = os.stat(path).st_mtime_ns
+  result = _run_subprocess("""
+      ok = _native.available()
+      print(json.dumps({"available": ok, "builds": _native.build_count,
+                        "status": _native.status()}))
+      """, {_native.DISABLE_ENV: None,
+            _native.CACHE_ENV: str(_native.cache_dir())})
+  assert result["available"] is True
+  assert result["builds"] == 0
+  assert str(path) in result["status"]
+  assert os.stat(path).st_mtime_ns == mtime
+
+
+def test_failed_build_logs_one_warning_and_falls_back(tmp_path):
+  # A "compiler" that fails, and an empty cache: the build fails cleanly.
+  result = _run_subprocess("""
+      ok = _native.available()
+      print(json.dumps({"available": ok, "records": records,
+                        "builds": _native.build_count}))
+      """, {_native.DISABLE_ENV: None, _native.CACHE_ENV: str(tmp_path),
+            "CXX": "false"})
+  assert result["available"] is False
+  assert result["builds"] == 1
+  assert len(result["records"]) == 1
+  level, message = result["records"][0]
+  assert level == "WARNING"
+  assert "tf.py_function path" in message
+  assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_no_compiler_logs_one_warning(tmp_path):
+  empty_bin = tmp_path / "bin"
+  empty_bin.mkdir()
+  result = _run_subprocess("""
+      ok = _native.available()
+      print(json.dumps({"available": ok, "records": records}))
+      """, {_native.DISABLE_ENV: None,
+            _native.CACHE_ENV: str(tmp_path / "cache"),
+            "CXX": None, "PATH": str(empty_bin)})
+  assert result["available"] is False
+  assert len(result["records"]) == 1
+  assert "no C++ compiler" in result["records"][0][1]
+
+
+# ---------------------------------------------------------------------------
+# GPU (cannot run on a CPU-only machine)
+
+
+@requires_gpu
+def test_gpu_kernel_uses_tf_stream_and_stays_on_device():
+  seen = {}
+
+  def callback(capsules):
+    x = torch_dlpack.from_dlpack(capsules[0])
+    seen["device"] = x.device
+    seen["stream"] = torch.cuda.current_stream().cuda_stream
+    return [torch_dlpack.to_dlpack(x * 2)]
+
+  with tf.device("GPU:0"):
+    x = tf.random.normal([1024])
+
+    @tf.function
+    def f(x):
+      return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+
+    y = f(x)
+  np.testing.assert_allclose(y.numpy(), x.numpy() * 2, rtol=1e-6)
+  assert seen["device"].type == "cuda"
+  assert seen["stream"] != 0  # TF's stream, not torch's default one
+  assert "GPU" in y.device
+
+
+# ---------------------------------------------------------------------------
+# Cost (printed, not asserted)
+
+
+def test_report_per_call_overhead(capsys):
+  x = tf.ones([16, 16])
+  native = tf.function(
+      lambda x: _native.call(_identity, [x], [tf.float32], [x.shape])[0])
+  native_noop = tf.function(lambda x: (
+      _native.call(lambda caps: [], [], [], []), x)[1])
+  py_function = tf.function(
+      lambda x: tf.py_function(lambda a: a, [x], tf.float32))
+  bare = tf.function(tf.identity)
+  contenders = {"bare tf.function identity": bare,
+                "native op, no tensors": native_noop,
+                "native op identity (torch round trip)": native,
+                "tf.py_function identity": py_function}
+  for fn in contenders.values():
+    for _ in range(30):
+      fn(x)
+  times = {name: [] for name in contenders}
+  for _ in range(1500):
+    for name, fn in contenders.items():
+      start = time.perf_counter()
+      fn(x)
+      times[name].append(time.perf_counter() - start)
+  with capsys.disabled():
+    print()
+    for name, values in times.items():
+      print(f"  {name:40s} median {statistics.median(values) * 1e6:7.1f} us")

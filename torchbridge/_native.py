@@ -1,0 +1,422 @@
+"""The native TF op `TorchbridgeCall` (csrc/torchbridge_op.cc) and its loader.
+
+Inside `tf.function`, `TorchbridgeCall` calls a Python callable with its inputs
+as DLPack capsules and adopts the capsules it returns as outputs, without
+copies; it replaces `tf.py_function` (no EagerTensor wrapping, static output
+shapes, TF's CUDA stream handed to torch on GPUs).
+
+The library is built on first use (`load()`), with the compiler flags of the
+installed TensorFlow, into a cache directory (`$TORCHBRIDGE_CACHE_DIR`, else
+`~/.cache/torchbridge`) keyed by the Python, TF, torch and torchbridge
+versions and the source. Nothing happens at import. When the op cannot be
+had (`TORCHBRIDGE_DISABLE_NATIVE=1`, no compiler, a failed build or load),
+one line is logged to the "torchbridge" logger and `available()` is False;
+callers then use the `tf.py_function` path.
+
+Callables are registered here under integer ids that the op carries as an
+attribute; `_dispatch` is the single entry point the kernel calls. A graph's
+registrations are dropped when the graph is garbage collected (as
+`tf.py_function` does for its functions).
+"""
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+import torch  # noqa: F401  (before tensorflow)
+import tensorflow as tf
+import torch.utils.dlpack as torch_dlpack
+
+_LOG = logging.getLogger("torchbridge")
+
+DISABLE_ENV = "TORCHBRIDGE_DISABLE_NATIVE"
+CACHE_ENV = "TORCHBRIDGE_CACHE_DIR"
+_SOURCE_NAME = "torchbridge_op.cc"
+_LIB_STEM = "torchbridge_op"
+
+_load_lock = threading.Lock()
+_library = None  # the loaded op module, once loaded
+_tried = False  # whether load() has run (successfully or not)
+_status = "not loaded"  # one line: what load() did
+# How many times this process compiled the library (tests read it).
+build_count = 0
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def load():
+  """Returns the loaded op library, building it on first use; None if not.
+
+  Never raises: when the op cannot be had, logs one line to the
+  "torchbridge" logger (info when disabled by `TORCHBRIDGE_DISABLE_NATIVE`,
+  warning otherwise) and returns None, in this call and every later one.
+  Thread-safe; the build also holds a file lock, so concurrent processes
+  build once.
+  """
+  global _library, _tried, _status
+  if _tried:
+    return _library
+  with _load_lock:
+    if _tried:
+      return _library
+    if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+      _status = (f"torchbridge: native TF op disabled by {DISABLE_ENV}="
+                 f"{os.environ[DISABLE_ENV]}; using the tf.py_function path")
+      _LOG.info(_status)
+    else:
+      try:
+        path = _build_or_reuse()
+        _library = tf.load_op_library(str(path))
+        _status = f"torchbridge: native TF op loaded from {path}"
+      except Exception as err:  # pylint: disable=broad-except
+        _library = None
+        _status = (f"torchbridge: native TF op unavailable ({_one_line(err)})"
+                   f"; using the tf.py_function path (set {DISABLE_ENV}=1 to "
+                   "skip the attempt)")
+        _LOG.warning(_status)
+    _tried = True
+    return _library
+
+
+def available():
+  """Whether the native op is in use (builds and loads it on first call)."""
+  return load() is not None
+
+
+native_available = available
+
+
+def status():
+  """One line saying what `load()` did (or "not loaded")."""
+  return _status
+
+
+def _one_line(err):
+  text = " ".join(str(err).split())
+  return text if len(text) <= 400 else text[:397] + "..."
+
+
+class BuildError(RuntimeError):
+  """The library could not be built."""
+
+
+def _find_source():
+  here = Path(__file__).resolve().parent
+  for candidate in (here / "csrc" / _SOURCE_NAME,
+                    here.parent / "csrc" / _SOURCE_NAME):
+    if candidate.is_file():
+      return candidate
+  raise BuildError(f"{_SOURCE_NAME} not found next to the torchbridge package")
+
+
+def _find_compiler():
+  for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+    if name:
+      path = shutil.which(name)
+      if path:
+        return path
+  raise BuildError("no C++ compiler found (set CXX, or install g++)")
+
+
+def cache_dir():
+  """Where built libraries are kept."""
+  configured = os.environ.get(CACHE_ENV)
+  if configured:
+    return Path(configured).expanduser()
+  return Path("~/.cache/torchbridge").expanduser()
+
+
+def _gpu_build():
+  try:
+    return bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def _compile_command(compiler, source, output):
+  cmd = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", str(source),
+         "-o", str(output), "-I" + sysconfig.get_paths()["include"]]
+  cmd += tf.sysconfig.get_compile_flags()
+  if _gpu_build():
+    cmd.append("-DTORCHBRIDGE_GPU=1")
+  cmd += tf.sysconfig.get_link_flags()
+  # Python's symbols come from the running interpreter; linking libpython
+  # too is harmless where it is a shared library.
+  libdir = sysconfig.get_config_var("LIBDIR")
+  ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
+  if (sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and
+      ldlibrary.startswith("lib") and
+      (Path(libdir) / ldlibrary).exists()):
+    cmd += ["-L" + libdir, "-l" + ldlibrary[3:].split(".so")[0]]
+  return cmd
+
+
+def _versions():
+  package = sys.modules.get("torchbridge")
+  return "\n".join([
+      sys.version, sys.platform, sysconfig.get_platform(),
+      str(sys.implementation.cache_tag),
+      "tf " + tf.__version__, "torch " + torch.__version__,
+      "torchbridge " + str(getattr(package, "__version__", "?")),
+  ])
+
+
+def _build_or_reuse():
+  """The path of a built library for this set-up, building it if needed."""
+  global build_count
+  source = _find_source()
+  source_bytes = source.read_bytes()
+  # The key leaves out which compiler builds it (any gives the same ABI), so
+  # a library built once serves a process that has no compiler.
+  placeholder = _compile_command("CXX", "SOURCE", "OUTPUT")
+  digest = hashlib.sha256()
+  for part in (_versions(), "\0".join(placeholder)):
+    digest.update(part.encode())
+    digest.update(b"\0")
+  digest.update(source_bytes)
+  key = digest.hexdigest()[:20]
+
+  directory = cache_dir()
+  target = directory / f"{_LIB_STEM}-{key}.so"
+  if target.is_file():
+    return target
+  compiler = _find_compiler()
+  directory.mkdir(parents=True, exist_ok=True)
+  with _file_lock(directory / f"{_LIB_STEM}-{key}.lock"):
+    if target.is_file():  # another process built it meanwhile
+      return target
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{_LIB_STEM}-",
+                               suffix=".so.tmp")
+    os.close(fd)
+    log_path = directory / f"{_LIB_STEM}-{key}.log"
+    try:
+      _LOG.debug("torchbridge: building the native TF op into %s", target)
+      try:
+        proc = subprocess.run(
+            _compile_command(compiler, source, tmp), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
+      except (OSError, subprocess.TimeoutExpired) as err:
+        raise BuildError(f"compiler failed to run: {err}") from err
+      build_count += 1
+      if proc.returncode != 0:
+        log_path.write_text(proc.stdout)
+        first = next((line for line in proc.stdout.splitlines()
+                      if "error" in line), proc.stdout.strip()[:200])
+        raise BuildError(f"compiling {source.name} failed: {first.strip()} "
+                         f"(full log: {log_path})")
+      os.replace(tmp, target)
+    finally:
+      if os.path.exists(tmp):
+        os.unlink(tmp)
+  return target
+
+
+@contextlib.contextmanager
+def _file_lock(path):
+  try:
+    import fcntl  # pylint: disable=import-outside-toplevel
+  except ImportError:  # not POSIX: os.replace still keeps builds atomic
+    yield
+    return
+  with open(path, "a+") as handle:
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------------------
+# Callbacks
+
+_registry = {}  # callback id -> callable
+_registry_lock = threading.Lock()
+_next_id = itertools.count(1)
+
+
+def _register(callback, graph):
+  """Registers `callback`; with a graph, until that graph is collected."""
+  with _registry_lock:
+    callback_id = next(_next_id)
+    _registry[callback_id] = callback
+    if graph is not None:
+      ids = getattr(graph, "_torchbridge_native_ids", None)
+      if ids is None:
+        ids = []
+        graph._torchbridge_native_ids = ids  # pylint: disable=protected-access
+        # The finalizer holds the list, not the graph.
+        weakref.finalize(graph, _release, ids)
+      ids.append(callback_id)
+  return callback_id
+
+
+def _release(ids):
+  with _registry_lock:
+    for callback_id in ids:
+      _registry.pop(callback_id, None)
+
+
+def registered_count():
+  """How many callbacks are registered (tests read it)."""
+  return len(_registry)
+
+
+def _dispatch(callback_id, capsules, cuda_stream=None, cuda_device=None):
+  """Called by the kernel, with the GIL: runs callback `callback_id`.
+
+  `capsules` is a list of DLPack capsules, one per op input. The GPU kernel
+  also passes TF's CUDA stream for the op (an int) and its device index;
+  the callback then runs with that stream as torch's current stream, so
+  torch's work is queued after TF's and before TF's next op.
+  """
+  callback = _registry.get(callback_id)
+  if callback is None:
+    raise RuntimeError(
+        f"torchbridge native callback {callback_id} is not registered: the "
+        "graph that built this TorchbridgeCall op was garbage collected, or "
+        "the op was loaded from a serialized graph (e.g. a SavedModel), which "
+        "cannot carry Python callables.")
+  if cuda_stream is None:
+    return callback(capsules)
+  stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
+  _gpu_call.device = cuda_device
+  try:
+    with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
+      return callback(capsules)
+  finally:
+    _gpu_call.device = None
+
+
+# Set while the GPU kernel's callback runs on this thread: its CUDA device.
+_gpu_call = threading.local()
+
+
+@tf.autograph.experimental.do_not_convert
+def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
+  """Emits one `TorchbridgeCall` op that runs `callback` on `inputs_tf`.
+
+  Args:
+    callback: `callback(capsules) -> capsules`: receives a list of DLPack
+      capsules (one per input, "dltensor", to be consumed with
+      `torch.utils.dlpack.from_dlpack`) and returns a list or tuple of DLPack
+      capsules (`torch.utils.dlpack.to_dlpack`), exactly one per declared
+      output, each of the declared dtype and a compatible shape, dense
+      row-major, 64-byte aligned, on the op's device (see `torch_callback`,
+      which makes sure of that). It is called on TF's threads, possibly from
+      several at once.
+    inputs_tf: list of TF tensors.
+    out_dtypes: list of TF dtypes of the outputs.
+    out_shapes: list of shapes (`tf.TensorShape`, lists with None for
+      unknown dimensions, or None for unknown rank), one per output; they are
+      the outputs' static shapes in the graph and are checked at run time.
+      None: all unknown.
+    name: name of the op.
+
+  Returns:
+    List of TF tensors, one per output.
+
+  Raises:
+    RuntimeError: if the native op is not available (check `available()`).
+
+  In a graph (`tf.function`), `callback` stays registered as long as the
+  graph lives. Eagerly, the op runs at once and the registration ends.
+  """
+  lib = load()
+  if lib is None:
+    raise RuntimeError(
+        f"the torchbridge native TF op is not available ({_status}); check "
+        "torchbridge._native.available() before calling call()")
+  out_dtypes = [tf.as_dtype(d) for d in out_dtypes]
+  if out_shapes is None:
+    shapes = []
+  else:
+    shapes = [tf.TensorShape(s) for s in out_shapes]
+    if len(shapes) != len(out_dtypes):
+      raise ValueError(f"{len(shapes)} out_shapes for {len(out_dtypes)} "
+                       "out_dtypes")
+  eager = tf.executing_eagerly()
+  graph = None if eager else tf.compat.v1.get_default_graph()
+  callback_id = _register(callback, graph)
+  try:
+    outs = lib.torchbridge_call(
+        inputs=list(inputs_tf), Tout=out_dtypes, output_shapes=shapes,
+        callback_id=callback_id, name=name)
+  except BaseException:
+    _release([callback_id])
+    raise
+  if not out_dtypes:
+    outs = []  # the wrapper returns the Operation
+  if eager:
+    if not tf.config.experimental.get_synchronous_execution():
+      from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+      context.async_wait()
+    _release([callback_id])
+  return list(outs)
+
+
+# ---------------------------------------------------------------------------
+# Torch-side helper
+
+
+def torch_callback(fn):
+  """Wraps `fn(list of torch tensors) -> list of torch tensors` for `call`.
+
+  Inputs arrive as zero-copy torch views of the TF tensors. Each output is
+  handed back zero-copy when TF can use its memory as it is (dense,
+  row-major, 64-byte aligned); otherwise one aligned copy is made and
+  counted in `torchbridge.exchange_stats()`, as `to_tf` does. Outputs that
+  require grad are detached (their graph stays with whoever holds them).
+  """
+  from torchbridge import _exchange  # pylint: disable=import-outside-toplevel
+
+  def callback(capsules):
+    args = [torch_dlpack.from_dlpack(c) for c in capsules]
+    for _ in args:
+      _exchange._count()  # pylint: disable=protected-access
+    outs = fn(args)
+    return [_to_capsule(o, _exchange) for o in outs]
+
+  return callback
+
+
+def _to_capsule(x_torch, exchange):
+  # pylint: disable=protected-access
+  if not isinstance(x_torch, torch.Tensor):
+    raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
+                    "torch.Tensor")
+  if (x_torch.dtype not in exchange._TF_DTYPE_FROM_TORCH or
+      x_torch.layout is not torch.strided or
+      x_torch.device.type not in ("cpu", "cuda")):
+    exchange._check_torch_kind(x_torch)
+  if x_torch.requires_grad:
+    x_torch = x_torch.detach()
+  copied = False
+  if x_torch.is_conj() or x_torch.is_neg():
+    x_torch = x_torch.resolve_conj().resolve_neg()
+    copied = True
+  gpu_device = getattr(_gpu_call, "device", None)
+  if gpu_device is not None:
+    # The GPU kernel wants its outputs in GPU memory, except int32, which TF
+    # keeps in host memory on GPUs.
+    want = (torch.device("cpu") if x_torch.dtype == torch.int32 else
+            torch.device("cuda", gpu_device))
+    if x_torch.device != want:
+      x_torch = x_torch.to(want)
+      copied = True
+  if not exchange._tf_can_view(x_torch):
+    x_torch = x_torch.clone(memory_format=torch.contiguous_format)
+    copied = True
+  exchange._count(x_torch.numel() * x_torch.element_size() if copied else None)
+  return torch_dlpack.to_dlpack(x_torch)
