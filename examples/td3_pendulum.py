@@ -209,7 +209,11 @@ def train(args):
   }
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
-  results["curve"] = reporting.plot_learning_curves(args.out)
+  # The curve shows this run and every other run beside it (other backends
+  # and seeds written to sibling directories).
+  results["curve"] = reporting.plot_learning_curves(
+      os.path.dirname(os.path.abspath(args.out)),
+      os.path.join(args.out, "learning_curve.png"))
   return results
 
 

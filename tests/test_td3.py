@@ -136,3 +136,24 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
   assert [s for s, _ in results["eval_returns"]] == [100, 200, 300, 400, 500, 600]
   # Every environment step after the random warm-up trained exactly once.
   assert results["train_steps"] == 500
+
+
+def test_summary_tables_every_run_and_counts_seeds_reaching_the_threshold(tmp_path):
+  runs = {("torchbridge", 0): [[2000, -900.0], [4000, -240.0]],
+          ("torchbridge", 1): [[2000, -1000.0], [4000, -400.0]],
+          ("torch", 0): [[2000, -800.0], [4000, -150.0]]}
+  for (backend, seed), returns in runs.items():
+    run = tmp_path / f"{backend}_s{seed}"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(
+        {"backend": backend, "seed": seed, "steps": 4000,
+         "eval_returns": returns, "sec_per_train_step": 0.004}))
+  out = subprocess.run(
+      [sys.executable, os.path.join(EXAMPLES, "td3_summary.py"), str(tmp_path)],
+      capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  assert "| torchbridge | 0 | -240.0 (step 4000) | 4000 | 4.00 |" in out.stdout
+  assert "| torchbridge | 1 | -400.0 (step 4000) | not reached | 4.00 |" in out.stdout
+  assert "torchbridge: 1 of 2 seeds reached -250" in out.stdout
+  assert "torch: 1 of 1 seeds reached -250" in out.stdout
+  assert (tmp_path / "learning_curve.png").stat().st_size > 1000

@@ -370,6 +370,7 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
 # Torch-side helper
 
 
+@tf.autograph.experimental.do_not_convert  # else the callback runs converted
 def torch_callback(fn):
   """Wraps `fn(list of torch tensors) -> list of torch tensors` for `call`.
 

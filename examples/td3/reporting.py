@@ -45,15 +45,14 @@ class ProgressBar:
       self.stream.write("\n")
 
 
-def plot_learning_curves(out_dir):
-  """Plots every run with a results.json beside `out_dir` (and itself)."""
-  parent = os.path.dirname(os.path.abspath(out_dir))
-  paths = sorted(glob.glob(os.path.join(parent, "*", "results.json")))
+def plot_learning_curves(runs_dir, path):
+  """Plots every run found in `runs_dir/*/results.json` into `path`."""
+  paths = sorted(glob.glob(os.path.join(runs_dir, "*", "results.json")))
   colors = {"torchbridge": "tab:blue", "torch": "tab:orange", "tf": "tab:green"}
   fig, ax = plt.subplots(figsize=(7, 4.5))
   labelled = set()
-  for path in paths:
-    with open(path) as f:
+  for results_path in paths:
+    with open(results_path) as f:
       r = json.load(f)
     if not r.get("eval_returns"):
       continue
@@ -68,7 +67,6 @@ def plot_learning_curves(out_dir):
   ax.set_title("TD3 on Pendulum-v1 (one line per seed)")
   ax.legend()
   fig.tight_layout()
-  path = os.path.join(out_dir, "learning_curve.png")
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
