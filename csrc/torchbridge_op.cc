@@ -457,6 +457,11 @@ class TorchbridgeCallOp : public OpKernel {
     }
   }
 
+  // Run inline by the executor rather than handed to another thread: the
+  // thread that waits on the graph (and gave up the GIL to do so) then often
+  // runs the callback itself, with no thread switch and no GIL handover.
+  bool IsExpensive() override { return false; }
+
   void Compute(OpKernelContext* ctx) override {
     const int num_inputs = ctx->num_inputs();
     const int num_outputs = static_cast<int>(out_types_.size());

@@ -204,6 +204,45 @@ def test_several_ops_in_one_graph_and_downstream_tf_ops():
       f(x).numpy(), np.sum(np.sin(x.numpy() * 2) * 2 * 3), rtol=1e-5)
 
 
+def test_gradients_through_custom_gradient_and_none_without():
+  def square(capsules):
+    x = torch_dlpack.from_dlpack(capsules[0])
+    return [torch_dlpack.to_dlpack(x * x)]
+
+  def square_grad(capsules):
+    x, dy = [torch_dlpack.from_dlpack(c) for c in capsules]
+    return [torch_dlpack.to_dlpack(2 * x * dy)]
+
+  @tf.custom_gradient
+  def f(x):
+    y = _native.call(square, [x], [tf.float32], [x.shape])[0]
+    return y, lambda dy: _native.call(square_grad, [x, dy], [tf.float32],
+                                      [x.shape])[0]
+
+  @tf.function
+  def tape_inside(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.reduce_sum(f(x))
+    return tape.gradient(y, x)
+
+  x = tf.constant([1.0, 2.0, 3.0])
+  np.testing.assert_array_equal(tape_inside(x).numpy(), [2.0, 4.0, 6.0])
+  outer = tf.function(lambda x: tf.reduce_sum(f(x)))
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = outer(x)
+  np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [2.0, 4.0, 6.0])
+  # The bare op is not differentiable: a tape around it is no error.
+  bare = tf.function(lambda x: tf.reduce_sum(
+      _native.call(square, [x], [tf.float32], [x.shape])[0]))
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = bare(x)
+  assert float(y) == 14.0
+  assert tape.gradient(y, x) is None
+
+
 # ---------------------------------------------------------------------------
 # Errors
 
@@ -550,6 +589,59 @@ def test_failed_build_logs_one_warning_and_falls_back(tmp_path):
   assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob("*.tmp"))
 
 
+def test_concurrent_processes_build_once(tmp_path):
+  # A stand-in compiler that takes its time and "builds" by copying the
+  # library this process already has; two processes start their first
+  # load() together on an empty cache.
+  real = _native._build_or_reuse()  # pylint: disable=protected-access
+  compiler = tmp_path / "slow-cxx"
+  compiler.write_text(textwrap.dedent(f"""\
+      #!/bin/sh
+      while [ $# -gt 0 ]; do
+        if [ "$1" = "-o" ]; then out="$2"; fi
+        shift
+      done
+      echo build >> "{tmp_path / 'builds.txt'}"
+      sleep 2
+      cp "{real}" "$out"
+      """))
+  compiler.chmod(0o755)
+  go = tmp_path / "go"
+  code = textwrap.dedent(f"""\
+      import json, os, sys, time
+      import torch
+      import tensorflow as tf
+      from torchbridge import _native
+      open(sys.argv[1], "w").close()
+      while not os.path.exists({str(go)!r}):
+        time.sleep(0.01)
+      print(json.dumps([_native.available(), _native.build_count]))
+      """)
+  env = dict(os.environ, CXX=str(compiler),
+             **{_native.CACHE_ENV: str(tmp_path / "cache")})
+  env.pop(_native.DISABLE_ENV, None)
+  env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", code, str(tmp_path / f"ready{i}")], env=env,
+      cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  deadline = time.time() + 240
+  while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
+    assert time.time() < deadline and all(p.poll() is None for p in procs)
+    time.sleep(0.05)
+  go.touch()
+  results = []
+  for proc in procs:
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    results.append(json.loads(out.strip().splitlines()[-1]))
+  assert [r[0] for r in results] == [True, True]
+  assert sorted(r[1] for r in results) == [0, 1]
+  assert (tmp_path / "builds.txt").read_text().count("build") == 1
+  assert len(list((tmp_path / "cache").glob("*.so"))) == 1
+  assert not list((tmp_path / "cache").glob("*.tmp"))
+
+
 def test_no_compiler_logs_one_warning(tmp_path):
   empty_bin = tmp_path / "bin"
   empty_bin.mkdir()
@@ -604,8 +696,8 @@ def test_report_per_call_overhead(capsys):
       _native.call(lambda caps: [], [], [], []), x)[1])
   py_function = tf.function(
       lambda x: tf.py_function(lambda a: a, [x], tf.float32))
-  bare = tf.function(tf.identity)
-  contenders = {"bare tf.function identity": bare,
+  contenders = {"bare tf.function, tf.identity": tf.function(tf.identity),
+                "bare tf.function, x * 1": tf.function(lambda x: x * 1.0),
                 "native op, no tensors": native_noop,
                 "native op identity (torch round trip)": native,
                 "tf.py_function identity": py_function}

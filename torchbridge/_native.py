@@ -79,6 +79,11 @@ def load():
       try:
         path = _build_or_reuse()
         _library = tf.load_op_library(str(path))
+        # The op has no gradient of its own: callers wrap it in
+        # tf.custom_gradient. Declared non-differentiable, a tape around a
+        # tf.function that holds it gives None gradients instead of failing
+        # the call with a LookupError.
+        tf.no_gradient("TorchbridgeCall")
         _status = f"torchbridge: native TF op loaded from {path}"
       except Exception as err:  # pylint: disable=broad-except
         _library = None
@@ -291,12 +296,13 @@ def _dispatch(callback_id, capsules, cuda_stream=None, cuda_device=None):
   if cuda_stream is None:
     return callback(capsules)
   stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
+  outer = getattr(_gpu_call, "device", None)
   _gpu_call.device = cuda_device
   try:
     with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
       return callback(capsules)
   finally:
-    _gpu_call.device = None
+    _gpu_call.device = outer
 
 
 # Set while the GPU kernel's callback runs on this thread: its CUDA device.
