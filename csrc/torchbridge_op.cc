@@ -342,8 +342,10 @@ std::string PyObjectString(PyObject* obj) {
 
 // Formats the pending Python exception (and clears it) as a TF error with
 // the exception's type, message and traceback. The error code follows
-// tf.py_function's: TypeError/ValueError -> InvalidArgument, and so on; a
-// tf.errors.OpError raised in Python keeps its own code.
+// tf.py_function's (TypeError/ValueError -> InvalidArgument, StopIteration ->
+// OutOfRange, MemoryError -> ResourceExhausted, NotImplementedError ->
+// Unimplemented, others -> Unknown); a tf.errors.OpError raised in Python
+// keeps its own code.
 absl::Status PythonErrorToStatus(const std::string& context) {
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);
@@ -383,8 +385,7 @@ absl::Status PythonErrorToStatus(const std::string& context) {
   if (PyErr_GivenExceptionMatches(type, PyExc_ValueError) ||
       PyErr_GivenExceptionMatches(type, PyExc_TypeError)) {
     code = absl::StatusCode::kInvalidArgument;
-  } else if (PyErr_GivenExceptionMatches(type, PyExc_IndexError) ||
-             PyErr_GivenExceptionMatches(type, PyExc_StopIteration)) {
+  } else if (PyErr_GivenExceptionMatches(type, PyExc_StopIteration)) {
     code = absl::StatusCode::kOutOfRange;
   } else if (PyErr_GivenExceptionMatches(type, PyExc_MemoryError)) {
     code = absl::StatusCode::kResourceExhausted;

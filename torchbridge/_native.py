@@ -221,6 +221,7 @@ def _build_or_reuse():
                       if "error" in line), proc.stdout.strip()[:200])
         raise BuildError(f"compiling {source.name} failed: {first.strip()} "
                          f"(full log: {log_path})")
+      os.chmod(tmp, 0o755)  # mkstemp made it private; a shared cache reads it
       os.replace(tmp, target)
     finally:
       if os.path.exists(tmp):
