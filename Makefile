@@ -28,8 +28,11 @@ demo: $(STAMP)
 	rm -rf runs/demo
 	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo
 
+# The whole suite twice: with the native TF op (csrc/, built on first use
+# and cached) and with the tf.py_function path forced.
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
 
 # QUICK=1: the under-a-minute smoke run (the test suite runs it too).
 bench: $(STAMP)

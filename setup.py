@@ -1,9 +1,29 @@
 """Installs torchbridge: `pip install .` (or `pip install -e .`)."""
 
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+_ROOT = Path(__file__).parent
+
+
+class _BuildPyWithOpSource(build_py):
+  """Ships the native op's C++ source inside the package (torchbridge/csrc).
+
+  The op is compiled on first use, against the TensorFlow found at run time,
+  and cached (see torchbridge/_native.py); an installed package therefore
+  carries the source, not a binary tied to one TF build.
+  """
+
+  def run(self):
+    super().run()
+    target = Path(self.build_lib, "torchbridge", "csrc")
+    target.mkdir(parents=True, exist_ok=True)
+    for source in (_ROOT / "csrc").glob("*.cc"):
+      shutil.copy(source, target / source.name)
 
 _VERSION = re.search(r'__version__ = "([^"]+)"',
                      Path(__file__).with_name("torchbridge").joinpath(
@@ -33,5 +53,6 @@ setup(
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "tf_keras": ["tf_keras"],
     },
+    cmdclass={"build_py": _BuildPyWithOpSource},
     license="Apache-2.0",
 )

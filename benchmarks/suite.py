@@ -10,6 +10,7 @@ import tensorflow as tf
 import torch
 
 import torchbridge as tb
+from torchbridge import _native
 from benchmarks import harness
 from benchmarks import models
 from benchmarks import numpy_bridge
@@ -61,14 +62,32 @@ def overhead(quick, device):
   def bridged_function(x):
     return identity_tb(x)
 
+  @tf.function
+  def bridged_py_function(x):
+    return identity_tb(x)
+
+  with _native.python_path():  # traced now, on the tf.py_function path
+    bridged_py_function.get_concrete_function(x_tf)
   contenders = {
       "tf.function identity": lambda: bare_function(x_tf),
       "tf.py_function identity (in tf.function)": lambda: bare_py_function(x_tf),
-      "torchbridge identity (in tf.function)": lambda: bridged_function(x_tf),
+      "torchbridge identity, tf.py_function path (in tf.function)":
+          lambda: bridged_py_function(x_tf),
+  }
+  if _native.available():
+    @tf.function
+    def bare_native_op(x):  # hands its input capsule straight back
+      return _native.call(list, [x], [tf.float32], [x.shape])[0]
+
+    contenders.update({
+        "native op doing nothing (in tf.function)": lambda: bare_native_op(x_tf),
+        "torchbridge identity, native op (in tf.function)":
+            lambda: bridged_function(x_tf)})
+  contenders.update({
       "eager tf.py_function identity": lambda: tf.py_function(
           lambda v: v, [x_tf], Tout=tf.float32),
       "eager torchbridge identity": lambda: identity_tb(x_tf),
-  }
+  })
   return harness.interleaved(contenders, repeats=7 if quick else 15,
                              calls=100 if quick else 300, warmup=50)
 
@@ -124,6 +143,13 @@ def train_steps(model_name, quick, device):
           keras_model, lambda: keras_model.trainable_variables, x_keras_tf),
       "pure torch": torch_step,
   }
+  if _native.available() and model_name == "small_mlp":
+    # The same step on the tf.py_function path, traced side by side.
+    py_path_step = tf.function(tf_step(
+        bridged, lambda: bridged.trainable_variables, x_tf))
+    with _native.python_path():
+      py_path_step.get_concrete_function()
+    steps["torchbridge tf.function (tf.py_function path)"] = py_path_step
   if device == "cpu":  # the numpy bridges move everything through host memory
     steps["numpy-copy bridge tf.function"] = tf.function(tf_step(
         copied, lambda: copied.trainable_variables, x_tf))

@@ -32,7 +32,13 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
     assert t["p25_us"] <= t["median_us"] <= t["p75_us"]
   names = {t["name"] for t in results["targets"]}
   assert "exchange bytes copied (torchbridge, all sizes)" in names
-  assert "bridge's own overhead per call in tf.function (us)" in names
+  assert ("bridge's own overhead per call in tf.function, tf.py_function "
+          "path (us over a bare tf.py_function)") in names
+  if tb.native_available():
+    assert ("bridge's own overhead per call in tf.function, native op (us "
+            "over a bare native op)") in names
+    assert "torchbridge tf.function (tf.py_function path)" in \
+        results["train_steps"]["small_mlp"]
   for target in results["targets"]:
     assert set(target) == {"name", "measured", "limit", "met"}
     assert isinstance(target["met"], bool)

@@ -15,6 +15,7 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
+from torchbridge import _native
 from conftest import random_tf
 from conftest import tolerance
 
@@ -69,7 +70,7 @@ def test_decorator_forms_and_metadata():
     return named(x)
 
   ops = [op.type for op in graph.get_concrete_function(x).graph.get_operations()]
-  assert "EagerPyFunc" in ops
+  assert ("TorchbridgeCall" if tb.native_available() else "EagerPyFunc") in ops
   np.testing.assert_array_equal(graph(x).numpy(), [3.0, 6.0])
 
 
@@ -870,6 +871,7 @@ def test_eager_calls_do_not_use_py_function(monkeypatch):
 
   monkeypatch.setattr(tf, "py_function", forbidden)
   monkeypatch.setattr(tf.compat.v1, "py_func", forbidden)
+  monkeypatch.setattr(_native, "call", forbidden)  # the graph-mode native op
   bridged = tb.torch_function(lambda a, b: torch.sin(a) * b)
   a = tf.constant([0.5, 1.5], tf.float64)
   b = tf.constant([2.0, 3.0], tf.float64)

@@ -6,10 +6,12 @@ from torchbridge._exchange import to_tf
 from torchbridge._exchange import to_torch
 from torchbridge._function import torch_function
 from torchbridge._module import TorchModule
+from torchbridge._native import native_available
 
 __all__ = [
     "TorchModule",
     "exchange_stats",
+    "native_available",
     "reset_exchange_stats",
     "to_tf",
     "to_torch",

@@ -30,6 +30,7 @@ import torch
 from tensorflow.python.eager import record as tf_record
 
 from torchbridge import _exchange
+from torchbridge import _native
 
 # Handle data pointer -> `_Saved`. Weak: the handle tensor owns the record.
 _SAVED_BY_HANDLE = weakref.WeakValueDictionary()
@@ -62,9 +63,9 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
   """Runs `compute` as one differentiable TF op on `args_tf`.
 
   Args:
-    compute: `compute(args_tf, record) -> _Saved`, given eager TF tensors;
-      with `record` it must make the floating arguments torch leaves that
-      require grad and build the autograd graph.
+    compute: `compute(args_torch, record) -> _Saved`, given zero-copy torch
+      views of the arguments; with `record` it must make the differentiable
+      arguments torch leaves that require grad and build the autograd graph.
     args_tf: flat list of TF tensors.
     out_specs: flat list of `tf.TensorSpec` of the outputs, required when
       tracing a `tf.function`.
@@ -83,16 +84,19 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
                      differentiable)
 
 
-def _call_eager(compute, args_tf, differentiable):
+def _call_eager(compute, args_tf, differentiable, n_used=None):
+  """Eagerly: `compute` sees torch views of the first `n_used` arguments."""
+  if n_used is None:
+    n_used = len(args_tf)
   if not (tf_record.could_possibly_record() and any(differentiable)):
     with torch.no_grad():
-      saved = compute(args_tf, False)
+      saved = compute(_views(args_tf[:n_used]), False)
     return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
 
   @tf.custom_gradient
   def bridged(*args):
     with torch.enable_grad():
-      saved = compute(list(args), True)
+      saved = compute(_views(args[:n_used]), True)
     outs_tf = [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
 
     def grad(*dys_tf):
@@ -100,11 +104,13 @@ def _call_eager(compute, args_tf, differentiable):
       # records this backward can differentiate it again.
       specs = [tf.TensorSpec(o.shape, o.dtype) for o in outs_tf]
       sel_out, diff_args = _grad_positions(specs, differentiable, dys_tf)
-      compute_bwd = functools.partial(_backward, saved, sel_out, diff_args)
+      # Its arguments: the upstream gradients, which torch reads, and the
+      # forward's arguments, which only connect the tape (their torch leaves
+      # live in `saved`).
       grads_tf = _call_eager(
-          lambda a, rec: compute_bwd(a[:len(sel_out)], rec),
+          functools.partial(_backward, saved, sel_out, diff_args),
           [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args],
-          [True] * (len(sel_out) + len(diff_args)))
+          [True] * (len(sel_out) + len(diff_args)), n_used=len(sel_out))
       return _scatter(grads_tf, diff_args, len(args))
 
     return outs_tf, grad
@@ -124,36 +130,31 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
 
   check_outputs = _OutputCheck(out_specs, name)
 
-  # (tf.py_function already keeps autograph away from `body`.)
-  def body(*py_args_eager):
+  def run(py_args_torch):
     with torch.set_grad_enabled(record):
-      saved = compute(list(py_args_eager), record)
+      saved = compute(py_args_torch, record)
     check_outputs(saved.outs_torch)
-    device = next((o.device for o in saved.outs_torch if o.is_cuda),
-                  torch.device("cpu"))
-    handle_torch = torch.empty(1, dtype=torch.int8, device=device)
+    handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(
+        saved.outs_torch))
     # The handle owns the record: torch keeps a tensor's Python object (and
     # its attributes) alive while its memory is exported through DLPack.
     handle_torch._torchbridge_saved = saved
     _SAVED_BY_HANDLE[handle_torch.data_ptr()] = saved
-    return [_exchange.tensor_to_tf(handle_torch)] + [
-        _exchange.tensor_to_tf(o) for o in saved.outs_torch]
+    return [handle_torch] + saved.outs_torch
 
   @tf.custom_gradient
   def bridged(*grad_args):
-    results = tf.py_function(
-        body, py_args_tf, Tout=[tf.int8] + [s.dtype for s in out_specs],
-        name=name)
+    results = _stateful_op(run, py_args_tf,
+                           [tf.int8] + [s.dtype for s in out_specs],
+                           [[1]] + [s.shape for s in out_specs], name)
     handle_tf, outs_tf = results[0], results[1:]
-    for out_tf, spec in zip(outs_tf, out_specs):
-      out_tf.set_shape(spec.shape)
 
     def grad(*dys_tf):
       sel_out, diff_args = _grad_positions(out_specs, differentiable, dys_tf)
 
-      def compute_bwd(py_args_eager, rec):
-        saved = _lookup(py_args_eager[0])
-        return _backward(saved, sel_out, diff_args, py_args_eager[1:], rec)
+      def compute_bwd(py_args_torch, rec):
+        saved = _lookup(py_args_torch[0])
+        return _backward(saved, sel_out, diff_args, py_args_torch[1:], rec)
 
       dys_sel_tf = [dys_tf[i] for i in sel_out]
       # The backward may be traced in another graph than the forward (the
@@ -179,6 +180,39 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
   return list(bridged(*grad_args_tf))
 
 
+def _stateful_op(run, inputs_tf, out_dtypes, out_shapes, name):
+  """One stateful graph op running `run(list of torch views) -> tensors`.
+
+  The native op of `csrc/` when it is available (it hands DLPack capsules
+  to Python directly); otherwise a `tf.py_function`, whose body receives
+  eager tensors and returns eager tensors, both through DLPack.
+  """
+  if _native.available():
+    return _native.call(_native.torch_callback(run), inputs_tf, out_dtypes,
+                        out_shapes, name=name)
+
+  def body(*inputs_eager):
+    outs_torch = run(_views(inputs_eager))
+    return [_exchange.tensor_to_tf(o) for o in outs_torch]
+
+  outs_tf = tf.py_function(body, inputs_tf, Tout=out_dtypes, name=name)
+  for out_tf, shape in zip(outs_tf, out_shapes):
+    out_tf.set_shape(shape)
+  return outs_tf
+
+
+def _views(tensors_tf):
+  return [_exchange.tensor_to_torch(t) for t in tensors_tf]
+
+
+def _handle_device(outs_torch):
+  """Where the handle lives: on the op's device, so TF never moves it."""
+  gpu = _native.current_gpu()
+  if gpu is not None:
+    return torch.device("cuda", gpu)
+  return next((o.device for o in outs_torch if o.is_cuda), torch.device("cpu"))
+
+
 def _in_current_graph(tensor_tf):
   if tensor_tf.graph is tf.compat.v1.get_default_graph():
     return tensor_tf
@@ -200,11 +234,14 @@ def _scatter(grads_tf, positions, n):
   return result
 
 
-def _backward(saved, sel_out, diff_args, dys_tf, record):
-  """The vector-Jacobian product of a saved call, as a new `_Saved`."""
+def _backward(saved, sel_out, diff_args, dys_torch, record):
+  """The vector-Jacobian product of a saved call, as a new `_Saved`.
+
+  `dys_torch` are torch views of the upstream gradients of the outputs
+  `sel_out`; the result holds the gradients of the arguments `diff_args`.
+  """
   if not saved.has_graph:
     saved = saved.regraph()
-  dys_torch = [_exchange.tensor_to_torch(dy) for dy in dys_tf]
   if record:
     dys_torch = [dy.requires_grad_() for dy in dys_torch]
   leaves = [saved.leaves_torch[j] for j in diff_args]
@@ -222,12 +259,12 @@ def _backward(saved, sel_out, diff_args, dys_tf, record):
       grads_torch = [torch.zeros_like(leaf) for leaf in leaves]
   return _Saved(
       list(grads_torch), dys_torch + leaves, has_graph=record,
-      regraph=functools.partial(_backward, saved, sel_out, diff_args, dys_tf,
-                                True))
+      regraph=functools.partial(_backward, saved, sel_out, diff_args,
+                                [dy.detach() for dy in dys_torch], True))
 
 
-def _lookup(handle_tf):
-  saved = _SAVED_BY_HANDLE.get(_exchange.tensor_to_torch(handle_tf).data_ptr())
+def _lookup(handle_torch):
+  saved = _SAVED_BY_HANDLE.get(handle_torch.data_ptr())
   if saved is None:
     raise RuntimeError(
         "torchbridge lost the saved torch state of a forward call before its "

@@ -203,8 +203,7 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
   if differentiable is None:
     differentiable = [_bridge.is_differentiable(a.dtype) for a in args_tf]
 
-  def compute(call_args_tf, record):
-    args_torch = [_exchange.tensor_to_torch(a) for a in call_args_tf]
+  def compute(args_torch, record):
     leaves = [a.requires_grad_() if record and diff else None
               for a, diff in zip(args_torch, differentiable)]
     outs_torch = flat_outputs(args_torch)

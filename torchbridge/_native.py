@@ -97,7 +97,25 @@ def load():
 
 def available():
   """Whether the native op is in use (builds and loads it on first call)."""
-  return load() is not None
+  return not getattr(_python_path, "forced", False) and load() is not None
+
+
+_python_path = threading.local()
+
+
+@contextlib.contextmanager
+def python_path():
+  """Within it, calls traced on this thread use the tf.py_function path.
+
+  For side-by-side measurements (the benchmarks); users choose the path for
+  a whole process with the environment variable.
+  """
+  outer = getattr(_python_path, "forced", False)
+  _python_path.forced = True
+  try:
+    yield
+  finally:
+    _python_path.forced = outer
 
 
 native_available = available
@@ -308,6 +326,11 @@ def _dispatch(callback_id, capsules, cuda_stream=None, cuda_device=None):
 
 # Set while the GPU kernel's callback runs on this thread: its CUDA device.
 _gpu_call = threading.local()
+
+
+def current_gpu():
+  """The CUDA device index of the GPU kernel calling back on this thread."""
+  return getattr(_gpu_call, "device", None)
 
 
 @tf.autograph.experimental.do_not_convert
