@@ -246,6 +246,21 @@ def tensor_to_tf(x_torch, copied=False):
   `copied` says that `x_torch` is already a private copy made on the way
   here, so the exchange is counted as a copy even when TF can view it.
   """
+  x_torch = tf_viewable(x_torch, copied)
+  if x_torch.is_cuda:
+    # TF's DLPack import does no synchronization: make sure the kernels that
+    # wrote this buffer on torch's stream are done before TF reads it.
+    torch.cuda.current_stream(x_torch.device).synchronize()
+  return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(x_torch))
+
+
+def tf_viewable(x_torch, copied=False, device=None):
+  """`x_torch` as TF can adopt it through DLPack, counted in the stats.
+
+  Detached, with lazy conjugation or negation resolved, dense row-major and
+  64-byte aligned, and on `device` when one is given; the tensor itself
+  when it already is all that, else one copy.
+  """
   if (x_torch.dtype not in _TF_DTYPE_FROM_TORCH or
       x_torch.layout is not torch.strided or
       x_torch.device.type not in ("cpu", "cuda")):
@@ -256,16 +271,14 @@ def tensor_to_tf(x_torch, copied=False):
     # A lazily conjugated or negated view: its memory holds other values.
     x_torch = x_torch.resolve_conj().resolve_neg()
     copied = True
+  if device is not None and x_torch.device != device:
+    x_torch = x_torch.to(device)
+    copied = True
   if not _tf_can_view(x_torch):
     x_torch = x_torch.clone(memory_format=torch.contiguous_format)
     copied = True
-  if x_torch.is_cuda:
-    # TF's DLPack import does no synchronization: make sure the kernels that
-    # wrote this buffer on torch's stream are done before TF reads it.
-    torch.cuda.current_stream(x_torch.device).synchronize()
-  x_tf = tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(x_torch))
   _count(x_torch.numel() * x_torch.element_size() if copied else None)
-  return x_tf
+  return x_torch
 
 
 def _tf_can_view(x_torch):

@@ -423,31 +423,14 @@ def torch_callback(fn):
 
 
 def _to_capsule(x_torch, exchange):
-  # pylint: disable=protected-access
   if not isinstance(x_torch, torch.Tensor):
     raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
                     "torch.Tensor")
-  if (x_torch.dtype not in exchange._TF_DTYPE_FROM_TORCH or
-      x_torch.layout is not torch.strided or
-      x_torch.device.type not in ("cpu", "cuda")):
-    exchange._check_torch_kind(x_torch)
-  if x_torch.requires_grad:
-    x_torch = x_torch.detach()
-  copied = False
-  if x_torch.is_conj() or x_torch.is_neg():
-    x_torch = x_torch.resolve_conj().resolve_neg()
-    copied = True
-  gpu_device = getattr(_gpu_call, "device", None)
+  device = None
+  gpu_device = current_gpu()
   if gpu_device is not None:
     # The GPU kernel wants its outputs in GPU memory, except int32, which TF
     # keeps in host memory on GPUs.
-    want = (torch.device("cpu") if x_torch.dtype == torch.int32 else
-            torch.device("cuda", gpu_device))
-    if x_torch.device != want:
-      x_torch = x_torch.to(want)
-      copied = True
-  if not exchange._tf_can_view(x_torch):
-    x_torch = x_torch.clone(memory_format=torch.contiguous_format)
-    copied = True
-  exchange._count(x_torch.numel() * x_torch.element_size() if copied else None)
-  return torch_dlpack.to_dlpack(x_torch)
+    device = (torch.device("cpu") if x_torch.dtype == torch.int32 else
+              torch.device("cuda", gpu_device))
+  return torch_dlpack.to_dlpack(exchange.tf_viewable(x_torch, device=device))
