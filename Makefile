@@ -23,7 +23,7 @@ $(STAMP): requirements-dev.txt setup.py
 
 # The main job: TD3 on Pendulum with a torch actor-critic in a TF loop,
 # a short budget (about 5 minutes on 2 cores). Starts afresh each time.
-DEMO_STEPS ?= 15000
+DEMO_STEPS ?= 20000
 demo: $(STAMP)
 	rm -rf runs/demo
 	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo
