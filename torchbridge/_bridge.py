@@ -14,7 +14,8 @@ General strategy:
 4. Eagerly, the `_Saved` record lives in the closure of the gradient function
    that `tf.custom_gradient` hands to the tape, and dies with the tape. When no
    tape is recording, no graph is built at all.
-5. Inside `tf.function`, the call is a `tf.py_function` that returns, besides
+5. Inside `tf.function`, the call is one stateful op (the native
+   `TorchbridgeCall` op of csrc/, or a `tf.py_function`) that returns, besides
    the outputs, a one-byte handle tensor: a DLPack view of a torch tensor that
    owns the `_Saved` record. TF keeps the handle exactly as long as a gradient
    may still need it (not at all in an inference call, until the backward in a
@@ -120,7 +121,7 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
 
 def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
                 differentiable):
-  """`compute` inside a graph, through `tf.py_function` and a handle.
+  """`compute` inside a graph, as one stateful op returning a handle too.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
   tensors the Python body receives (for a backward: the handle of the
