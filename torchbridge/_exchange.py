@@ -77,6 +77,12 @@ def reset_exchange_stats():
       _stats[key] = 0
 
 
+def count_zero_copy(n):
+  """Counts `n` tensors that crossed without a copy (made outside this file)."""
+  with _stats_lock:
+    _stats["zero_copy"] += n
+
+
 def _count(copied_bytes=None):
   with _stats_lock:
     if copied_bytes is None:
@@ -156,6 +162,16 @@ def torch_dtype(dtype_tf):
 def tf_dtype(dtype_torch):
   """The TF dtype of a torch dtype (KeyError where TF has none)."""
   return _TF_DTYPE_FROM_TORCH[dtype_torch]
+
+
+def has_torch_dtype(dtype_tf):
+  """Whether torch has a dtype for this TF dtype."""
+  return tf.as_dtype(dtype_tf) in _TORCH_DTYPE_FROM_TF
+
+
+def has_tf_dtype(dtype_torch):
+  """Whether TF has a dtype for this torch dtype."""
+  return dtype_torch in _TF_DTYPE_FROM_TORCH
 
 
 def is_tf_tensor(value):

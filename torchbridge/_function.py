@@ -154,7 +154,7 @@ def bind_arguments(name, structure):
     _exchange.check_tf_leaf(leaf, f"{name}()")
     if _exchange.is_tf_tensor(leaf):
       arg_tf = tf.convert_to_tensor(leaf)
-      if arg_tf.dtype not in _exchange._TORCH_DTYPE_FROM_TF:
+      if not _exchange.has_torch_dtype(arg_tf.dtype):
         raise TypeError(
             f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
             f"{arg_tf.shape}), which torch has no dtype for. Convert it "

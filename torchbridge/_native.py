@@ -37,6 +37,8 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 import torch.utils.dlpack as torch_dlpack
 
+from torchbridge import _exchange
+
 _LOG = logging.getLogger("torchbridge")
 
 DISABLE_ENV = "TORCHBRIDGE_DISABLE_NATIVE"
@@ -410,19 +412,17 @@ def torch_callback(fn):
   counted in `torchbridge.exchange_stats()`, as `to_tf` does. Outputs that
   require grad are detached (their graph stays with whoever holds them).
   """
-  from torchbridge import _exchange  # pylint: disable=import-outside-toplevel
 
   def callback(capsules):
     args = [torch_dlpack.from_dlpack(c) for c in capsules]
-    for _ in args:
-      _exchange._count()  # pylint: disable=protected-access
+    _exchange.count_zero_copy(len(args))
     outs = fn(args)
-    return [_to_capsule(o, _exchange) for o in outs]
+    return [_to_capsule(o) for o in outs]
 
   return callback
 
 
-def _to_capsule(x_torch, exchange):
+def _to_capsule(x_torch):
   if not isinstance(x_torch, torch.Tensor):
     raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
                     "torch.Tensor")
@@ -433,4 +433,4 @@ def _to_capsule(x_torch, exchange):
     # keeps in host memory on GPUs.
     device = (torch.device("cpu") if x_torch.dtype == torch.int32 else
               torch.device("cuda", gpu_device))
-  return torch_dlpack.to_dlpack(exchange.tf_viewable(x_torch, device=device))
+  return torch_dlpack.to_dlpack(_exchange.tf_viewable(x_torch, device=device))

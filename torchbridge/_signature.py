@@ -94,7 +94,7 @@ def infer(run, args_specs, name):
                            for s in args_specs))) from err
   specs = []
   for k, outs in enumerate(zip(*outs_by_probe)):
-    if outs[0].dtype not in _exchange._TF_DTYPE_FROM_TORCH:
+    if not _exchange.has_tf_dtype(outs[0].dtype):
       raise ResultError(
           f"{name} returned a torch tensor of dtype {outs[0].dtype} as "
           f"output {k}, which TF lacks. Cast it to a dtype TF has first, "
