@@ -52,6 +52,7 @@ setup(
         "cpu": ["tensorflow-cpu>=2.16"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "tf_keras": ["tf_keras"],
+        "ray": ["ray>=2.10"],
     },
     cmdclass={"build_py": _BuildPyWithOpSource},
     license="Apache-2.0",

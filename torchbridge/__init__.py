@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-  # `tb.keras` imports Keras only when first used.
-  if name == "keras":
+  # `tb.keras` and `tb.ray` import Keras / Ray only when first used.
+  if name in ("keras", "ray"):
     import importlib
-    return importlib.import_module("torchbridge.keras")
+    return importlib.import_module(f"torchbridge.{name}")
   raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")
