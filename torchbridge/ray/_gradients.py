@@ -1,0 +1,66 @@
+"""A loss's gradients w.r.t. a `TorchModule`'s parameters, keyed by torch name."""
+
+import numpy as np
+import tensorflow as tf
+
+
+def named_trainable_variables(module):
+  """`[(torch parameter name, tf.Variable)]` for `module.trainable_variables`.
+
+  A `TorchModule` names each variable `<module name scope><torch path>:0`;
+  the torch path is what the other processes know the parameter by.
+  """
+  scope = module.name_scope.name
+  named = []
+  for var in module.trainable_variables:
+    name = var.name
+    if not (name.startswith(scope) and name.endswith(":0")):
+      raise ValueError(
+          f"Variable {name!r} of TorchModule {module.name!r} is not named "
+          f"'{scope}<torch path>:0', so its torch name cannot be read from "
+          "it, and gradients are exchanged by torch name. Use the "
+          "tb.TorchModule as built, with the variables it created.")
+    named.append((name[len(scope):-2], var))
+  return named
+
+
+class Gradients:
+  """`loss_fn(module, *batch)` and its gradients, as numpy, by torch name.
+
+  Args:
+    module: the `tb.TorchModule`.
+    loss_fn: `loss_fn(module, *batch_tf)` -> scalar TF loss, the mean over
+      the batch's samples.
+    tf_function: run the forward and backward in one `tf.function`
+      (retraced only for new input shapes); False runs them eagerly, for a
+      `loss_fn` that cannot be traced.
+  """
+
+  def __init__(self, module, loss_fn, tf_function=True):
+    self._module = module
+    self._loss_fn = loss_fn
+    named = named_trainable_variables(module)
+    self.names = [n for n, _ in named]
+    self._variables = [v for _, v in named]
+    self._run = (tf.function(self._loss_and_grads, reduce_retracing=True)
+                 if tf_function else self._loss_and_grads)
+
+  def _loss_and_grads(self, batch_tf):
+    with tf.GradientTape() as tape:
+      loss_tf = self._loss_fn(self._module, *batch_tf)
+    loss_tf = tf.convert_to_tensor(loss_tf)
+    if loss_tf.shape.rank != 0 or not loss_tf.dtype.is_floating:
+      raise ValueError(
+          f"loss_fn must return a scalar floating loss (the mean over the "
+          f"batch), got a {loss_tf.dtype.name} tensor of shape "
+          f"{loss_tf.shape}. Reduce it, e.g. tf.reduce_mean(...).")
+    grads_tf = tape.gradient(
+        loss_tf, self._variables,
+        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return loss_tf, [tf.convert_to_tensor(g) for g in grads_tf]
+
+  def __call__(self, batch_tf):
+    """`(loss, {torch name: np.ndarray})` on one batch (a tuple of tensors)."""
+    loss_tf, grads_tf = self._run(tuple(batch_tf))
+    grads_np = {n: np.asarray(g.numpy()) for n, g in zip(self.names, grads_tf)}
+    return float(loss_tf.numpy()), grads_np

@@ -1,0 +1,291 @@
+"""`DataParallelTrainer`: Ray actors compute gradients, the driver applies them."""
+
+import collections.abc
+
+import numpy as np
+import torch  # before TensorFlow: the other order can crash the process
+import tensorflow as tf
+
+from torchbridge import _module
+from torchbridge.ray import _gradients
+from torchbridge.ray import _weights
+from torchbridge.ray import _worker
+from torchbridge.ray._ray import ray
+
+_NO_SHARDS = """\
+DataParallelTrainer{where} expects a non-empty list with one {kind} of
+data per worker, got {received}. A shard is a tuple of arrays with the same
+number of samples (rows), passed to loss_fn(module, *shard). To split one
+data set over 2 workers:
+  shards = list(zip(np.array_split(x, 2), np.array_split(y, 2)))"""
+
+_WORKER_FAILED = """\
+DataParallelTrainer: worker {index} of {count} failed in {method}(): \
+{message}
+The worker's traceback is in the exception this one was raised from. The
+driver's module and optimizer are unchanged by the failed step."""
+
+
+class _DataParallelWorker(_worker.TorchModuleWorker):
+  """A `TorchModuleWorker` holding a shard of data and a loss function."""
+
+  def __init__(self, module_fn, loss_fn, shard_np, name, tf_function):
+    super().__init__(module_fn, name=name)
+    self._shard_tf = tuple(tf.constant(a) for a in shard_np)
+    self._num_samples = _num_samples(shard_np)
+    self._gradients = _gradients.Gradients(self.module, loss_fn, tf_function)
+
+  def compute_gradients(self, batch_np=None):
+    """`{"loss", "num_samples", "grads"}` on the held shard or on `batch_np`."""
+    if batch_np is None:
+      batch_tf, num_samples = self._shard_tf, self._num_samples
+    else:
+      batch_tf = tuple(tf.constant(a) for a in batch_np)
+      num_samples = _num_samples(batch_np)
+    loss, grads_np = self._gradients(batch_tf)
+    return {"loss": loss, "num_samples": num_samples, "grads": grads_np}
+
+
+class DataParallelTrainer:
+  """Data-parallel training of a torch module on Ray actors, TF optimizer.
+
+  The pattern of Ray's "train in parallel using gradients" guide, with the
+  driver as the parameter server: each worker (a Ray actor) builds the
+  torch module from `module_fn` as a `tb.TorchModule`, holds one shard of
+  the data, and computes the gradients of `loss_fn` on it (forward and
+  backward in one `tf.function`). Each `step()`:
+    1. every worker computes `{torch name: gradient}` on its shard, in
+       parallel;
+    2. the driver averages them weighted by the shards' sample counts, so
+       that the result is the gradient of the mean loss over all shards
+       together (exactly what one process would compute on the
+       concatenated batch, when `loss_fn` is a mean over samples);
+    3. the driver applies `optimizer` to its own `TorchModule`
+       (`self.module`), so optimizer state lives in one place and
+       `tf.train.Checkpoint(module=trainer.module, opt=trainer.optimizer)`
+       saves the run;
+    4. the new weights go to every worker with one `ray.put`
+       (`tb.ray.broadcast_weights`).
+  The workers start from the driver's weights, whatever `module_fn`'s
+  random initialization gave each of them.
+
+  Args:
+    module_fn: picklable callable returning the torch `nn.Module`, called
+      once on the driver and once in each worker.
+    loss_fn: `loss_fn(module, *batch_tf)` -> scalar TF loss, the mean over
+      the batch; `module` is the `tb.TorchModule`, `batch_tf` the shard's
+      arrays as TF tensors. Picklable (a function at the top of a module or
+      script).
+    optimizer: a TF optimizer (`tf.keras.optimizers.Adam(1e-3)`, any
+      object with `apply_gradients`), applied on the driver.
+    shards: one shard per worker; a shard is a tuple of arrays (numpy, or
+      tensors numpy can read) with the same leading (sample) dimension, or
+      one array.
+    num_workers: optional; when given it must equal `len(shards)`.
+    name: the `TorchModule`s' name.
+    worker_options: options for the worker actors
+      (`ray.remote(...).options(**worker_options)`); defaults to
+      `{"num_cpus": 1}`.
+    tf_function: compute the workers' gradients in a `tf.function` (the
+      default); False computes them eagerly, for a loss that cannot be
+      traced.
+
+  Example:
+    >>> import numpy as np, torch, ray, tensorflow as tf, torchbridge as tb
+    >>> def loss_fn(module, x, y):
+    ...   return tf.reduce_mean((module(x) - y) ** 2)
+    >>> x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    >>> y = x.sum(axis=1, keepdims=True)
+    >>> trainer = tb.ray.DataParallelTrainer(
+    ...     lambda: torch.nn.Linear(3, 1), loss_fn,
+    ...     tf.keras.optimizers.Adam(0.05),
+    ...     shards=[(x[:32], y[:32]), (x[32:], y[32:])])
+    >>> losses = [trainer.step() for _ in range(100)]
+    >>> losses[-1] < 0.1 * losses[0]
+    True
+    >>> trainer.shutdown()
+  """
+
+  def __init__(self, module_fn, loss_fn, optimizer, shards, *,
+               num_workers=None, name=None, worker_options=None,
+               tf_function=True):
+    _check_callable(module_fn, "module_fn", "lambda: MyNet()")
+    _check_callable(loss_fn, "loss_fn",
+                    "def loss_fn(module, x, y): "
+                    "return tf.reduce_mean((module(x) - y) ** 2)")
+    if not callable(getattr(optimizer, "apply_gradients", None)):
+      raise TypeError(
+          f"DataParallelTrainer(optimizer=...) expects a TF optimizer (an "
+          f"object with apply_gradients), got {type(optimizer).__name__}. "
+          "Pass e.g. tf.keras.optimizers.Adam(1e-3).")
+    shards_np = _check_shards(shards, "(shards=...)")
+    if num_workers is not None and num_workers != len(shards_np):
+      raise ValueError(
+          f"DataParallelTrainer(num_workers={num_workers!r}) does not match "
+          f"the {len(shards_np)} shards given: each worker holds exactly one "
+          f"shard. Pass {num_workers} shards (e.g. np.array_split(x, "
+          f"{num_workers})), or leave num_workers out.")
+    module_torch = module_fn()
+    if not isinstance(module_torch, torch.nn.Module):
+      raise TypeError(
+          f"DataParallelTrainer(module_fn): module_fn() returned a "
+          f"{type(module_torch).__name__}, expected a torch.nn.Module.")
+    self.module = _module.TorchModule(module_torch, name=name)
+    self.optimizer = optimizer
+    named = _gradients.named_trainable_variables(self.module)
+    self._names = [n for n, _ in named]
+    self._variables = [v for _, v in named]
+    self._apply_graph = tf.function(self._apply)
+    self.num_samples = [_num_samples(s) for s in shards_np]
+    self.steps = 0
+    options = {"num_cpus": 1, **(worker_options or {})}
+    remote_cls = ray.remote(_DataParallelWorker).options(**options)
+    self.workers = [
+        remote_cls.remote(module_fn, loss_fn, shard_np, self.module.name,
+                          tf_function)
+        for shard_np in shards_np]
+    # Every worker starts from the driver's weights.
+    self._get_all(_weights.broadcast_weights(self.module, self.workers),
+                  "set_weights")
+
+  @property
+  def num_workers(self):
+    return len(self.workers)
+
+  def step(self, batches=None):
+    """One synchronous data-parallel step; returns the mean loss.
+
+    Args:
+      batches: optional, one batch per worker (each in the form of a
+        shard) to use for this step instead of the shards the workers hold,
+        e.g. fresh samples from a data pipeline on the driver.
+
+    Returns:
+      The loss over all workers' samples before the update: the workers'
+      losses weighted by their sample counts.
+
+    Raises:
+      RuntimeError: a worker failed (its exception's type and message are
+        in the message, its traceback in the cause); nothing was applied.
+    """
+    if not self.workers:
+      raise RuntimeError(
+          "DataParallelTrainer.step() after shutdown(): the workers are "
+          "gone. Create a new DataParallelTrainer.")
+    if batches is None:
+      refs = [w.compute_gradients.remote() for w in self.workers]
+    else:
+      batches_np = _check_shards(batches, ".step(batches=...)")
+      if len(batches_np) != self.num_workers:
+        raise ValueError(
+            f"DataParallelTrainer.step(batches=...) got {len(batches_np)} "
+            f"batches for {self.num_workers} workers. Pass one batch per "
+            "worker, or no batches to use the shards the workers hold.")
+      refs = [w.compute_gradients.remote(b)
+              for w, b in zip(self.workers, batches_np)]
+    results = self._get_all(refs, "compute_gradients")
+    total = sum(r["num_samples"] for r in results)
+    grads_tf = []
+    for name, var in zip(self._names, self._variables):
+      grad_np = sum(r["grads"][name] * (r["num_samples"] / total)
+                    for r in results)
+      grads_tf.append(tf.constant(grad_np, dtype=var.dtype))
+    # The first update runs eagerly: it creates the optimizer's slots, which
+    # a tf.function may only do on its first trace.
+    if self.steps == 0:
+      self._apply(grads_tf)
+    else:
+      self._apply_graph(grads_tf)
+    self.steps += 1
+    self._get_all(_weights.broadcast_weights(self.module, self.workers),
+                  "set_weights")
+    return sum(r["loss"] * r["num_samples"] for r in results) / total
+
+  def shutdown(self):
+    """Stops the worker actors; the driver's module and optimizer remain."""
+    for worker in self.workers:
+      ray.kill(worker)
+    self.workers = []
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.shutdown()
+
+  def _apply(self, grads_tf):
+    self.optimizer.apply_gradients(zip(grads_tf, self._variables))
+
+  def _get_all(self, refs, method):
+    """`ray.get` of one call per worker; a failure names its worker."""
+    results = []
+    for index, ref in enumerate(refs):
+      try:
+        results.append(ray.get(ref))
+      except ray.exceptions.RayError as err:
+        raise RuntimeError(_WORKER_FAILED.format(
+            index=index, count=len(refs), method=method,
+            message=_short_message(err))) from err
+    if method == "compute_gradients":
+      for index, result in enumerate(results):
+        if sorted(result["grads"]) != sorted(self._names):
+          raise RuntimeError(
+              f"DataParallelTrainer: worker {index} returned gradients for "
+              f"{sorted(result['grads'])}, the driver's module has "
+              f"{sorted(self._names)}. module_fn must build the same module "
+              "in every process.")
+    return results
+
+
+def _check_callable(value, arg, example):
+  if not callable(value):
+    raise TypeError(
+        f"DataParallelTrainer({arg}=...) expects a callable, got "
+        f"{type(value).__name__}. Pass a function, e.g. {example}")
+
+
+def _check_shards(shards, where):
+  """The shards as tuples of numpy arrays, each with a consistent length.
+
+  `where` is the argument as the user wrote it, "(shards=...)" or
+  ".step(batches=...)", for the error messages.
+  """
+  kind = "shard" if "shards" in where else "batch"
+  if (isinstance(shards, (str, bytes, collections.abc.Mapping)) or
+      not isinstance(shards, collections.abc.Sequence) or not shards):
+    received = (f"an empty {type(shards).__name__}"
+                if isinstance(shards, collections.abc.Sized) and not shards
+                else f"a {type(shards).__name__}")
+    raise ValueError(_NO_SHARDS.format(where=where, kind=kind,
+                                       received=received))
+  shards_np = []
+  for index, shard in enumerate(shards):
+    arrays = shard if isinstance(shard, (tuple, list)) else (shard,)
+    try:
+      arrays_np = tuple(np.asarray(a) for a in arrays)
+    except Exception as err:
+      raise TypeError(
+          f"DataParallelTrainer{where}: {kind} {index} holds a value numpy "
+          f"cannot read ({err}). Expected a tuple of arrays.") from err
+    sizes = [a.shape[0] if a.ndim else None for a in arrays_np]
+    if not arrays_np or None in sizes or len(set(sizes)) != 1 or sizes[0] == 0:
+      raise ValueError(
+          f"DataParallelTrainer{where}: {kind} {index} must be a tuple of "
+          f"arrays sharing a non-zero leading (sample) dimension, got shapes "
+          f"{[a.shape for a in arrays_np]}. Split every array of the data "
+          "set along axis 0, the same way.")
+    shards_np.append(arrays_np)
+  return shards_np
+
+
+def _num_samples(arrays):
+  return int(np.shape(arrays[0])[0])
+
+
+def _short_message(err):
+  """The remote exception's type and message, without Ray's wrapping."""
+  cause = getattr(err, "cause", None)
+  if isinstance(cause, BaseException) and not isinstance(
+      cause, ray.exceptions.RayError):
+    return f"{type(cause).__name__}: {cause}"
+  return f"{type(err).__name__}: {err}"

@@ -1,0 +1,81 @@
+"""`TorchModuleWorker`: a `TorchModule` built inside a Ray actor's process."""
+
+import torch  # before TensorFlow: the other order can crash the process
+import tensorflow as tf  # noqa: F401  (imported here, after torch, on purpose)
+
+from torchbridge import _module
+from torchbridge.ray import _weights
+
+
+class TorchModuleWorker:
+  """Holds a `tb.TorchModule` built in its own process from `module_fn()`.
+
+  The class to run as a Ray actor, as it is or subclassed (rollout workers,
+  evaluators): Ray's pattern for TF models is to build the model once per
+  actor and to ship only its weights, since a module is much bigger to
+  pickle than its weights and may hold process-local state. The torch
+  module is therefore built by `module_fn` inside the actor, and weights
+  travel as `{torch state_dict name: np.ndarray}`, through
+  `tb.ray.broadcast_weights` (one `ray.put` for all actors) and
+  `tb.ray.pull_weights`.
+
+  The class is plain Python and also works without Ray (for tests, or a
+  local evaluator).
+
+  Args:
+    module_fn: a picklable callable, called with no arguments inside the
+      actor, returning the torch `nn.Module` (a function defined at the top
+      of a module or script, a class, or a `functools.partial` of one).
+    name: the `TorchModule`'s name (its variables are `name/<torch path>`).
+
+  Example:
+    >>> import torch, ray, torchbridge as tb
+    >>> Worker = ray.remote(tb.ray.TorchModuleWorker)
+    >>> actors = [Worker.remote(lambda: torch.nn.Linear(3, 2), name="policy")
+    ...           for _ in range(2)]
+    >>> learner = tb.TorchModule(torch.nn.Linear(3, 2), name="policy")
+    >>> ray.get(tb.ray.broadcast_weights(learner, actors)) and None
+    >>> w = tb.ray.pull_weights(actors[1])
+    >>> bool((w["weight"] == learner.get_weights()["weight"]).all())
+    True
+
+  A subclass adds the work (acting in an environment, evaluating):
+
+    @ray.remote
+    class RolloutWorker(tb.ray.TorchModuleWorker):
+      def __init__(self, module_fn, env_id):
+        super().__init__(module_fn, name="actor")
+        self.env = gymnasium.make(env_id)
+      def rollout(self, num_steps):
+        ...  # self.module(obs_tf) acts with the latest weights
+  """
+
+  def __init__(self, module_fn, name=None):
+    if not callable(module_fn):
+      raise TypeError(
+          f"TorchModuleWorker(module_fn) expects a callable that builds the "
+          f"torch module, got {type(module_fn).__name__}. Pass the function "
+          "or class, not the module: TorchModuleWorker(lambda: MyNet()), so "
+          "that each actor builds its own copy.")
+    module_torch = module_fn()
+    if not isinstance(module_torch, torch.nn.Module):
+      raise TypeError(
+          f"TorchModuleWorker(module_fn): module_fn() returned a "
+          f"{type(module_torch).__name__}, expected a torch.nn.Module. Make "
+          "module_fn return the module it builds.")
+    self.module = _module.TorchModule(module_torch, name=name)
+
+  def get_weights(self):
+    """The module's weights, `{torch state_dict name: np.ndarray}` (copies)."""
+    return self.module.get_weights()
+
+  def set_weights(self, weights):
+    """Sets the module's weights, all or nothing (`TorchModule.set_weights`).
+
+    Args:
+      weights: `{torch state_dict name: array}`, or an `ObjectRef` to it
+        (from `tb.ray.put_weights`). The values are copied into the
+        module's TF variables, so read-only arrays from the object store
+        are fine and stay untouched.
+    """
+    self.module.set_weights(_weights.resolve_weights(weights))
