@@ -13,6 +13,13 @@ import tensorflow as tf
 
 import torchbridge as tb
 
+# Two logical CPU devices, so MirroredStrategy tests have two replicas on this
+# CPU-only machine. Must happen before TF's runtime starts (before any test
+# runs an op); everything else keeps running on /CPU:0 as before.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
+
 
 def cuda_available():
   """Whether both torch and TF see a CUDA GPU."""

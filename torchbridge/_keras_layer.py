@@ -91,11 +91,11 @@ class TorchLayer(keras.layers.Layer):
         module, self.name, self._make_weight)
     self.built = True
 
-  def _make_weight(self, name, value_tf, trainable):
+  def _make_weight(self, name, value_tf, trainable, aggregation):
     return self.add_weight(
         shape=tuple(value_tf.shape), dtype=value_tf.dtype.name,
         initializer=lambda shape, dtype: value_tf, trainable=trainable,
-        autocast=False, name=name)
+        autocast=False, name=name, aggregation=_KERAS_AGGREGATION[aggregation])
 
   @property
   def torch_module(self):
@@ -133,6 +133,13 @@ class TorchLayer(keras.layers.Layer):
       config["module"] = torch.load(
           io.BytesIO(base64.b64decode(config["module"])), weights_only=False)
     return cls(**config)
+
+
+_KERAS_AGGREGATION = {
+    tf.VariableAggregation.NONE: "none",
+    tf.VariableAggregation.MEAN: "mean",
+    tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
+}
 
 
 def _in_safe_mode():

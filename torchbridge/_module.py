@@ -126,8 +126,9 @@ class TorchModule(tf.Module):
     self._state.set_weights(weights)
 
 
-def _make_variable(name, value_tf, trainable):
-  return tf.Variable(value_tf, name=name, trainable=trainable)
+def _make_variable(name, value_tf, trainable, aggregation):
+  return tf.Variable(value_tf, name=name, trainable=trainable,
+                     aggregation=aggregation)
 
 
 def _snake_case(class_name):

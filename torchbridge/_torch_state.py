@@ -15,6 +15,7 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge import _bridge
+from torchbridge import _distribute
 from torchbridge import _exchange
 from torchbridge import _function
 
@@ -30,12 +31,15 @@ class TorchState:
   Args:
     module: the torch `nn.Module`.
     owner_name: the wrapper's name, for errors.
-    make_variable: `make_variable(name, initial_value_tf, trainable)` ->
-      a variable (`tf.Variable` or `keras.Variable`).
+    make_variable: `make_variable(name, initial_value_tf, trainable,
+      aggregation)` -> a variable (`tf.Variable` or `keras.Variable`);
+      `aggregation` is a `tf.VariableAggregation`, how replicas of a
+      `tf.distribute` strategy combine their writes.
   """
 
   def __init__(self, module, owner_name, make_variable):
     check_module(module, owner_name)
+    _distribute.check_strategy(owner_name)
     self.module = module
     self.name = owner_name
     params = dict(module.named_parameters())  # tied parameters appear once
@@ -56,7 +60,11 @@ class TorchState:
     self.variables = {}
     for n, t in list(params.items()) + list(buffers.items()):
       trainable = n in params and t.requires_grad
-      self.variables[n] = make_variable(n, tf_owned_copy(t), trainable)
+      value_tf = tf_owned_copy(t)
+      # Only buffers are written in replica context (by the forward).
+      aggregation = (tf.VariableAggregation.NONE if n in params else
+                     _distribute.buffer_aggregation(value_tf.dtype))
+      self.variables[n] = make_variable(n, value_tf, trainable, aggregation)
 
   def sync_torch(self):
     """Copies the variables' values into the torch module; returns it."""
@@ -78,6 +86,7 @@ class TorchState:
       # submodules had when it was traced.
       training = [m.training for m in self.module.modules()]
     call = _function.bind_arguments(self.name, (args, kwargs))
+    _distribute.check_call_context(self.name, self.variables.values())
     if not tf.executing_eagerly():
       _function.check_not_xla(self.name)
     names = self.param_names + self.buffer_names

@@ -1,0 +1,267 @@
+"""TorchModule and TorchLayer under tf.distribute.
+
+Two replicas on two logical CPU devices (set up in conftest.py): each runs
+its own torch forward and backward on its shard, TF all-reduces the
+gradients, and the result must equal single-process training on the whole
+batch (float64, 1e-9).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import tensorflow as tf
+
+import torchbridge as tb
+
+GLOBAL_BATCH = 8
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def strategy():
+  # One strategy for the module: TF numbers the collective ops of each
+  # strategy from the same start, so two strategies' ops in one process can
+  # meet in one collective instance.
+  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def _mlp(seed=0):
+  torch.manual_seed(seed)
+  return torch.nn.Sequential(
+      torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
+
+
+def _data(seed=0):
+  rng = np.random.default_rng(seed)
+  return rng.normal(size=(GLOBAL_BATCH, 3)), rng.normal(size=(GLOBAL_BATCH, 2))
+
+
+def _shards(strategy, array):
+  """The array split across the replicas, replica k getting the k-th part."""
+  n = strategy.num_replicas_in_sync
+  per_replica = len(array) // n
+
+  def shard(ctx):
+    k = ctx.replica_id_in_sync_group
+    return tf.constant(array[k * per_replica:(k + 1) * per_replica])
+
+  return strategy.experimental_distribute_values_from_function(shard)
+
+
+def _loss(module, x, y, training=None):
+  # Scaled by the global batch: the replicas' gradients sum to the gradient
+  # of the mean loss over the whole batch.
+  return tf.reduce_sum((module(x, training=training) - y) ** 2) / GLOBAL_BATCH
+
+
+def _train_single(net, x, y, steps, in_mode, optimizer=tf.keras.optimizers.Adam):
+  module = tb.TorchModule(net, name="net")
+  opt = optimizer(0.01)
+  opt.build(module.trainable_variables)
+
+  def step(x_tf, y_tf):
+    with tf.GradientTape() as tape:
+      loss = _loss(module, x_tf, y_tf)
+    grads = tape.gradient(loss, module.trainable_variables)
+    opt.apply_gradients(zip(grads, module.trainable_variables))
+    return loss
+
+  step = in_mode(step)
+  for _ in range(steps):
+    step(tf.constant(x), tf.constant(y))
+  return module
+
+
+def _train_mirrored(strategy, net, x, y, steps, in_mode, training=None,
+                    optimizer=tf.keras.optimizers.Adam):
+  with strategy.scope():
+    module = tb.TorchModule(net, name="net")
+    opt = optimizer(0.01)
+    # Keras optimizers must create their slots before a tf.function runs
+    # them under a strategy (true of native variables too).
+    opt.build(module.trainable_variables)
+
+  def replica_step(x_tf, y_tf):
+    with tf.GradientTape() as tape:
+      loss = _loss(module, x_tf, y_tf, training)
+    grads = tape.gradient(loss, module.trainable_variables)
+    opt.apply_gradients(zip(grads, module.trainable_variables))
+    return loss
+
+  step = in_mode(lambda x_tf, y_tf: strategy.run(replica_step,
+                                                 (x_tf, y_tf)))
+  x_dist, y_dist = _shards(strategy, x), _shards(strategy, y)
+  losses = []
+  for _ in range(steps):
+    losses.append(strategy.reduce("SUM", step(x_dist, y_dist), axis=None))
+  return module, losses
+
+
+def _assert_replicas_equal(module):
+  for var in module.variables:
+    first, second = (v.numpy() for v in var.values)
+    np.testing.assert_array_equal(first, second, err_msg=var.name)
+
+
+def test_variables_are_mirrored(strategy):
+  with strategy.scope():
+    module = tb.TorchModule(_mlp(), name="net")
+  assert len(module.trainable_variables) == 4
+  for var in module.variables:
+    assert isinstance(var, tf.distribute.DistributedValues), var
+    assert [v.device for v in var.values] == [
+        "/job:localhost/replica:0/task:0/device:CPU:0",
+        "/job:localhost/replica:0/task:0/device:CPU:1"]
+  _assert_replicas_equal(module)
+
+
+def test_two_replicas_match_single_process(strategy, in_mode):
+  x, y = _data()
+  net = _mlp()
+  reference = _train_single(copy.deepcopy(net), x, y, STEPS, in_mode)
+  mirrored, losses = _train_mirrored(strategy, net, x, y, STEPS, in_mode)
+
+  _assert_replicas_equal(mirrored)
+  expected = reference.get_weights()
+  for name, value in mirrored.get_weights().items():
+    np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-9,
+                               err_msg=name)
+  # It trained: the weights moved and the loss fell.
+  initial = tb.TorchModule(_mlp(), name="init").get_weights()
+  assert not np.allclose(expected["0.weight"], initial["0.weight"])
+  assert float(losses[-1]) < float(losses[0])
+
+
+def test_each_replica_runs_torch_on_its_own_shard(strategy, in_mode):
+  x, y = _data()
+  net = _mlp()
+  seen = []  # (batch size, first row) of each real torch forward
+
+  def record(module, inputs):
+    del module
+    if not inputs[0].is_meta:  # tracing runs the forward on meta tensors
+      seen.append((inputs[0].shape[0], tuple(inputs[0][0].tolist())))
+
+  net.register_forward_pre_hook(record)
+  _train_mirrored(strategy, net, x, y, 2, in_mode)
+  assert len(seen) == 4  # 2 steps x 2 replicas
+  assert {size for size, _ in seen} == {GLOBAL_BATCH // 2}
+  assert {row for _, row in seen} == {tuple(x[0]), tuple(x[GLOBAL_BATCH // 2])}
+
+
+def test_sgd_matches_single_process(strategy):
+  # A second optimizer, eagerly: SGD applies the all-reduced gradient as is.
+  x, y = _data(seed=3)
+  net = _mlp(seed=3)
+  in_mode = lambda fn: fn  # noqa: E731
+  reference = _train_single(copy.deepcopy(net), x, y, 5, in_mode,
+                            optimizer=tf.keras.optimizers.SGD)
+  mirrored, _ = _train_mirrored(strategy, net, x, y, 5, in_mode,
+                                optimizer=tf.keras.optimizers.SGD)
+  expected = reference.get_weights()
+  for name, value in mirrored.get_weights().items():
+    np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-9)
+
+
+def test_buffers_written_by_replicas_stay_in_sync(strategy, in_mode):
+  torch.manual_seed(1)
+  net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                            torch.nn.Linear(4, 2)).double()
+  x, y = _data(seed=1)
+  steps = 3
+  mirrored, _ = _train_mirrored(strategy, copy.deepcopy(net), x, y, steps,
+                                in_mode, training=True)
+  _assert_replicas_equal(mirrored)
+  # Integer counters take the first replica's value: one per step.
+  assert mirrored.get_weights()["1.num_batches_tracked"] == steps
+
+  # Floating buffers take the replicas' mean: for equal shards, the mean of
+  # the shards' running-mean updates is the whole batch's update.
+  one_step, _ = _train_mirrored(strategy, copy.deepcopy(net), x, y, 1,
+                                in_mode, training=True)
+  _assert_replicas_equal(one_step)
+  with torch.no_grad():
+    batch_mean = net[0](torch.from_numpy(x)).mean(0).numpy()
+  momentum = net[1].momentum
+  expected = ((1 - momentum) * net[1].running_mean.numpy() +
+              momentum * batch_mean)
+  np.testing.assert_allclose(one_step.get_weights()["1.running_mean"],
+                             expected, rtol=1e-9, atol=1e-12)
+
+
+def test_checkpoint_moves_between_mirrored_and_plain(strategy, tmp_path):
+  x, y = _data()
+  trained, _ = _train_mirrored(strategy, _mlp(), x, y, 3, lambda fn: fn)
+  path = tf.train.Checkpoint(net=trained).write(str(tmp_path / "ckpt"))
+
+  plain = tb.TorchModule(_mlp(seed=5), name="net")
+  tf.train.Checkpoint(net=plain).read(path).assert_consumed()
+  expected = trained.get_weights()
+  for name, value in plain.get_weights().items():
+    np.testing.assert_array_equal(value, expected[name])
+
+  with strategy.scope():
+    restored = tb.TorchModule(_mlp(seed=6), name="net")
+  tf.train.Checkpoint(net=restored).read(path).assert_consumed()
+  _assert_replicas_equal(restored)
+  for name, value in restored.get_weights().items():
+    np.testing.assert_array_equal(value, expected[name])
+
+
+def test_module_made_outside_the_scope_is_refused_in_a_replica(strategy):
+  module = tb.TorchModule(_mlp(), name="outside")
+  x_dist = _shards(strategy, _data()[0])
+  with pytest.raises(ValueError) as info:
+    strategy.run(module, (x_dist,))
+  message = str(info.value)
+  assert "outside was created outside `strategy.scope()`" in message
+  assert "MirroredStrategy" in message
+  assert "with strategy.scope():" in message
+  # Outside strategy.run (cross-replica context) it still works.
+  with strategy.scope():
+    assert module(tf.constant(_data()[0])).shape == (GLOBAL_BATCH, 2)
+
+
+def test_unsupported_strategy_is_refused_with_the_fix():
+  central = tf.distribute.experimental.CentralStorageStrategy()
+  with central.scope():
+    with pytest.raises(ValueError) as info:
+      tb.TorchModule(_mlp(), name="net")
+  message = str(info.value)
+  assert "TorchModule 'net' cannot run under CentralStorageStrategy" in message
+  assert "MirroredStrategy" in message and "strategy.scope()" in message
+
+  module = tb.TorchModule(_mlp(), name="net")
+  with central.scope():
+    with pytest.raises(ValueError, match="cannot run under CentralStorage"):
+      module(tf.constant(_data()[0]))
+
+  with central.scope():
+    with pytest.raises(ValueError, match="layer cannot run under CentralStorageStrategy"):
+      tb.keras.TorchLayer(_mlp(), name="layer")
+
+
+def test_keras_fit_under_mirrored_strategy_matches_single_process(strategy):
+  import keras
+
+  x, y = _data(seed=2)
+  net = _mlp(seed=2)
+
+  def fit(module):
+    model = keras.Sequential([keras.Input((3,), dtype="float64"),
+                              tb.keras.TorchLayer(module, name="torch")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=10, shuffle=False,
+              verbose=0)
+    return model
+
+  reference = fit(copy.deepcopy(net))
+  with strategy.scope():
+    mirrored = fit(net)
+  for ref, got in zip(reference.weights, mirrored.weights):
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-9,
+                               atol=1e-9, err_msg=got.path)
+  assert not np.allclose(reference.weights[0].numpy(),
+                         _mlp(seed=2)[0].weight.detach().numpy())

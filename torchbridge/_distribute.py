@@ -1,0 +1,107 @@
+"""What the bridge needs from `tf.distribute`: which strategies, which
+aggregation for torch buffers, and the checks that explain misuse.
+
+Under `MirroredStrategy` / `MultiWorkerMirroredStrategy` every replica runs
+its own torch forward and backward on its shard, on views of its own copy of
+the variables; TF all-reduces the gradients as it does for native variables.
+Buffers the forward writes (BatchNorm statistics, counters) are assigned in
+replica context, so they are made with an aggregation that keeps the copies
+equal: floating buffers take the mean of the replicas' new values, other
+buffers the first replica's.
+"""
+
+import tensorflow as tf
+
+# Strategies that run every replica in this process's Python (or, for the
+# multi-worker one, in each worker's), so a torch call can run there.
+_SUPPORTED_STRATEGIES = (
+    tf.distribute.MirroredStrategy,
+    tf.distribute.MultiWorkerMirroredStrategy,
+    tf.distribute.OneDeviceStrategy,
+    tf.compat.v1.distribute.MirroredStrategy,
+    tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
+    tf.compat.v1.distribute.OneDeviceStrategy,
+)
+
+_UNSUPPORTED = """\
+{owner} cannot run under {strategy}: {reason}
+torchbridge supports the default strategy, OneDeviceStrategy, MirroredStrategy
+(one or more local devices) and MultiWorkerMirroredStrategy (one process per
+worker), where each replica runs its torch forward and backward in the
+process that holds its variables. Create the module under one of those, e.g.
+  strategy = tf.distribute.MirroredStrategy()
+  with strategy.scope():
+    module = tb.TorchModule(torch_module)"""
+
+_REASONS = {
+    "TPUStrategy": "TPUs run compiled XLA programs, which cannot call torch.",
+    "TPUStrategyV2": "TPUs run compiled XLA programs, which cannot call torch.",
+    "ParameterServerStrategy": (
+        "its functions run on remote worker processes, which cannot reach "
+        "this process's torch module."),
+    "ParameterServerStrategyV2": (
+        "its functions run on remote worker processes, which cannot reach "
+        "this process's torch module."),
+    "CentralStorageStrategy": (
+        "it keeps variables on one device and aggregates updates in ways "
+        "the bridge's buffer write-back does not follow (untested)."),
+}
+
+_OUTSIDE_SCOPE = """\
+{owner} was created outside `strategy.scope()` but is called in a replica of
+{strategy}: its variables are not mirrored, so the replicas would not get
+their own copies and TF could not all-reduce their gradients. Create the
+module (and the optimizer) under the scope:
+  with strategy.scope():
+    module = tb.TorchModule(torch_module)
+    optimizer = tf.keras.optimizers.Adam()"""
+
+
+def check_strategy(owner):
+  """Raises for a current strategy the bridge cannot run under."""
+  if not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  if isinstance(strategy, _SUPPORTED_STRATEGIES):
+    return
+  name = type(strategy).__name__
+  raise ValueError(_UNSUPPORTED.format(
+      owner=owner, strategy=name,
+      reason=_REASONS.get(name, "it is not one the bridge was built for.")))
+
+
+def check_call_context(owner, variables):
+  """Raises for a call in a replica whose strategy did not make `variables`.
+
+  Called at each call of a module: the strategy must be supported, and in a
+  replica of a strategy (inside `strategy.run`) the variables must be that
+  strategy's.
+  """
+  if not tf.distribute.has_strategy():
+    return
+  check_strategy(owner)
+  if tf.distribute.in_cross_replica_context():
+    return
+  strategy = tf.distribute.get_strategy()
+  if strategy.num_replicas_in_sync == 1:
+    return  # one replica: plain variables serve it as well
+  extended = strategy.extended
+  if not all(extended.variable_created_in_scope(_tf_variable(v))
+             for v in variables):
+    raise ValueError(_OUTSIDE_SCOPE.format(
+        owner=owner, strategy=type(strategy).__name__))
+
+
+def _tf_variable(variable):
+  # A keras.Variable holds its tf.Variable in `.value` (on tf.Variable,
+  # `value` is a method).
+  if isinstance(variable, tf.Variable):
+    return variable
+  return variable.value
+
+
+def buffer_aggregation(dtype_tf):
+  """How replicas combine their writes to a torch buffer of this dtype."""
+  if tf.as_dtype(dtype_tf).is_floating:
+    return tf.VariableAggregation.MEAN
+  return tf.VariableAggregation.ONLY_FIRST_REPLICA
