@@ -265,3 +265,20 @@ def test_keras_fit_under_mirrored_strategy_matches_single_process(strategy):
                                atol=1e-9, err_msg=got.path)
   assert not np.allclose(reference.weights[0].numpy(),
                          _mlp(seed=2)[0].weight.detach().numpy())
+
+
+def test_distributed_training_example_runs_and_learns():
+  import os
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run(
+      [sys.executable, os.path.join(root, "examples", "distributed_training.py"),
+       "--replicas", "2", "--steps", "200"],
+      capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "MirroredStrategy with 2 replicas" in out.stdout
+  losses = [float(line.split("loss ")[1].split()[0])
+            for line in out.stdout.splitlines() if line.startswith("step")]
+  assert len(losses) == 2 and losses[-1] < losses[0]
