@@ -282,3 +282,28 @@ def test_distributed_training_example_runs_and_learns():
   losses = [float(line.split("loss ")[1].split()[0])
             for line in out.stdout.splitlines() if line.startswith("step")]
   assert len(losses) == 2 and losses[-1] < losses[0]
+
+
+def test_torch_function_runs_per_replica_with_gradients(strategy, in_mode):
+  cube = tb.torch_function(lambda t: t ** 3, name="cube")
+  x = np.arange(GLOBAL_BATCH, dtype=np.float64).reshape(GLOBAL_BATCH, 1)
+
+  devices = []  # where each replica's torch call runs (in the graph, when
+                # traced: a tf.function returns every result on CPU:0)
+
+  def replica_fn(x_tf):
+    with tf.GradientTape() as tape:
+      tape.watch(x_tf)
+      y_tf = cube(x_tf)
+    devices.append(y_tf.device)
+    return y_tf, tape.gradient(y_tf, x_tf)
+
+  run = in_mode(lambda x_tf: strategy.run(replica_fn, (x_tf,)))
+  y_dist, grad_dist = run(_shards(strategy, x))
+  y = np.concatenate([v.numpy() for v in strategy.experimental_local_results(
+      y_dist)])
+  grad = np.concatenate([v.numpy() for v in
+                         strategy.experimental_local_results(grad_dist)])
+  np.testing.assert_array_equal(y, x ** 3)
+  np.testing.assert_array_equal(grad, 3 * x ** 2)
+  assert [d.split(":")[-2:] for d in devices] == [["CPU", "0"], ["CPU", "1"]]
