@@ -238,7 +238,8 @@ class DataParallelTrainer:
 
 
 def _check_callable(value, arg, example):
-  if not callable(value):
+  # A torch module is callable too, but calling it runs its forward.
+  if isinstance(value, torch.nn.Module) or not callable(value):
     raise TypeError(
         f"DataParallelTrainer({arg}=...) expects a callable, got "
         f"{type(value).__name__}. Pass a function, e.g. {example}")
@@ -251,10 +252,10 @@ def _check_shards(shards, where):
   ".step(batches=...)", for the error messages.
   """
   kind = "shard" if "shards" in where else "batch"
-  if (isinstance(shards, (str, bytes, collections.abc.Mapping)) or
-      not isinstance(shards, collections.abc.Sequence) or not shards):
-    received = (f"an empty {type(shards).__name__}"
-                if isinstance(shards, collections.abc.Sized) and not shards
+  is_list = (isinstance(shards, collections.abc.Sequence) and
+             not isinstance(shards, (str, bytes)))
+  if not is_list or not shards:
+    received = (f"an empty {type(shards).__name__}" if is_list
                 else f"a {type(shards).__name__}")
     raise ValueError(_NO_SHARDS.format(where=where, kind=kind,
                                        received=received))

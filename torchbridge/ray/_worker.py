@@ -51,7 +51,8 @@ class TorchModuleWorker:
   """
 
   def __init__(self, module_fn, name=None):
-    if not callable(module_fn):
+    # A module is callable too, but calling it runs its forward.
+    if isinstance(module_fn, torch.nn.Module) or not callable(module_fn):
       raise TypeError(
           f"TorchModuleWorker(module_fn) expects a callable that builds the "
           f"torch module, got {type(module_fn).__name__}. Pass the function "
