@@ -5,8 +5,12 @@
 //   1. wraps every input tensor as a DLPack capsule (named "dltensor") that
 //      holds a reference on the TF buffer until the consumer calls its deleter;
 //   2. takes the GIL, calls `torchbridge._native._dispatch(callback_id,
-//      capsules)` (on a GPU: `..., cuda_stream, cuda_device)`), and releases
-//      the GIL again;
+//      capsules, unused_outputs)` (on a GPU: `..., cuda_stream,
+//      cuda_device)`), and releases the GIL again. `unused_outputs` is None,
+//      or a tuple of the indices of the outputs that nothing in the graph
+//      consumes (the executor knows: OpKernelContext::output_required);
+//      Python may return None for those, and the op then produces nothing
+//      there;
 //   3. checks the returned capsules (count, dtype, shape, device, alignment,
 //      layout) and adopts each as an output through a TensorBuffer that owns
 //      the DLManagedTensor and calls its deleter when TF frees the buffer.
@@ -491,6 +495,9 @@ class TorchbridgeCallOp : public OpKernel {
                          &inputs[i]);
     }
 
+    std::vector<bool> required(num_outputs);
+    for (int i = 0; i < num_outputs; ++i) required[i] = ctx->output_required(i);
+
     std::vector<Managed> outputs(num_outputs);
     {
       GilLock gil;
@@ -499,12 +506,14 @@ class TorchbridgeCallOp : public OpKernel {
           if (m) m->deleter(m);
         }
       } else {
-        status = CallPython(ctx, &inputs, stream, device_id, &outputs);
+        status =
+            CallPython(ctx, &inputs, required, stream, device_id, &outputs);
       }
     }
     OP_REQUIRES_OK(ctx, status);
 
     for (int i = 0; i < num_outputs; ++i) {
+      if (!outputs[i]) continue;  // an unused output Python left out (None)
       const DLTensor& t = outputs[i].tensor();
       TensorShape shape;
       for (int32_t d = 0; d < t.ndim; ++d) shape.AddDim(t.shape[d]);
@@ -556,7 +565,8 @@ class TorchbridgeCallOp : public OpKernel {
   // (their capsules own them); fills `outputs` only if every output passes
   // its checks.
   absl::Status CallPython(OpKernelContext* ctx,
-                          std::vector<DLManagedTensor*>* inputs, void* stream,
+                          std::vector<DLManagedTensor*>* inputs,
+                          const std::vector<bool>& required, void* stream,
                           int device_id, std::vector<Managed>* outputs) {
     PyObject* args = PyList_New(static_cast<Py_ssize_t>(inputs->size()));
     if (args == nullptr) {
@@ -589,32 +599,61 @@ class TorchbridgeCallOp : public OpKernel {
           absl::StrCat(Where(), " (importing torchbridge._native._dispatch)"));
     }
     PyObject* id = PyLong_FromLongLong(callback_id_);
+    PyObject* unused = UnusedOutputs(required);
     PyObject* result = nullptr;
-    if (id != nullptr) {
+    if (id != nullptr && unused != nullptr) {
       if (kGpu) {
         PyObject* py_stream =
             PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(stream));
         PyObject* py_device = PyLong_FromLong(device_id);
         if (py_stream && py_device) {
-          result = PyObject_CallFunctionObjArgs(dispatch, id, args, py_stream,
-                                                py_device, nullptr);
+          result = PyObject_CallFunctionObjArgs(dispatch, id, args, unused,
+                                                py_stream, py_device, nullptr);
         }
         Py_XDECREF(py_stream);
         Py_XDECREF(py_device);
       } else {
-        result = PyObject_CallFunctionObjArgs(dispatch, id, args, nullptr);
+        result =
+            PyObject_CallFunctionObjArgs(dispatch, id, args, unused, nullptr);
       }
     }
     Py_XDECREF(id);
+    Py_XDECREF(unused);
     Py_DECREF(args);
     if (result == nullptr) return PythonErrorToStatus(Where());
-    absl::Status status = AdoptOutputs(ctx, result, device_id, outputs);
+    absl::Status status =
+        AdoptOutputs(ctx, result, required, device_id, outputs);
     Py_DECREF(result);  // unconsumed capsules release their tensors
     return status;
   }
 
+  // None when every output is used, else a tuple of the unused indices (a
+  // new reference; nullptr with a Python error set if it cannot be made).
+  static PyObject* UnusedOutputs(const std::vector<bool>& required) {
+    std::vector<long> unused;
+    for (size_t i = 0; i < required.size(); ++i) {
+      if (!required[i]) unused.push_back(static_cast<long>(i));
+    }
+    if (unused.empty()) {
+      Py_INCREF(Py_None);
+      return Py_None;
+    }
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(unused.size()));
+    if (tuple == nullptr) return nullptr;
+    for (size_t k = 0; k < unused.size(); ++k) {
+      PyObject* index = PyLong_FromLong(unused[k]);
+      if (index == nullptr) {
+        Py_DECREF(tuple);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(tuple, k, index);  // steals the reference
+    }
+    return tuple;
+  }
+
   absl::Status AdoptOutputs(OpKernelContext* ctx, PyObject* result,
-                            int device_id, std::vector<Managed>* outputs) {
+                            const std::vector<bool>& required, int device_id,
+                            std::vector<Managed>* outputs) {
     const size_t n = out_types_.size();
     if (result == Py_None && n == 0) return absl::OkStatus();
     if (!PyList_Check(result) && !PyTuple_Check(result)) {
@@ -635,6 +674,7 @@ class TorchbridgeCallOp : public OpKernel {
     // their tensors and release them when Python drops them.
     for (size_t i = 0; i < n; ++i) {
       PyObject* item = items[i];
+      if (item == Py_None && !required[i]) continue;  // nothing consumes it
       if (PyCapsule_IsValid(item, kCapsuleName)) {
         taken[i].legacy = static_cast<DLManagedTensor*>(
             PyCapsule_GetPointer(item, kCapsuleName));
@@ -661,7 +701,7 @@ class TorchbridgeCallOp : public OpKernel {
             "torch.utils.dlpack.to_dlpack(tensor) for each output.");
       }
       for (size_t j = 0; j < i; ++j) {
-        if (taken[j].legacy == taken[i].legacy &&
+        if (taken[j] && taken[j].legacy == taken[i].legacy &&
             taken[j].versioned == taken[i].versioned) {
           return tensorflow::errors::InvalidArgument(
               Where(), ": outputs ", j, " and ", i, " from the torch callback "
@@ -673,6 +713,7 @@ class TorchbridgeCallOp : public OpKernel {
           CheckOutput(i, taken[i].tensor(), OutputDevice(ctx, i, device_id)));
     }
     for (size_t i = 0; i < n; ++i) {
+      if (!taken[i]) continue;  // None for an unused output
       // Consumed, per the DLPack protocol: the capsule no longer deletes it.
       PyCapsule_SetName(items[i], taken[i].legacy ? kUsedCapsuleName
                                                   : kUsedVersionedCapsuleName);

@@ -379,6 +379,75 @@ def test_refused_outputs_are_released():
   assert len(fired) == 5
 
 
+def test_unused_outputs_are_reported_and_may_be_left_out():
+  seen = []
+
+  def callback(capsules):
+    seen.append((_native.output_required(0), _native.output_required(1)))
+    x = torch_dlpack.from_dlpack(capsules[0])
+    first = None if not _native.output_required(0) else x + 1
+    return [_native._to_capsule(first), _native._to_capsule(x * 2)]
+
+  def two_outputs(x):
+    return _native.call(callback, [x], [tf.float32, tf.float32],
+                        [x.shape, x.shape])
+
+  only_second = tf.function(lambda x: two_outputs(x)[1])
+  both = tf.function(lambda x: tf.add_n(two_outputs(x)))
+  x_tf = tf.constant([1.0, 2.0])
+  np.testing.assert_array_equal(only_second(x_tf), [2.0, 4.0])
+  np.testing.assert_array_equal(both(x_tf), [4.0, 7.0])
+  assert seen == [(False, True), (True, True)]
+  # Outside a kernel's callback every output counts as required.
+  assert _native.output_required(0)
+
+
+def test_none_for_a_used_output_is_a_clear_error():
+  fn = tf.function(lambda x: _native.call(
+      _returning(lambda: [None]), [x], [tf.float32], [[2]])[0] * 2)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="output 0 from the torch callback is a NoneType"):
+    fn(tf.constant([1.0, 2.0]))
+  # The process and the op go on.
+  ok = tf.function(lambda x: _native.call(_identity, [x], [tf.float32],
+                                          [[2]])[0])
+  np.testing.assert_array_equal(ok(tf.constant([1.0, 2.0])), [1.0, 2.0])
+
+
+def test_inference_calls_record_no_autograd_graph():
+  grad_modes = []
+
+  @tb.torch_function
+  def square(x):
+    grad_modes.append(torch.is_grad_enabled())
+    return x * x
+
+  @tf.function
+  def infer(x):
+    return square(x)
+
+  @tf.function
+  def train(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = square(x)
+    return tape.gradient(y, x)
+
+  x_tf = tf.constant([1.0, 3.0])
+  infer.get_concrete_function(x_tf)  # traces (on meta tensors)
+  train.get_concrete_function(x_tf)
+  grad_modes.clear()
+  np.testing.assert_array_equal(infer(x_tf), [1.0, 9.0])
+  np.testing.assert_array_equal(train(x_tf), [2.0, 6.0])
+  # A tape around a call of the inference function: TF runs the function's
+  # forward variant, whose handle output the backward consumes.
+  with tf.GradientTape() as tape:
+    tape.watch(x_tf)
+    y_tf = infer(x_tf)
+  np.testing.assert_array_equal(tape.gradient(y_tf, x_tf), [2.0, 6.0])
+  assert grad_modes == [False, True, True]
+
+
 def test_unregistered_callback_gives_clear_error():
   @tf.function
   def f(x):

@@ -20,7 +20,10 @@ General strategy:
    owns the `_Saved` record. TF keeps the handle exactly as long as a gradient
    may still need it (not at all in an inference call, until the backward in a
    training call) and then frees it, which frees the record: no leak and no
-   guessing whether a tape is active.
+   guessing whether a tape is active. The native op also tells the callback
+   whether anything in the running graph consumes the handle; when nothing
+   does (an inference call), no autograd graph is recorded and no handle is
+   made at all.
 """
 
 import functools
@@ -132,9 +135,15 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
   check_outputs = _OutputCheck(out_specs, name)
 
   def run(py_args_torch):
-    with torch.set_grad_enabled(record):
-      saved = compute(py_args_torch, record)
+    # The native op knows whether anything in the running graph consumes
+    # the handle: nothing does in an inference call (no gradient can come),
+    # and then no autograd graph is recorded and no handle is made.
+    keep = _native.output_required(0)
+    with torch.set_grad_enabled(record and keep):
+      saved = compute(py_args_torch, record and keep)
     check_outputs(saved.outs_torch)
+    if not keep:
+      return [None] + saved.outs_torch
     handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(
         saved.outs_torch))
     # The handle owns the record: torch keeps a tensor's Python object (and

@@ -299,13 +299,17 @@ def registered_count():
   return len(_registry)
 
 
-def _dispatch(callback_id, capsules, cuda_stream=None, cuda_device=None):
+def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
+              cuda_device=None):
   """Called by the kernel, with the GIL: runs callback `callback_id`.
 
-  `capsules` is a list of DLPack capsules, one per op input. The GPU kernel
-  also passes TF's CUDA stream for the op (an int) and its device index;
-  the callback then runs with that stream as torch's current stream, so
-  torch's work is queued after TF's and before TF's next op.
+  `capsules` is a list of DLPack capsules, one per op input.
+  `unused_outputs` is None, or a tuple of the indices of the op's outputs
+  that nothing in the running graph consumes; while the callback runs,
+  `output_required(i)` tells it, and it may return None for those. The GPU
+  kernel also passes TF's CUDA stream for the op (an int) and its device
+  index; the callback then runs with that stream as torch's current stream,
+  so torch's work is queued after TF's and before TF's next op.
   """
   callback = _registry.get(callback_id)
   if callback is None:
@@ -314,25 +318,41 @@ def _dispatch(callback_id, capsules, cuda_stream=None, cuda_device=None):
         "graph that built this TorchbridgeCall op was garbage collected, or "
         "the op was loaded from a serialized graph (e.g. a SavedModel), which "
         "cannot carry Python callables.")
-  if cuda_stream is None:
-    return callback(capsules)
-  stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
-  outer = getattr(_gpu_call, "device", None)
-  _gpu_call.device = cuda_device
+  outer_unused = getattr(_op_call, "unused", None)
+  _op_call.unused = unused_outputs
   try:
-    with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
+    if cuda_stream is None:
       return callback(capsules)
+    stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
+    outer = getattr(_op_call, "device", None)
+    _op_call.device = cuda_device
+    try:
+      with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
+        return callback(capsules)
+    finally:
+      _op_call.device = outer
   finally:
-    _gpu_call.device = outer
+    _op_call.unused = outer_unused
 
 
-# Set while the GPU kernel's callback runs on this thread: its CUDA device.
-_gpu_call = threading.local()
+# Set while a kernel's callback runs on this thread: the op's unused outputs,
+# and for the GPU kernel its CUDA device.
+_op_call = threading.local()
 
 
 def current_gpu():
   """The CUDA device index of the GPU kernel calling back on this thread."""
-  return getattr(_gpu_call, "device", None)
+  return getattr(_op_call, "device", None)
+
+
+def output_required(index):
+  """Whether the running op's output `index` is consumed in its graph.
+
+  True outside a native op's callback (the `tf.py_function` path cannot
+  tell) and whenever the executor did not say otherwise.
+  """
+  unused = getattr(_op_call, "unused", None)
+  return unused is None or index not in unused
 
 
 @tf.autograph.experimental.do_not_convert
@@ -346,8 +366,9 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
       capsules (`torch.utils.dlpack.to_dlpack`), exactly one per declared
       output, each of the declared dtype and a compatible shape, dense
       row-major, 64-byte aligned, on the op's device (see `torch_callback`,
-      which makes sure of that). It is called on TF's threads, possibly from
-      several at once.
+      which makes sure of that); or None for an output that
+      `output_required` says nothing consumes. It is called on TF's threads,
+      possibly from several at once.
     inputs_tf: list of TF tensors.
     out_dtypes: list of TF dtypes of the outputs.
     out_shapes: list of shapes (`tf.TensorShape`, lists with None for
@@ -411,6 +432,7 @@ def torch_callback(fn):
   row-major, 64-byte aligned); otherwise one aligned copy is made and
   counted in `torchbridge.exchange_stats()`, as `to_tf` does. Outputs that
   require grad are detached (their graph stays with whoever holds them).
+  `fn` may return None for an output that `output_required` says is unused.
   """
 
   def callback(capsules):
@@ -423,6 +445,8 @@ def torch_callback(fn):
 
 
 def _to_capsule(x_torch):
+  if x_torch is None:
+    return None  # the kernel accepts it only for an unused output
   if not isinstance(x_torch, torch.Tensor):
     raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
                     "torch.Tensor")
