@@ -187,6 +187,46 @@ def test_a_loss_that_is_not_scalar_is_reported_from_the_worker():
     trainer.step()
 
 
+def bn64():
+  return torch.nn.Sequential(torch.nn.BatchNorm1d(4),
+                             torch.nn.Linear(4, 2)).double()
+
+
+def test_batch_norm_statistics_are_averaged_over_the_workers():
+  x, y = _data(40, seed=2)
+  shards = [(x[:10], y[:10]), (x[10:], y[10:])]
+  with tb.ray.DataParallelTrainer(bn64, mse, tf.keras.optimizers.SGD(0.0),
+                                  shards, worker_options=HALF_CPU) as trainer:
+    trainer.step()
+    driver_np = trainer.module.get_weights()
+    # Each worker's running mean is 0.1 x its shard's mean (momentum 0.1,
+    # from 0); weighted by shard sizes they give 0.1 x the overall mean.
+    np.testing.assert_allclose(driver_np["0.running_mean"],
+                               0.1 * x.mean(axis=0), **TOL)
+    assert int(driver_np["0.num_batches_tracked"]) == 1
+    for worker in trainer.workers:
+      worker_np = tb.ray.pull_weights(worker)
+      for name, value in driver_np.items():
+        np.testing.assert_array_equal(worker_np[name], value)
+
+
+def mlp64_failing_in_actors():
+  if ray.get_runtime_context().get_actor_id() is not None:
+    raise RuntimeError("this worker cannot build the model")
+  return mlp64()
+
+
+def test_a_worker_that_cannot_start_is_named_with_its_error():
+  x, y = _data(8, seed=1)
+  with pytest.raises(RuntimeError) as info:
+    tb.ray.DataParallelTrainer(mlp64_failing_in_actors, mse,
+                               tf.keras.optimizers.SGD(0.1), [(x, y)],
+                               worker_options=HALF_CPU)
+  message = str(info.value)
+  assert "worker 0 of 1 failed in set_weights()" in message
+  assert "this worker cannot build the model" in message
+
+
 @pytest.mark.parametrize("shards, match", [
     ([], r"expects a non-empty list with one shard of\ndata per worker, "
          r"got an empty list"),

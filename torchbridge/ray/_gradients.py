@@ -4,15 +4,17 @@ import numpy as np
 import tensorflow as tf
 
 
-def named_trainable_variables(module):
-  """`[(torch parameter name, tf.Variable)]` for `module.trainable_variables`.
+def named_variables(module, trainable_only=False):
+  """`[(torch name, tf.Variable)]` for `module.variables` (or trainable ones).
 
   A `TorchModule` names each variable `<module name scope><torch path>:0`;
-  the torch path is what the other processes know the parameter by.
+  the torch path is what the other processes know the tensor by.
   """
   scope = module.name_scope.name
   named = []
-  for var in module.trainable_variables:
+  variables = (module.trainable_variables if trainable_only
+               else module.variables)
+  for var in variables:
     name = var.name
     if not (name.startswith(scope) and name.endswith(":0")):
       raise ValueError(
@@ -22,6 +24,36 @@ def named_trainable_variables(module):
           "tb.TorchModule as built, with the variables it created.")
     named.append((name[len(scope):-2], var))
   return named
+
+
+def named_buffers(module, module_torch):
+  """`[(torch name, tf.Variable)]` for the buffers of `module_torch`.
+
+  Buffers (BatchNorm running statistics, counters) are what a forward may
+  write; frozen parameters are left out, since nothing changes them.
+  """
+  buffer_names = {n for n, _ in module_torch.named_buffers()}
+  return [(n, v) for n, v in named_variables(module) if n in buffer_names]
+
+
+def average_buffers(results, num_samples):
+  """The workers' buffer values merged into one `{name: np.ndarray}`.
+
+  Values all workers agree on are kept as they are (counters, buffers the
+  forward does not write); other floating values (running statistics) are
+  averaged weighted by the samples each worker saw; other integer values
+  come from worker 0.
+  """
+  total = sum(num_samples)
+  merged = {}
+  for name, first in results[0].items():
+    values = [r[name] for r in results]
+    if (all(np.array_equal(first, v) for v in values[1:]) or
+        not np.issubdtype(first.dtype, np.floating)):
+      merged[name] = first
+    else:
+      merged[name] = sum(v * (n / total) for v, n in zip(values, num_samples))
+  return merged
 
 
 class Gradients:
@@ -39,7 +71,7 @@ class Gradients:
   def __init__(self, module, loss_fn, tf_function=True):
     self._module = module
     self._loss_fn = loss_fn
-    named = named_trainable_variables(module)
+    named = named_variables(module, trainable_only=True)
     self.names = [n for n, _ in named]
     self._variables = [v for _, v in named]
     self._run = (tf.function(self._loss_and_grads, reduce_retracing=True)

@@ -22,8 +22,15 @@ data set over 2 workers:
 _WORKER_FAILED = """\
 DataParallelTrainer: worker {index} of {count} failed in {method}(): \
 {message}
-The worker's traceback is in the exception this one was raised from. The
-driver's module and optimizer are unchanged by the failed step."""
+The worker's traceback is in the exception this one was raised from. \
+{consequence}"""
+
+_CONSEQUENCE = {
+    "compute_gradients": ("Nothing was applied: the driver's module and "
+                          "optimizer are as they were before this step."),
+    "set_weights": ("The driver's module holds the weights that were being "
+                    "sent; this worker may not."),
+}
 
 
 class _DataParallelWorker(_worker.TorchModuleWorker):
@@ -34,16 +41,21 @@ class _DataParallelWorker(_worker.TorchModuleWorker):
     self._shard_tf = tuple(tf.constant(a) for a in shard_np)
     self._num_samples = _num_samples(shard_np)
     self._gradients = _gradients.Gradients(self.module, loss_fn, tf_function)
+    self._buffers = _gradients.named_buffers(self.module,
+                                            self.module.torch_module)
 
   def compute_gradients(self, batch_np=None):
-    """`{"loss", "num_samples", "grads"}` on the held shard or on `batch_np`."""
+    """`{"loss", "num_samples", "grads", "buffers"}` on the held shard or on
+    `batch_np`; "buffers" holds the buffers' values after the forward."""
     if batch_np is None:
       batch_tf, num_samples = self._shard_tf, self._num_samples
     else:
       batch_tf = tuple(tf.constant(a) for a in batch_np)
       num_samples = _num_samples(batch_np)
     loss, grads_np = self._gradients(batch_tf)
-    return {"loss": loss, "num_samples": num_samples, "grads": grads_np}
+    buffers_np = {n: v.numpy() for n, v in self._buffers}
+    return {"loss": loss, "num_samples": num_samples, "grads": grads_np,
+            "buffers": buffers_np}
 
 
 class DataParallelTrainer:
@@ -64,10 +76,18 @@ class DataParallelTrainer:
        (`self.module`), so optimizer state lives in one place and
        `tf.train.Checkpoint(module=trainer.module, opt=trainer.optimizer)`
        saves the run;
-    4. the new weights go to every worker with one `ray.put`
+    4. buffers the workers' forwards wrote (BatchNorm running statistics)
+       are averaged the same way into the driver's module;
+    5. the new weights go to every worker with one `ray.put`
        (`tb.ray.broadcast_weights`).
   The workers start from the driver's weights, whatever `module_fn`'s
-  random initialization gave each of them.
+  random initialization gave each of them. Each worker's forward sees only
+  its shard: BatchNorm normalizes with per-shard batch statistics (as
+  unsynchronized BatchNorm does under tf.distribute).
+
+  Each worker reserves `worker_options["num_cpus"]` Ray CPUs (1 by
+  default); workers that do not fit wait, as any Ray actor, for CPUs to
+  free up.
 
   Args:
     module_fn: picklable callable returning the torch `nn.Module`, called
@@ -132,9 +152,10 @@ class DataParallelTrainer:
           f"{type(module_torch).__name__}, expected a torch.nn.Module.")
     self.module = _module.TorchModule(module_torch, name=name)
     self.optimizer = optimizer
-    named = _gradients.named_trainable_variables(self.module)
+    named = _gradients.named_variables(self.module, trainable_only=True)
     self._names = [n for n, _ in named]
     self._variables = [v for _, v in named]
+    self._buffers = _gradients.named_buffers(self.module, module_torch)
     self._apply_graph = tf.function(self._apply)
     self.num_samples = [_num_samples(s) for s in shards_np]
     self.steps = 0
@@ -144,9 +165,14 @@ class DataParallelTrainer:
         remote_cls.remote(module_fn, loss_fn, shard_np, self.module.name,
                           tf_function)
         for shard_np in shards_np]
-    # Every worker starts from the driver's weights.
-    self._get_all(_weights.broadcast_weights(self.module, self.workers),
-                  "set_weights")
+    try:
+      # Every worker starts from the driver's weights; waiting for them
+      # also surfaces a worker that failed to start.
+      self._get_all(_weights.broadcast_weights(self.module, self.workers),
+                    "set_weights")
+    except BaseException:
+      self.shutdown()
+      raise
 
   @property
   def num_workers(self):
@@ -196,6 +222,12 @@ class DataParallelTrainer:
       self._apply(grads_tf)
     else:
       self._apply_graph(grads_tf)
+    if self._buffers:
+      # What the workers' forwards wrote (BatchNorm running statistics).
+      buffers_np = _gradients.average_buffers(
+          [r["buffers"] for r in results], [r["num_samples"] for r in results])
+      for name, var in self._buffers:
+        var.assign(buffers_np[name])
     self.steps += 1
     self._get_all(_weights.broadcast_weights(self.module, self.workers),
                   "set_weights")
@@ -225,7 +257,8 @@ class DataParallelTrainer:
       except ray.exceptions.RayError as err:
         raise RuntimeError(_WORKER_FAILED.format(
             index=index, count=len(refs), method=method,
-            message=_short_message(err))) from err
+            message=_short_message(err),
+            consequence=_CONSEQUENCE[method])) from err
     if method == "compute_gradients":
       for index, result in enumerate(results):
         if sorted(result["grads"]) != sorted(self._names):
