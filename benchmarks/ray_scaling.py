@@ -222,8 +222,11 @@ def main(argv=None):
       os.path.dirname(__file__), "results", "ray_scaling.json"))
   args = parser.parse_args(argv)
   cpus = os.cpu_count() or 1
-  ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
-           **({} if args.address else {"num_cpus": cpus}))
+  if args.address:
+    ray.init(address=args.address, log_to_driver=False)
+  else:  # a Ray of our own, even where `ray start` runs one
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+             log_to_driver=False)
   torch.set_num_threads(cpus)
   repeats = 3 if args.quick else 10  # broadcast timings, interleaved
   rounds, timings = (1, 2) if args.quick else (3, 4)  # trainer timings

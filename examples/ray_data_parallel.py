@@ -74,7 +74,9 @@ def parse_args(argv=None):
 def main(argv=None):
   args = parse_args(argv)
   if not ray.is_initialized():
-    ray.init(address=args.address, include_dashboard=False)
+    # Locally, no dashboard (it costs a laptop CPU); a cluster keeps its own.
+    ray.init(address=args.address,
+             **({} if args.address else {"include_dashboard": False}))
   torch.manual_seed(args.seed)
   x, y = make_data(args.samples, args.seed)
   x_test, y_test = make_data(1024, args.seed + 1)

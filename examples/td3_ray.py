@@ -225,7 +225,9 @@ def main(argv=None):
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   tf.config.threading.set_inter_op_parallelism_threads(1)
   if not ray.is_initialized():
-    ray.init(address=args.address, include_dashboard=False)
+    # Locally, no dashboard (it costs a laptop CPU); a cluster keeps its own.
+    ray.init(address=args.address,
+             **({} if args.address else {"include_dashboard": False}))
   os.makedirs(args.out, exist_ok=True)
   results = train(args)
   with open(os.path.join(args.out, "results.json"), "w") as f:

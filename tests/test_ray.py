@@ -35,7 +35,9 @@ def ray_session():
   # (module_fn, loss_fn) by value instead.
   this_module = sys.modules[__name__]
   ray.cloudpickle.register_pickle_by_value(this_module)
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+  # address="local": a new Ray of our own, even where `ray start` runs one.
+  ray.init(address="local", num_cpus=2, include_dashboard=False,
+           log_to_driver=False)
   yield
   ray.shutdown()
   ray.cloudpickle.unregister_pickle_by_value(this_module)
