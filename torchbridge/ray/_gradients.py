@@ -7,23 +7,13 @@ import tensorflow as tf
 def named_variables(module, trainable_only=False):
   """`[(torch name, tf.Variable)]` for `module.variables` (or trainable ones).
 
-  A `TorchModule` names each variable `<module name scope><torch path>:0`;
-  the torch path is what the other processes know the tensor by.
+  The names are the torch paths the `TorchModule` made its variables for
+  (parameters, then buffers), which is what the other processes know each
+  tensor by.
   """
-  scope = module.name_scope.name
-  named = []
-  variables = (module.trainable_variables if trainable_only
-               else module.variables)
-  for var in variables:
-    name = var.name
-    if not (name.startswith(scope) and name.endswith(":0")):
-      raise ValueError(
-          f"Variable {name!r} of TorchModule {module.name!r} is not named "
-          f"'{scope}<torch path>:0', so its torch name cannot be read from "
-          "it, and gradients are exchanged by torch name. Use the "
-          "tb.TorchModule as built, with the variables it created.")
-    named.append((name[len(scope):-2], var))
-  return named
+  # pylint: disable=protected-access  (the TorchModule's own name mapping)
+  return [(n, v) for n, v in module._state.variables.items()
+          if v.trainable or not trainable_only]
 
 
 def named_buffers(module, module_torch):
