@@ -216,7 +216,7 @@ def test_module_made_outside_the_scope_is_refused_in_a_replica(strategy):
   with pytest.raises(ValueError) as info:
     strategy.run(module, (x_dist,))
   message = str(info.value)
-  assert "outside was created outside `strategy.scope()`" in message
+  assert "module 'outside' was created outside `strategy.scope()`" in message
   assert "MirroredStrategy" in message
   assert "with strategy.scope():" in message
   # Outside strategy.run (cross-replica context) it still works.

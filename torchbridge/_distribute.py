@@ -48,10 +48,10 @@ _REASONS = {
 }
 
 _OUTSIDE_SCOPE = """\
-{owner} was created outside `strategy.scope()` but is called in a replica of
-{strategy}: its variables are not mirrored, so the replicas would not get
-their own copies and TF could not all-reduce their gradients. Create the
-module (and the optimizer) under the scope:
+The torch module {owner!r} was created outside `strategy.scope()` but is
+called in a replica of {strategy}: its variables are not mirrored, so the
+replicas would not get their own copies and TF could not all-reduce their
+gradients. Create the module (and the optimizer) under the scope:
   with strategy.scope():
     module = tb.TorchModule(torch_module)
     optimizer = tf.keras.optimizers.Adam()"""
