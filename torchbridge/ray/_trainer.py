@@ -145,11 +145,8 @@ class DataParallelTrainer:
           f"the {len(shards_np)} shards given: each worker holds exactly one "
           f"shard. Pass {num_workers} shards (e.g. np.array_split(x, "
           f"{num_workers})), or leave num_workers out.")
-    module_torch = module_fn()
-    if not isinstance(module_torch, torch.nn.Module):
-      raise TypeError(
-          f"DataParallelTrainer(module_fn): module_fn() returned a "
-          f"{type(module_torch).__name__}, expected a torch.nn.Module.")
+    module_torch = _worker.build_module(
+        module_fn, "DataParallelTrainer(module_fn)")
     self.module = _module.TorchModule(module_torch, name=name)
     self.optimizer = optimizer
     named = _gradients.named_variables(self.module, trainable_only=True)

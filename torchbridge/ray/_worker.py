@@ -58,13 +58,8 @@ class TorchModuleWorker:
           f"torch module, got {type(module_fn).__name__}. Pass the function "
           "or class, not the module: TorchModuleWorker(lambda: MyNet()), so "
           "that each actor builds its own copy.")
-    module_torch = module_fn()
-    if not isinstance(module_torch, torch.nn.Module):
-      raise TypeError(
-          f"TorchModuleWorker(module_fn): module_fn() returned a "
-          f"{type(module_torch).__name__}, expected a torch.nn.Module. Make "
-          "module_fn return the module it builds.")
-    self.module = _module.TorchModule(module_torch, name=name)
+    self.module = _module.TorchModule(
+        build_module(module_fn, "TorchModuleWorker(module_fn)"), name=name)
 
   def get_weights(self):
     """The module's weights, `{torch state_dict name: np.ndarray}` (copies)."""
@@ -80,3 +75,14 @@ class TorchModuleWorker:
         are fine and stay untouched.
     """
     self.module.set_weights(_weights.resolve_weights(weights))
+
+
+def build_module(module_fn, where):
+  """`module_fn()`, checked to be a torch module; `where` names the caller."""
+  module_torch = module_fn()
+  if not isinstance(module_torch, torch.nn.Module):
+    raise TypeError(
+        f"{where}: module_fn() returned a {type(module_torch).__name__}, "
+        "expected a torch.nn.Module. Make module_fn return the module it "
+        "builds.")
+  return module_torch
