@@ -139,8 +139,12 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     # the handle: nothing does in an inference call (no gradient can come),
     # and then no autograd graph is recorded and no handle is made.
     keep = _native.output_required(0)
-    with torch.set_grad_enabled(record and keep):
+    grad_mode = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(record and keep)  # pylint: disable=protected-access
+    try:
       saved = compute(py_args_torch, record and keep)
+    finally:
+      torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
     check_outputs(saved.outs_torch)
     if not keep:
       return [None] + saved.outs_torch
@@ -294,15 +298,18 @@ class _OutputCheck:
   def __init__(self, out_specs, name):
     self._specs = out_specs
     self._name = name
+    # (torch dtype, whether the shape is fully known, its dims as a tuple
+    # with None for unknown ones, or None for an unknown rank).
     self._expected = [
-        (_exchange.torch_dtype(s.dtype),
+        (_exchange.torch_dtype(s.dtype), s.shape.is_fully_defined(),
          None if s.shape.rank is None else tuple(s.shape.as_list()))
         for s in out_specs]
 
   def __call__(self, outs_torch):
     if len(outs_torch) == len(self._expected):
-      for out, (dtype, dims) in zip(outs_torch, self._expected):
-        if out.dtype != dtype or not _dims_match(dims, out.shape):
+      for out, (dtype, known, dims) in zip(outs_torch, self._expected):
+        if out.dtype != dtype or (out.shape != dims if known else
+                                  not _dims_match(dims, out.shape)):
           break
       else:
         return

@@ -10,7 +10,7 @@ import torch.utils.dlpack as torch_dlpack
 # TF's CPU kernels assume EIGEN_MAX_ALIGN_BYTES=64. TF accepts a misaligned
 # DLPack buffer without complaint and a later kernel aborts the whole process
 # (`Check failed: IsAligned()`), so every buffer handed to TF is checked here.
-_TF_ALIGNMENT = 64
+TF_ALIGNMENT = 64
 
 # Dtypes that DLPack carries between the two frameworks (measured on TF 2.21 /
 # torch 2.13: every one round-trips without a copy).
@@ -303,7 +303,7 @@ def _tf_can_view(x_torch):
   # own definition of contiguous.
   if not x_torch.is_contiguous():
     return False
-  return x_torch.numel() == 0 or x_torch.data_ptr() % _TF_ALIGNMENT == 0
+  return x_torch.numel() == 0 or x_torch.data_ptr() % TF_ALIGNMENT == 0
 
 
 def _check_torch_kind(x_torch):

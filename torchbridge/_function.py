@@ -246,6 +246,9 @@ def _check_unmodified(args_torch, name):
 
 
 def _flatten_result(result, name, layout):
+  # The common result, one tensor, after the first call: no nest walk.
+  if layout.get("single") and isinstance(result, torch.Tensor):
+    return [result]
   flat = tf.nest.flatten(result)
   tensors = []
   for leaf in flat:
@@ -259,13 +262,15 @@ def _flatten_result(result, name, layout):
   layout.setdefault("structure", result)
   layout.setdefault("is_tensor", [isinstance(l, torch.Tensor) for l in flat])
   layout.setdefault("n_tensors", len(tensors))
+  layout.setdefault("single", isinstance(layout["structure"], torch.Tensor))
   return tensors
 
 
 def _flatten_signature(output_signature, layout):
   flat = tf.nest.flatten(output_signature)
   layout.update(structure=output_signature, is_tensor=[True] * len(flat),
-                n_tensors=len(flat))
+                n_tensors=len(flat),
+                single=isinstance(output_signature, tf.TensorSpec))
   return flat
 
 

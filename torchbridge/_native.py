@@ -423,6 +423,12 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
 # Torch-side helper
 
 
+# The capsule-level DLPack functions; torch.utils.dlpack.from_dlpack is a
+# Python wrapper that first asks whether its argument is a capsule.
+_from_dlpack = getattr(torch._C, "_from_dlpack", torch_dlpack.from_dlpack)  # pylint: disable=protected-access
+_to_dlpack = torch_dlpack.to_dlpack
+
+
 @tf.autograph.experimental.do_not_convert  # else the callback runs converted
 def torch_callback(fn):
   """Wraps `fn(list of torch tensors) -> list of torch tensors` for `call`.
@@ -436,12 +442,31 @@ def torch_callback(fn):
   """
 
   def callback(capsules):
-    args = [torch_dlpack.from_dlpack(c) for c in capsules]
-    _exchange.count_zero_copy(len(args))
+    args = [_from_dlpack(c) for c in capsules]
     outs = fn(args)
-    return [_to_capsule(o) for o in outs]
+    if getattr(_op_call, "device", None) is None:
+      capsules_out = [_to_capsule_on_host(o) for o in outs]
+    else:
+      capsules_out = [_to_capsule(o) for o in outs]
+    _exchange.count_zero_copy(len(args))
+    return capsules_out
 
   return callback
+
+
+def _to_capsule_on_host(x_torch):
+  """`_to_capsule` for the CPU kernel, without a copy whenever it can."""
+  # Dense, row-major, aligned, holding its own values: exported as it is
+  # (DLPack ignores requires_grad). The kernel checks dtype, shape and
+  # device again, so nothing here can let a bad buffer through.
+  if (type(x_torch) is torch.Tensor and  # pylint: disable=unidiomatic-typecheck
+      x_torch.layout is torch.strided and x_torch.is_cpu and
+      x_torch.is_contiguous() and
+      x_torch.data_ptr() % _exchange.TF_ALIGNMENT == 0 and
+      not (x_torch.is_conj() or x_torch.is_neg())):
+    _exchange.count_zero_copy(1)
+    return _to_dlpack(x_torch)
+  return _to_capsule(x_torch)
 
 
 def _to_capsule(x_torch):
@@ -457,4 +482,4 @@ def _to_capsule(x_torch):
     # keeps in host memory on GPUs.
     device = (torch.device("cpu") if x_torch.dtype == torch.int32 else
               torch.device("cuda", gpu_device))
-  return torch_dlpack.to_dlpack(_exchange.tf_viewable(x_torch, device=device))
+  return _to_dlpack(_exchange.tf_viewable(x_torch, device=device))
