@@ -578,6 +578,72 @@ def test_tied_parameters_stay_tied_through_training_and_set_weights():
                                 w["enc.weight"])
 
 
+class _Symmetric(torch.nn.Module):
+  def forward(self, w):
+    return w.triu() + w.triu(1).transpose(0, 1)
+
+
+@mode_param
+def test_parametrized_module_trains_through_its_original_tensor(mode):
+  # torch.nn.utils.parametrize keeps the trained tensor under
+  # `parametrizations.weight.original` and computes `weight` from it on
+  # every access: the bridge swaps the original, and gradients go to it.
+  net = seeded(0, torch.nn.Linear, 4, 4).double()
+  torch.nn.utils.parametrize.register_parametrization(net, "weight",
+                                                      _Symmetric())
+  actor = tb.TorchModule(net, name="sym")
+  assert sorted(v.name for v in actor.trainable_variables) == [
+      "sym/bias:0", "sym/parametrizations.weight.original:0"]
+  x = data([5, 4], dtype=np.float64)
+
+  def grad(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(actor(x) ** 3)
+    return tape.gradient(loss, actor.trainable_variables)
+
+  got = maybe_function(mode, grad)(tf.constant(x))
+  loss = (net(torch.from_numpy(x)) ** 3).sum()
+  want = torch.autograd.grad(
+      loss, [net.bias, net.parametrizations.weight.original])
+  for g_tf, g_torch in zip(got, want):
+    np.testing.assert_allclose(g_tf.numpy(), g_torch.numpy(), rtol=1e-12)
+  # A new value of the original changes what `weight` computes.
+  w = var(actor, "parametrizations.weight.original")
+  w.assign(tf.ones_like(w) * 2.0)
+  np.testing.assert_allclose(
+      actor(tf.constant(x)).numpy(),
+      x @ np.full([4, 4], 2.0) + net.bias.detach().numpy(), rtol=1e-12)
+
+
+class _Counter(torch.nn.Module):
+  """Replaces its buffer (`self.calls = ...`) instead of writing into it."""
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(3, 2)
+    self.register_buffer("calls", torch.zeros([], dtype=torch.int64))
+
+  def forward(self, x):
+    self.calls = self.calls + 1
+    return self.lin(x)
+
+
+@mode_param
+def test_buffer_replaced_by_the_forward_is_written_back(mode):
+  net = seeded(0, _Counter)
+  own = {n: t for n, t in list(net.named_parameters()) +
+         list(net.named_buffers())}
+  actor = tb.TorchModule(net, name="counter")
+  call = maybe_function(mode, lambda x: actor(x))
+  x = tf.constant(data([4, 3]))
+  for _ in range(3):
+    call(x)
+  assert int(var(actor, "calls").numpy()) == 3
+  # The torch module holds its own tensors again after each call.
+  for n, t in list(net.named_parameters()) + list(net.named_buffers()):
+    assert t is own[n], n
+
+
 # --------------------------------------------------------------- zero copy
 
 

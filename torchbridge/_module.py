@@ -12,9 +12,9 @@ class TorchModule(tf.Module):
   Each parameter and buffer of the torch module gets one `tf.Variable`,
   named after its torch path (`actor/l1.weight`); the variables are the
   truth. Each call hands torch zero-copy views of their current values
-  (through `torch.func.functional_call`), so any TF optimizer, `assign` or
-  checkpoint restore is seen by the next call, and nothing is copied per
-  step. Buffers that torch updates in the forward (BatchNorm running
+  (swapped into the module for the call, as `torch.func.functional_call`
+  does), so any TF optimizer, `assign` or checkpoint restore is seen by the
+  next call, and nothing is copied per step. Buffers that torch updates in the forward (BatchNorm running
   statistics, counters) are written back to their variables.
 
   Calls work eagerly and inside `tf.function`, with the gradient behaviour of

@@ -11,13 +11,13 @@ import threading
 import numpy as np
 import tensorflow as tf
 import torch
-from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge import _bridge
 from torchbridge import _distribute
 from torchbridge import _exchange
 from torchbridge import _function
+from torchbridge import _swap
 
 _TRAINING_NOT_BOOL = """\
 {name}(training=...) must be None, True or False, got {received!r}. Inside
@@ -54,9 +54,12 @@ class TorchState:
     # torch modes -> names of the buffers the forward writes (learnt while
     # tracing or on the first eager call), so later calls copy only those.
     self._mutated_buffers = {}
-    # One forward at a time: functional_call swaps tensors into the shared
+    # One forward at a time: a call swaps tensors into the shared
     # torch module for the duration of a call.
     self._lock = threading.RLock()
+    self._slots = _swap.TensorSlots(module, self.param_names +
+                                    self.buffer_names)
+    self._modules = list(module.modules())
     self.variables = {}
     for n, t in list(params.items()) + list(buffers.items()):
       trainable = n in params and t.requires_grad
@@ -84,7 +87,7 @@ class TorchState:
       # The traced graph depends on the modes (which buffers the forward
       # writes, hence the op's outputs): every run of it uses the modes the
       # submodules had when it was traced.
-      training = [m.training for m in self.module.modules()]
+      training = [m.training for m in self._modules]
     call = _function.bind_arguments(self.name, (args, kwargs))
     _distribute.check_call_context(self.name, self.variables.values())
     if not tf.executing_eagerly():
@@ -122,20 +125,26 @@ class TorchState:
       tensors = dict(zip(self.param_names, args_torch[:n_params]))
       tensors.update(buffers_torch)
       a, kw = call.substitute(args_torch[n_vars:])
-      with _torch_mode(self.module, training), _explain_dtype_errors(
-          self.name, self.module, args_torch[n_vars:]):
+      with _torch_mode(self.module, self._modules, training), \
+          _explain_dtype_errors(self.name, self.module, args_torch[n_vars:]):
         if known_mutated is None:
           # The first call in this mode (eagerly, or on meta tensors while
           # tracing) finds the buffers the forward writes; later calls in
           # this mode copy and write back exactly those.
           versions = {n: b._version for n, b in buffers_torch.items()}
           with _WriteRecorder() as recorder:
-            result = functional_call(self.module, tensors, a, kw)
+            result, reassigned = self._slots.call(tensors, a, kw)
           known_mutated = frozenset(
               n for n, b in buffers_torch.items()
-              if b._version != versions[n] or recorder.wrote(b))
+              if b._version != versions[n] or recorder.wrote(b) or
+              n in reassigned)
         else:
-          result = functional_call(self.module, tensors, a, kw)
+          result, reassigned = self._slots.call(tensors, a, kw)
+      # A buffer the forward replaced (`self.buf = ...`) has its new value
+      # in the new tensor.
+      for n, t in reassigned.items():
+        if n in buffers_torch:
+          buffers_torch[n] = t
       written.items = [(n, b) for n, b in buffers_torch.items()
                        if n in known_mutated]
       return result
@@ -161,7 +170,7 @@ class TorchState:
       return "".join("1" if mode else "0" for mode in training)
     if training is not None:
       return str(bool(training))
-    return "".join("1" if m.training else "0" for m in self.module.modules())
+    return "".join("1" if m.training else "0" for m in self._modules)
 
   def get_weights(self):
     """`{state_dict name: np.ndarray}`, copies of the current values."""
@@ -353,22 +362,31 @@ class _torch_mode:
   """Sets train/eval mode on a torch module for one call, then restores it.
 
   `training` is None (leave the modes), a bool (for every submodule), or a
-  list of bools, one per `module.modules()`.
+  list of bools, one per module of `modules` (`list(module.modules())`).
+  Modules already in the wanted mode are left alone, so the usual call (the
+  modes as they are) costs a comparison per submodule.
   """
 
-  def __init__(self, module, training):
+  def __init__(self, module, modules, training):
     self._module = module
+    self._modules = modules
     self._training = training
     self._saved = None
 
   def __enter__(self):
-    if self._training is not None:
-      self._saved = [(m, m.training) for m in self._module.modules()]
-      if isinstance(self._training, bool):
-        self._module.train(self._training)
-      else:
-        for m, mode in zip(self._module.modules(), self._training):
-          m.training = mode
+    training = self._training
+    if training is None:
+      return
+    if isinstance(training, bool):
+      if any(m.training != training for m in self._modules):
+        self._saved = [(m, m.training) for m in self._modules]
+        self._module.train(training)
+      return
+    for m, mode in zip(self._modules, training):
+      if m.training != mode:
+        if self._saved is None:
+          self._saved = [(m, m.training) for m in self._modules]
+        m.training = mode
 
   def __exit__(self, *exc_info):
     if self._saved is not None:
