@@ -6,7 +6,8 @@ General strategy:
    so torch records the autograd graph while computing the outputs.
 2. The outputs go back to TF zero-copy. The torch outputs, leaves and graph
    are kept in a `_Saved` record for the backward, which never re-runs the
-   forward: it calls `torch.autograd.grad` on the saved graph.
+   forward: it computes a vector-Jacobian product on the saved graph
+   (`_vjp.vjp`, which is `torch.autograd.grad` with less overhead).
 3. The backward is itself a bridged call (its arguments: the upstream
    gradients and the forward's floating arguments; its torch leaves: fresh
    leaves for the upstream gradients and the forward's own leaves), so nested
@@ -35,6 +36,7 @@ from tensorflow.python.eager import record as tf_record
 
 from torchbridge import _exchange
 from torchbridge import _native
+from torchbridge import _vjp
 
 # Handle data pointer -> `_Saved`. Weak: the handle tensor owns the record.
 _SAVED_BY_HANDLE = weakref.WeakValueDictionary()
@@ -263,18 +265,22 @@ def _backward(saved, sel_out, diff_args, dys_torch, record):
   # contribute nothing.
   pairs = [(saved.outs_torch[i], dy) for i, dy in zip(sel_out, dys_torch)
            if saved.outs_torch[i].requires_grad]
-  with torch.enable_grad():
+  grad_mode = torch.is_grad_enabled()
+  torch._C._set_grad_enabled(True)  # pylint: disable=protected-access
+  try:
     if pairs and leaves:
-      grads_torch = torch.autograd.grad(
-          [o for o, _ in pairs], leaves, [dy for _, dy in pairs],
-          retain_graph=True, create_graph=record, allow_unused=True,
-          materialize_grads=True)
+      grads_torch = _vjp.vjp([o for o, _ in pairs], leaves,
+                             [dy for _, dy in pairs], create_graph=record)
     else:
       grads_torch = [torch.zeros_like(leaf) for leaf in leaves]
-  return _Saved(
-      list(grads_torch), dys_torch + leaves, has_graph=record,
-      regraph=functools.partial(_backward, saved, sel_out, diff_args,
-                                [dy.detach() for dy in dys_torch], True))
+  finally:
+    torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
+  # Made without a graph, the record can make itself again with one, should
+  # a second-order gradient ask for it.
+  regraph = None if record else functools.partial(
+      _backward, saved, sel_out, diff_args, dys_torch, True)
+  return _Saved(list(grads_torch), dys_torch + leaves, has_graph=record,
+                regraph=regraph)
 
 
 def _lookup(handle_torch):
