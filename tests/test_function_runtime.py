@@ -1,9 +1,13 @@
 """`tb.torch_function` at run time: memory, threads and devices."""
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
+import pytest
 import torch
 import tensorflow as tf
 
@@ -12,6 +16,7 @@ from conftest import random_tf
 from conftest import requires_gpu
 from conftest import rss_bytes
 from torchbridge import _bridge
+from torchbridge import _native
 
 
 # --- Calls that never get a backward keep nothing. ---
@@ -151,6 +156,52 @@ def test_concurrent_calls_are_correct():
 
   _run_threads(worker)
   assert len(checked) == 4 * 15 * 2
+
+
+_THREAD_STATE_CHECK = """
+import threading
+import torch
+import tensorflow as tf
+import torchbridge as tb
+
+local = threading.local()
+seen = []  # per call: (thread id, whether that thread had run a call)
+
+@tb.torch_function
+def fn(x):
+  if not x.is_meta:
+    seen.append((threading.get_ident(), getattr(local, "ran", False)))
+    local.ran = True
+  return x * 2
+
+traced = tf.function(lambda x: fn(x))
+x = tf.ones([3])
+for _ in range(30):
+  assert traced(x).numpy().tolist() == [2.0, 2.0, 2.0]
+assert len(seen) == 30
+first_calls = [ran for _, ran in seen].count(False)
+assert first_calls == len({ident for ident, _ in seen}), seen
+print("native" if tb.native_available() else "py_function", first_calls)
+"""
+
+
+@pytest.mark.parametrize("path", ["native", "py_function"])
+def test_tf_threads_keep_their_python_thread_state(path):
+  # Whichever op runs the callback, the TF thread that runs it keeps one
+  # Python thread state, so a threading.local() survives between calls (a
+  # fresh thread state per call loses it, and costs every call). In a fresh
+  # process: one thread kept by an earlier test would hide a regression.
+  env = dict(os.environ)
+  env.pop(_native.DISABLE_ENV, None)
+  if path == "py_function":
+    env[_native.DISABLE_ENV] = "1"
+  elif not _native.available():
+    pytest.skip("the native op is not available here")
+  proc = subprocess.run([sys.executable, "-c", _THREAD_STATE_CHECK], env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  assert proc.stdout.split()[-2] == path, proc.stdout[-3000:]
 
 
 # --- GPU: torch runs where the TF tensors are. ---

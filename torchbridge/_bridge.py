@@ -36,6 +36,7 @@ from tensorflow.python.eager import record as tf_record
 
 from torchbridge import _exchange
 from torchbridge import _native
+from torchbridge import _thread_state
 from torchbridge import _vjp
 
 # Handle data pointer -> `_Saved`. Weak: the handle tensor owns the record.
@@ -208,6 +209,7 @@ def _stateful_op(run, inputs_tf, out_dtypes, out_shapes, name):
                         out_shapes, name=name)
 
   def body(*inputs_eager):
+    _thread_state.keep_for_this_thread()
     outs_torch = run(_views(inputs_eager))
     return [_exchange.tensor_to_tf(o) for o in outs_torch]
 
