@@ -414,6 +414,58 @@ def test_none_for_a_used_output_is_a_clear_error():
   np.testing.assert_array_equal(ok(tf.constant([1.0, 2.0])), [1.0, 2.0])
 
 
+class _CountingIdentity(torch.autograd.Function):
+  """Identity whose backward counts its runs."""
+  backward_calls = 0
+
+  @staticmethod
+  def forward(ctx, x):
+    return x.view_as(x)
+
+  @staticmethod
+  def backward(ctx, dy):
+    _CountingIdentity.backward_calls += 1
+    return dy
+
+
+def test_gradients_nothing_consumes_are_not_computed():
+  # y = f(x) * w with a gradient asked for w only: the backward op's output
+  # for x is consumed by nothing, so torch never runs x's part of the
+  # backward (counted), and w's gradient is still exact. A tape that asks
+  # for both gets both.
+  @tb.torch_function
+  def f(x, w):
+    return torch.tanh(_CountingIdentity.apply(x)) * w
+
+  x = tf.constant(np.linspace(-1.0, 1.0, 6))
+  w = tf.Variable(np.linspace(0.5, 2.0, 6))
+
+  @tf.function
+  def grad_w_only(x):
+    with tf.GradientTape() as tape:
+      y = tf.reduce_sum(f(x, w) ** 2)
+    return tape.gradient(y, w)
+
+  @tf.function
+  def grad_both(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.reduce_sum(f(x, w) ** 2)
+    return tape.gradient(y, [x, w])
+
+  t, w_np = np.tanh(x.numpy()), w.numpy()
+  _CountingIdentity.backward_calls = 0
+  for _ in range(3):
+    np.testing.assert_allclose(grad_w_only(x).numpy(), 2 * t * w_np * t,
+                               rtol=1e-12)
+  assert _CountingIdentity.backward_calls == 0
+  grad_x, grad_w = grad_both(x)
+  assert _CountingIdentity.backward_calls == 1
+  np.testing.assert_allclose(grad_x.numpy(),
+                             2 * t * w_np * w_np * (1 - t ** 2), rtol=1e-12)
+  np.testing.assert_allclose(grad_w.numpy(), 2 * t * w_np * t, rtol=1e-12)
+
+
 def test_inference_calls_record_no_autograd_graph():
   grad_modes = []
 

@@ -171,7 +171,16 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
 
       def compute_bwd(py_args_torch, rec):
         saved = _lookup(py_args_torch[0])
-        return _backward(saved, sel_out, diff_args, py_args_torch[1:], rec)
+        # Output k + 1 of this op is the gradient of argument diff_args[k];
+        # the native op says which ones nothing consumes (e.g. those of
+        # inputs no tape watches): those are not computed, unless a
+        # higher-order gradient will differentiate this backward (it then
+        # consumes the handle, output 0), which reaches them through torch's
+        # graph rather than through TF's edges.
+        skip = ([] if _native.output_required(0) else
+                [k - 1 for k in _native.unused_outputs() if k > 0])
+        return _backward(saved, sel_out, diff_args, py_args_torch[1:], rec,
+                         skip)
 
       dys_sel_tf = [dys_tf[i] for i in sel_out]
       # The backward may be traced in another graph than the forward (the
@@ -228,7 +237,8 @@ def _handle_device(outs_torch):
   gpu = _native.current_gpu()
   if gpu is not None:
     return torch.device("cuda", gpu)
-  return next((o.device for o in outs_torch if o.is_cuda), torch.device("cpu"))
+  return next((o.device for o in outs_torch if o is not None and o.is_cuda),
+              torch.device("cpu"))
 
 
 def _in_current_graph(tensor_tf):
@@ -252,36 +262,43 @@ def _scatter(grads_tf, positions, n):
   return result
 
 
-def _backward(saved, sel_out, diff_args, dys_torch, record):
+def _backward(saved, sel_out, diff_args, dys_torch, record, skip=()):
   """The vector-Jacobian product of a saved call, as a new `_Saved`.
 
   `dys_torch` are torch views of the upstream gradients of the outputs
-  `sel_out`; the result holds the gradients of the arguments `diff_args`.
+  `sel_out`; the result holds the gradients of the arguments `diff_args`,
+  None at the positions `skip` (gradients nothing consumes).
   """
   if not saved.has_graph:
     saved = saved.regraph()
   if record:
     dys_torch = [dy.requires_grad_() for dy in dys_torch]
   leaves = [saved.leaves_torch[j] for j in diff_args]
+  wanted = [k for k in range(len(leaves)) if k not in skip]
   # Outputs torch computed without a graph (detached, integer-valued paths)
-  # contribute nothing.
+  # contribute nothing, nor do outputs a backward left out (None).
   pairs = [(saved.outs_torch[i], dy) for i, dy in zip(sel_out, dys_torch)
-           if saved.outs_torch[i].requires_grad]
+           if saved.outs_torch[i] is not None and
+           saved.outs_torch[i].requires_grad]
+  grads_torch = [None] * len(leaves)
   grad_mode = torch.is_grad_enabled()
   torch._C._set_grad_enabled(True)  # pylint: disable=protected-access
   try:
-    if pairs and leaves:
-      grads_torch = _vjp.vjp([o for o, _ in pairs], leaves,
-                             [dy for _, dy in pairs], create_graph=record)
+    if pairs and wanted:
+      grads_wanted = _vjp.vjp([o for o, _ in pairs],
+                              [leaves[k] for k in wanted],
+                              [dy for _, dy in pairs], create_graph=record)
     else:
-      grads_torch = [torch.zeros_like(leaf) for leaf in leaves]
+      grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
   finally:
     torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
-  # Made without a graph, the record can make itself again with one, should
-  # a second-order gradient ask for it.
+  for k, grad in zip(wanted, grads_wanted):
+    grads_torch[k] = grad
+  # Made without a graph, the record can make itself again with one (and
+  # every gradient), should a second-order gradient ask for it.
   regraph = None if record else functools.partial(
       _backward, saved, sel_out, diff_args, dys_torch, True)
-  return _Saved(list(grads_torch), dys_torch + leaves, has_graph=record,
+  return _Saved(grads_torch, dys_torch + leaves, has_graph=record,
                 regraph=regraph)
 
 
@@ -316,6 +333,8 @@ class _OutputCheck:
   def __call__(self, outs_torch):
     if len(outs_torch) == len(self._expected):
       for out, (dtype, known, dims) in zip(outs_torch, self._expected):
+        if out is None:  # left out because nothing consumes it
+          continue
         if out.dtype != dtype or (out.shape != dims if known else
                                   not _dims_match(dims, out.shape)):
           break
@@ -339,6 +358,8 @@ def _check_outputs(outs_torch, out_specs, name):
         "were declared when the tf.function was traced. The torch code must "
         "return the same structure on every call.")
   for k, (out, spec) in enumerate(zip(outs_torch, out_specs)):
+    if out is None:  # left out because nothing consumes it
+      continue
     if out.dtype != _exchange.torch_dtype(spec.dtype):
       raise TypeError(
           f"{name} output {k} has dtype {out.dtype}, but {spec.dtype.name} "

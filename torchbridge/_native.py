@@ -345,6 +345,15 @@ def current_gpu():
   return getattr(_op_call, "device", None)
 
 
+def unused_outputs():
+  """The indices of the running op's outputs that nothing consumes.
+
+  An empty tuple outside a native op's callback and whenever the executor
+  did not say (see `output_required`).
+  """
+  return getattr(_op_call, "unused", None) or ()
+
+
 def output_required(index):
   """Whether the running op's output `index` is consumed in its graph.
 
