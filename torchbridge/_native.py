@@ -453,29 +453,30 @@ def torch_callback(fn):
   def callback(capsules):
     args = [_from_dlpack(c) for c in capsules]
     outs = fn(args)
-    if getattr(_op_call, "device", None) is None:
-      capsules_out = [_to_capsule_on_host(o) for o in outs]
-    else:
+    if getattr(_op_call, "device", None) is not None:
       capsules_out = [_to_capsule(o) for o in outs]
-    _exchange.count_zero_copy(len(args))
+      _exchange.count_zero_copy(len(args))
+      return capsules_out
+    # The CPU kernel: outputs that are dense, row-major, aligned and hold
+    # their own values (no lazy conjugation or negation) are exported as
+    # they are (DLPack ignores requires_grad); the kernel checks dtype,
+    # shape and device again, so nothing here can let a bad buffer through.
+    capsules_out = []
+    as_they_are = 0
+    for out in outs:
+      if (type(out) is torch.Tensor and  # pylint: disable=unidiomatic-typecheck
+          out.layout is torch.strided and out.is_cpu and
+          out.is_contiguous() and
+          out.data_ptr() % _exchange.TF_ALIGNMENT == 0 and
+          not (out.is_conj() or out.is_neg())):
+        capsules_out.append(_to_dlpack(out))
+        as_they_are += 1
+      else:
+        capsules_out.append(_to_capsule(out))
+    _exchange.count_zero_copy(len(args) + as_they_are)
     return capsules_out
 
   return callback
-
-
-def _to_capsule_on_host(x_torch):
-  """`_to_capsule` for the CPU kernel, without a copy whenever it can."""
-  # Dense, row-major, aligned, holding its own values: exported as it is
-  # (DLPack ignores requires_grad). The kernel checks dtype, shape and
-  # device again, so nothing here can let a bad buffer through.
-  if (type(x_torch) is torch.Tensor and  # pylint: disable=unidiomatic-typecheck
-      x_torch.layout is torch.strided and x_torch.is_cpu and
-      x_torch.is_contiguous() and
-      x_torch.data_ptr() % _exchange.TF_ALIGNMENT == 0 and
-      not (x_torch.is_conj() or x_torch.is_neg())):
-    _exchange.count_zero_copy(1)
-    return _to_dlpack(x_torch)
-  return _to_capsule(x_torch)
 
 
 def _to_capsule(x_torch):
