@@ -615,6 +615,32 @@ def test_parametrized_module_trains_through_its_original_tensor(mode):
       x @ np.full([4, 4], 2.0) + net.bias.detach().numpy(), rtol=1e-12)
 
 
+@mode_param
+def test_submodule_used_twice_trains_and_keeps_its_own_tensors(mode):
+  # One Linear at two places of a Sequential: one variable per tensor, the
+  # summed gradient, and the torch module holds its own parameters again
+  # after the call (torch 2.13's functional_call leaves such a submodule
+  # holding the tensors it was given).
+  block = seeded(0, torch.nn.Linear, 3, 3).double()
+  net = torch.nn.Sequential(block, torch.nn.Tanh(), block)
+  own_weight = block.weight
+  actor = tb.TorchModule(net, name="twice")
+  assert sorted(v.name for v in actor.trainable_variables) == [
+      "twice/0.bias:0", "twice/0.weight:0"]
+  x = data([4, 3], dtype=np.float64)
+
+  def grad(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(actor(x) ** 2)
+    return tape.gradient(loss, var(actor, "0.weight"))
+
+  got = maybe_function(mode, grad)(tf.constant(x)).numpy()
+  (want,) = torch.autograd.grad((net(torch.from_numpy(x)) ** 2).sum(),
+                                [block.weight])
+  np.testing.assert_allclose(got, want.numpy(), rtol=1e-12)
+  assert block.weight is own_weight and net[2] is block
+
+
 class _Counter(torch.nn.Module):
   """Replaces its buffer (`self.calls = ...`) instead of writing into it."""
 
