@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 import torch
+import torch.utils.dlpack as torch_dlpack
 
 import torchbridge as tb
 from torchbridge import _native
@@ -79,8 +80,18 @@ def overhead(quick, device):
     def bare_native_op(x):  # hands its input capsule straight back
       return _native.call(list, [x], [tf.float32], [x.shape])[0]
 
+    def dlpack_round_trip(capsules):  # the least any Python-side bridge does
+      return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c))
+              for c in capsules]
+
+    @tf.function
+    def round_trip_native_op(x):
+      return _native.call(dlpack_round_trip, [x], [tf.float32], [x.shape])[0]
+
     contenders.update({
         "native op doing nothing (in tf.function)": lambda: bare_native_op(x_tf),
+        "native op, torch DLPack round trip only (in tf.function)":
+            lambda: round_trip_native_op(x_tf),
         "torchbridge identity, native op (in tf.function)":
             lambda: bridged_function(x_tf)})
   contenders.update({
