@@ -14,8 +14,9 @@ class TorchModule(tf.Module):
   truth. Each call hands torch zero-copy views of their current values
   (swapped into the module for the call, as `torch.func.functional_call`
   does), so any TF optimizer, `assign` or checkpoint restore is seen by the
-  next call, and nothing is copied per step. Buffers that torch updates in the forward (BatchNorm running
-  statistics, counters) are written back to their variables.
+  next call, and nothing is copied per step. Buffers that torch updates in
+  the forward (BatchNorm running statistics, counters) are written back to
+  their variables.
 
   Calls work eagerly and inside `tf.function`, with the gradient behaviour of
   `tb.torch_function`: gradients reach the floating inputs and the trainable
