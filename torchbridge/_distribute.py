@@ -33,15 +33,15 @@ process that holds its variables. Create the module under one of those, e.g.
   with strategy.scope():
     module = tb.TorchModule(torch_module)"""
 
+_TPU_REASON = "TPUs run compiled XLA programs, which cannot call torch."
+_PARAMETER_SERVER_REASON = (
+    "its functions run on remote worker processes, which cannot reach this "
+    "process's torch module.")
 _REASONS = {
-    "TPUStrategy": "TPUs run compiled XLA programs, which cannot call torch.",
-    "TPUStrategyV2": "TPUs run compiled XLA programs, which cannot call torch.",
-    "ParameterServerStrategy": (
-        "its functions run on remote worker processes, which cannot reach "
-        "this process's torch module."),
-    "ParameterServerStrategyV2": (
-        "its functions run on remote worker processes, which cannot reach "
-        "this process's torch module."),
+    "TPUStrategy": _TPU_REASON,
+    "TPUStrategyV2": _TPU_REASON,
+    "ParameterServerStrategy": _PARAMETER_SERVER_REASON,
+    "ParameterServerStrategyV2": _PARAMETER_SERVER_REASON,
     "CentralStorageStrategy": (
         "it keeps variables on one device and aggregates updates in ways "
         "the bridge's buffer write-back does not follow (untested)."),
