@@ -3,7 +3,7 @@
 `torch.autograd.grad` validates its arguments in Python (tensor-likes,
 shapes of the upstream gradients, symbolic sizes) before it calls the C++
 autograd engine; for the small graphs of a bridged call that costs more than
-the backward itself (~35 us per call on a 2-core CPU, measured with torch
+the backward itself (~25-30 us per call on a 2-core CPU, measured with torch
 2.13). The bridge's upstream gradients come from TF, which already makes
 them match the outputs in dtype and shape, so `vjp` checks only that cheaply
 and calls the engine as `torch.autograd.grad` does. Anything unusual (tensor
