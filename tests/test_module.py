@@ -517,6 +517,23 @@ class Tied(torch.nn.Module):
     return self.dec(torch.tanh(self.enc(x)))
 
 
+def _power_loss_grads(mode, actor, net, x, power, names, tensors_torch):
+  """Gradients of sum(module(x) ** power): from TF w.r.t. the variables
+  `names` (eagerly or in tf.function, per `mode`), and from torch autograd
+  w.r.t. `tensors_torch`, as lists of arrays."""
+  variables = [var(actor, n) for n in names]
+
+  def grad(x_tf):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(actor(x_tf) ** power)
+    return tape.gradient(loss, variables)
+
+  got = maybe_function(mode, grad)(tf.constant(x))
+  want = torch.autograd.grad((net(torch.from_numpy(x)) ** power).sum(),
+                             tensors_torch)
+  return [g.numpy() for g in got], [w.numpy() for w in want]
+
+
 @mode_param
 def test_tied_parameters_get_one_variable_and_the_summed_gradient(mode):
   net = seeded(0, Tied).double()
@@ -525,15 +542,9 @@ def test_tied_parameters_get_one_variable_and_the_summed_gradient(mode):
   assert names == ["ae/dec.bias:0", "ae/enc.bias:0", "ae/enc.weight:0"]
   x = data([6, 4], dtype=np.float64)
 
-  def grad(x):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(actor(x) ** 2)
-    return tape.gradient(loss, var(actor, "enc.weight"))
-
-  got = maybe_function(mode, grad)(tf.constant(x)).numpy()
-  loss = (net(torch.from_numpy(x)) ** 2).sum()
-  (want,) = torch.autograd.grad(loss, [net.enc.weight])
-  np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+  (got,), (want,) = _power_loss_grads(mode, actor, net, x, 2, ["enc.weight"],
+                                      [net.enc.weight])
+  np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
   # The sum of the two uses, not either alone: with the decoder's use
   # detached the gradient differs.
   w_dec = net.enc.weight.detach()
@@ -596,17 +607,11 @@ def test_parametrized_module_trains_through_its_original_tensor(mode):
       "sym/bias:0", "sym/parametrizations.weight.original:0"]
   x = data([5, 4], dtype=np.float64)
 
-  def grad(x):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(actor(x) ** 3)
-    return tape.gradient(loss, actor.trainable_variables)
-
-  got = maybe_function(mode, grad)(tf.constant(x))
-  loss = (net(torch.from_numpy(x)) ** 3).sum()
-  want = torch.autograd.grad(
-      loss, [net.bias, net.parametrizations.weight.original])
+  got, want = _power_loss_grads(
+      mode, actor, net, x, 3, ["bias", "parametrizations.weight.original"],
+      [net.bias, net.parametrizations.weight.original])
   for g_tf, g_torch in zip(got, want):
-    np.testing.assert_allclose(g_tf.numpy(), g_torch.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(g_tf, g_torch, rtol=1e-12)
   # A new value of the original changes what `weight` computes.
   w = var(actor, "parametrizations.weight.original")
   w.assign(tf.ones_like(w) * 2.0)
@@ -629,15 +634,9 @@ def test_submodule_used_twice_trains_and_keeps_its_own_tensors(mode):
       "twice/0.bias:0", "twice/0.weight:0"]
   x = data([4, 3], dtype=np.float64)
 
-  def grad(x):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(actor(x) ** 2)
-    return tape.gradient(loss, var(actor, "0.weight"))
-
-  got = maybe_function(mode, grad)(tf.constant(x)).numpy()
-  (want,) = torch.autograd.grad((net(torch.from_numpy(x)) ** 2).sum(),
-                                [block.weight])
-  np.testing.assert_allclose(got, want.numpy(), rtol=1e-12)
+  (got,), (want,) = _power_loss_grads(mode, actor, net, x, 2, ["0.weight"],
+                                      [block.weight])
+  np.testing.assert_allclose(got, want, rtol=1e-12)
   assert block.weight is own_weight and net[2] is block
 
 
