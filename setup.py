@@ -11,7 +11,7 @@ _ROOT = Path(__file__).parent
 
 
 class _BuildPyWithOpSource(build_py):
-  """Ships the native op's C++ source inside the package (torchbridge/csrc).
+  """Ships the native op's C++ sources inside the package (torchbridge/csrc).
 
   The op is compiled on first use, against the TensorFlow found at run time,
   and cached (see torchbridge/_native.py); an installed package therefore
@@ -22,8 +22,9 @@ class _BuildPyWithOpSource(build_py):
     super().run()
     target = Path(self.build_lib, "torchbridge", "csrc")
     target.mkdir(parents=True, exist_ok=True)
-    for source in (_ROOT / "csrc").glob("*.cc"):
-      shutil.copy(source, target / source.name)
+    for pattern in ("*.cc", "*.h"):
+      for source in (_ROOT / "csrc").glob(pattern):
+        shutil.copy(source, target / source.name)
 
 _VERSION = re.search(r'__version__ = "([^"]+)"',
                      Path(__file__).with_name("torchbridge").joinpath(

@@ -28,6 +28,7 @@
 
 #include <Python.h>  // first, as Python asks
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -100,6 +101,27 @@ typedef struct DLManagedTensorVersioned {
 } DLManagedTensorVersioned;
 }
 #endif
+
+#ifndef TORCHBRIDGE_TORCH_INTEROP
+#define TORCHBRIDGE_TORCH_INTEROP 0
+#endif
+#if TORCHBRIDGE_TORCH_INTEROP
+#include "torch_interop.h"
+#endif
+
+// How many tensors crossed without a copy through torch_interop (inputs
+// handed to Python as torch tensors, outputs adopted as they were);
+// torchbridge.exchange_stats() adds it to its own count.
+static std::atomic<int64_t> g_zero_copy_count{0};
+
+extern "C" int64_t torchbridge_zero_copy_count() {
+  return g_zero_copy_count.load(std::memory_order_relaxed);
+}
+
+// Whether this build hands torch tensors to Python itself (torch_interop).
+extern "C" int torchbridge_has_torch_interop() {
+  return TORCHBRIDGE_TORCH_INTEROP;
+}
 
 namespace torchbridge {
 namespace {
@@ -227,6 +249,13 @@ class GilLock {
 struct Managed {
   DLManagedTensor* legacy = nullptr;
   DLManagedTensorVersioned* versioned = nullptr;
+  // Made by torch_interop::ExportAsIs: its deleter drops a torch storage,
+  // which needs no GIL (torch takes it itself where a storage's memory
+  // belongs to a Python object).
+  bool gil_free = false;
+  // Made by torch_interop::ExportAsIs (owned here from the start, rather
+  // than taken from a capsule).
+  bool exported = false;
 
   const DLTensor& tensor() const {
     return legacy ? legacy->dl_tensor : versioned->dl_tensor;
@@ -256,6 +285,10 @@ struct Managed {
     if (PythonFinalizing()) {
       legacy = nullptr;
       versioned = nullptr;
+      return;
+    }
+    if (gil_free) {
+      DeleteNow();
       return;
     }
     GilLock gil;
@@ -431,25 +464,30 @@ absl::Status PythonErrorToStatus(const std::string& context) {
 }
 
 // ---------------------------------------------------------------------------
-// The dispatcher, cached under the GIL (the GIL is its lock).
+// Functions of torchbridge._native the kernel calls, cached under the GIL
+// (the GIL is their lock).
 
-PyObject* g_dispatch = nullptr;
+PyObject* g_dispatch = nullptr;       // _dispatch: runs a callback
+PyObject* g_registry = nullptr;       // _registry: callback id -> callable
+PyObject* g_export_output = nullptr;  // _export_output: a torch output as a
+                                      // capsule TF can adopt (copies if need)
 
-PyObject* GetDispatch() {  // borrowed; needs the GIL
-  if (g_dispatch != nullptr) return g_dispatch;
+PyObject* GetNativeFunction(const char* name, PyObject** cache) {
+  // Borrowed; needs the GIL.
+  if (*cache != nullptr) return *cache;
   PyObject* module = PyImport_ImportModule("torchbridge._native");
   if (module == nullptr) return nullptr;
-  PyObject* dispatch = PyObject_GetAttrString(module, "_dispatch");
+  PyObject* function = PyObject_GetAttrString(module, name);
   Py_DECREF(module);
-  if (dispatch == nullptr) return nullptr;
+  if (function == nullptr) return nullptr;
   // The import may have released the GIL and let another thread get here
   // first: keep one.
-  if (g_dispatch == nullptr) {
-    g_dispatch = dispatch;
+  if (*cache == nullptr) {
+    *cache = function;
   } else {
-    Py_DECREF(dispatch);
+    Py_DECREF(function);
   }
-  return g_dispatch;
+  return *cache;
 }
 
 // ---------------------------------------------------------------------------
@@ -462,6 +500,21 @@ class TorchbridgeCallOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("callback_id", &callback_id_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &out_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &out_shapes_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("torch_tensors", &torch_tensors_));
+    std::vector<int32_t> whole;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("whole_tensor_outputs", &whole));
+    whole_outputs_.assign(out_types_.size(), false);
+    for (int32_t i : whole) {
+      OP_REQUIRES(ctx, i >= 0 && i < static_cast<int32_t>(out_types_.size()),
+                  tensorflow::errors::InvalidArgument(
+                      "TorchbridgeCall: whole_tensor_outputs index ", i,
+                      " out of range for ", out_types_.size(), " outputs"));
+      whole_outputs_[i] = true;
+    }
+    OP_REQUIRES(ctx, !torch_tensors_ || TORCHBRIDGE_TORCH_INTEROP,
+                tensorflow::errors::Unimplemented(
+                    "TorchbridgeCall: torch_tensors=True needs a library "
+                    "built with torch_interop.cc"));
     OP_REQUIRES(
         ctx, out_shapes_.empty() || out_shapes_.size() == out_types_.size(),
         tensorflow::errors::InvalidArgument(
@@ -590,15 +643,30 @@ class TorchbridgeCallOp : public OpKernel {
     bool ok = true;
     for (size_t i = 0; i < inputs->size(); ++i) {
       DLManagedTensor* m = (*inputs)[i];
-      PyObject* capsule =
-          ok ? PyCapsule_New(m, kCapsuleName, InputCapsuleDestructor)
-             : nullptr;
-      if (capsule == nullptr) {
+      if (!ok) {
+        m->deleter(m);
+        continue;
+      }
+      PyObject* arg = nullptr;
+#if TORCHBRIDGE_TORCH_INTEROP
+      if (torch_tensors_) {
+        arg = torch_interop::TensorFromDLPack(m);  // owns m, also on failure
+        ok = arg != nullptr;
+        if (ok) PyList_SET_ITEM(args, i, arg);  // steals the reference
+        continue;
+      }
+#endif
+      arg = PyCapsule_New(m, kCapsuleName, InputCapsuleDestructor);
+      if (arg == nullptr) {
         ok = false;
         m->deleter(m);
         continue;
       }
-      PyList_SET_ITEM(args, i, capsule);  // steals the reference
+      PyList_SET_ITEM(args, i, arg);  // steals the reference
+    }
+    if (ok && torch_tensors_) {
+      g_zero_copy_count.fetch_add(static_cast<int64_t>(inputs->size()),
+                                  std::memory_order_relaxed);
     }
     inputs->clear();
     if (!ok) {
@@ -606,29 +674,14 @@ class TorchbridgeCallOp : public OpKernel {
       return PythonErrorToStatus(Where());
     }
 
-    PyObject* dispatch = GetDispatch();
-    if (dispatch == nullptr) {
-      Py_DECREF(args);
-      return PythonErrorToStatus(
-          absl::StrCat(Where(), " (importing torchbridge._native._dispatch)"));
-    }
     PyObject* id = PyLong_FromLongLong(callback_id_);
     PyObject* unused = UnusedOutputs(required);
     PyObject* result = nullptr;
     if (id != nullptr && unused != nullptr) {
-      if (kGpu) {
-        PyObject* py_stream =
-            PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(stream));
-        PyObject* py_device = PyLong_FromLong(device_id);
-        if (py_stream && py_device) {
-          result = PyObject_CallFunctionObjArgs(dispatch, id, args, unused,
-                                                py_stream, py_device, nullptr);
-        }
-        Py_XDECREF(py_stream);
-        Py_XDECREF(py_device);
+      if (torch_tensors_ && !kGpu) {
+        result = CallRegistered(id, args, unused);
       } else {
-        result =
-            PyObject_CallFunctionObjArgs(dispatch, id, args, unused, nullptr);
+        result = CallDispatch(id, args, unused, stream, device_id);
       }
     }
     Py_XDECREF(id);
@@ -639,6 +692,50 @@ class TorchbridgeCallOp : public OpKernel {
         AdoptOutputs(ctx, result, required, device_id, outputs);
     Py_DECREF(result);  // unconsumed capsules release their tensors
     return status;
+  }
+
+  // The CPU kernel of a torch_tensors op calls its callback directly:
+  // `callback(tensors, unused)`. A new reference, or nullptr with a Python
+  // error set.
+  PyObject* CallRegistered(PyObject* id, PyObject* args,
+                           PyObject* unused) const {
+    PyObject* registry = GetNativeFunction("_registry", &g_registry);
+    if (registry == nullptr) return nullptr;
+    PyObject* callback = PyDict_GetItemWithError(registry, id);  // borrowed
+    if (callback == nullptr) {
+      if (PyErr_Occurred()) return nullptr;
+      // Not registered: _dispatch raises the error that says why.
+      return CallDispatch(id, args, unused, nullptr, 0);
+    }
+    Py_INCREF(callback);  // the registry may drop it while it runs
+    PyObject* result =
+        PyObject_CallFunctionObjArgs(callback, args, unused, nullptr);
+    Py_DECREF(callback);
+    return result;
+  }
+
+  // `torchbridge._native._dispatch(id, args, unused[, stream, device,
+  // torch_tensors])`: a new reference, or nullptr with a Python error set.
+  PyObject* CallDispatch(PyObject* id, PyObject* args, PyObject* unused,
+                         void* stream, int device_id) const {
+    PyObject* dispatch = GetNativeFunction("_dispatch", &g_dispatch);
+    if (dispatch == nullptr) return nullptr;
+    if (!kGpu) {
+      return PyObject_CallFunctionObjArgs(dispatch, id, args, unused,
+                                          nullptr);
+    }
+    PyObject* result = nullptr;
+    PyObject* py_stream =
+        PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(stream));
+    PyObject* py_device = PyLong_FromLong(device_id);
+    if (py_stream && py_device) {
+      result = PyObject_CallFunctionObjArgs(
+          dispatch, id, args, unused, py_stream, py_device,
+          torch_tensors_ ? Py_True : Py_False, nullptr);
+    }
+    Py_XDECREF(py_stream);
+    Py_XDECREF(py_device);
+    return result;
   }
 
   // None when every output is used, else a tuple of the unused indices (a
@@ -672,8 +769,9 @@ class TorchbridgeCallOp : public OpKernel {
     if (result == Py_None && n == 0) return absl::OkStatus();
     if (!PyList_Check(result) && !PyTuple_Check(result)) {
       return tensorflow::errors::InvalidArgument(
-          Where(), ": the torch callback must return a list of DLPack "
-          "capsules, got ", Py_TYPE(result)->tp_name);
+          Where(), ": the torch callback must return a list of ",
+          torch_tensors_ ? "torch tensors" : "DLPack capsules", ", got ",
+          Py_TYPE(result)->tp_name);
     }
     const Py_ssize_t got = PySequence_Fast_GET_SIZE(result);
     if (static_cast<size_t>(got) != n) {
@@ -682,57 +780,136 @@ class TorchbridgeCallOp : public OpKernel {
           " outputs were declared (Tout) when the graph was built. The torch "
           "code must return the same structure on every call.");
     }
-    PyObject** items = PySequence_Fast_ITEMS(result);
+    // The outputs as DLPack capsules, or as tensors this file exported
+    // itself (`taken[i].gil_free`); new references in `capsules`.
+    std::vector<PyObject*> capsules(n, nullptr);
     std::vector<Managed> taken(n);
-    // Check everything before taking anything: on error the capsules keep
-    // their tensors and release them when Python drops them.
+    absl::Status status = CollectOutputs(ctx, PySequence_Fast_ITEMS(result),
+                                         required, device_id, &capsules,
+                                         &taken);
+    if (status.ok()) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!taken[i]) continue;  // None for an unused output
+        if (capsules[i] != nullptr) {
+          // Consumed, per the DLPack protocol: the capsule no longer
+          // deletes it.
+          PyCapsule_SetName(capsules[i], taken[i].legacy
+                                             ? kUsedCapsuleName
+                                             : kUsedVersionedCapsuleName);
+        }
+        (*outputs)[i] = taken[i];
+      }
+    } else {
+      // Capsules keep their tensors and release them when Python drops
+      // them; exported ones are released here.
+      for (Managed& m : taken) {
+        if (m.exported) m.DeleteNow();
+      }
+    }
+    for (PyObject* capsule : capsules) Py_XDECREF(capsule);
+    return status;
+  }
+
+  // Checks every output and finds its DLPack tensor, taking nothing from a
+  // capsule yet (see AdoptOutputs).
+  absl::Status CollectOutputs(OpKernelContext* ctx, PyObject** items,
+                              const std::vector<bool>& required, int device_id,
+                              std::vector<PyObject*>* capsules,
+                              std::vector<Managed>* taken) {
+    const size_t n = out_types_.size();
     for (size_t i = 0; i < n; ++i) {
       PyObject* item = items[i];
       if (item == Py_None && !required[i]) continue;  // nothing consumes it
-      if (PyCapsule_IsValid(item, kCapsuleName)) {
-        taken[i].legacy = static_cast<DLManagedTensor*>(
-            PyCapsule_GetPointer(item, kCapsuleName));
-      } else if (PyCapsule_IsValid(item, kVersionedCapsuleName)) {
-        auto* v = static_cast<DLManagedTensorVersioned*>(
-            PyCapsule_GetPointer(item, kVersionedCapsuleName));
-        if (v != nullptr && v->version.major != 1) {
-          return tensorflow::errors::InvalidArgument(
-              Where(), ": output ", i, " is a DLPack capsule of major version ",
-              v->version.major, "; this op reads version 1");
+      const DLDevice device = OutputDevice(ctx, i, device_id);
+      Managed& m = (*taken)[i];
+#if TORCHBRIDGE_TORCH_INTEROP
+      if (torch_tensors_ && !PyCapsule_CheckExact(item)) {
+        const bool whole = whole_outputs_[i];
+        m.legacy = torch_interop::ExportAsIs(item, device.device_type,
+                                             device.device_id, whole);
+        if (m.legacy != nullptr) {
+          // Releasing a whole tensor may free its Python object.
+          m.gil_free = !whole;
+          m.exported = true;
+          g_zero_copy_count.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Anything else: the Python side makes a capsule TF can adopt
+          // (one counted copy), or raises the error that explains why not.
+          TF_RETURN_IF_ERROR(ExportInPython(
+              item, i, device.device_type == kDLCUDA ? device_id : -1,
+              &(*capsules)[i]));
+          item = (*capsules)[i];
         }
-        taken[i].versioned = v;
       }
-      if (!taken[i]) {
-        std::string what = Py_TYPE(item)->tp_name;
-        if (PyCapsule_CheckExact(item)) {
-          const char* cname = PyCapsule_GetName(item);
-          what = absl::StrCat("capsule named '", cname ? cname : "", "'");
-          PyErr_Clear();
-        }
-        return tensorflow::errors::InvalidArgument(
-            Where(), ": output ", i, " from the torch callback is a ", what,
-            ", not an unused DLPack capsule ('dltensor'); return "
-            "torch.utils.dlpack.to_dlpack(tensor) for each output.");
+#endif
+      if (!m) {
+        Py_XINCREF(item);
+        Py_XSETREF((*capsules)[i], item);
+        TF_RETURN_IF_ERROR(FromCapsule(item, i, &m));
       }
       for (size_t j = 0; j < i; ++j) {
-        if (taken[j] && taken[j].legacy == taken[i].legacy &&
-            taken[j].versioned == taken[i].versioned) {
+        if ((*taken)[j] && (*taken)[j].legacy == m.legacy &&
+            (*taken)[j].versioned == m.versioned) {
           return tensorflow::errors::InvalidArgument(
               Where(), ": outputs ", j, " and ", i, " from the torch callback "
               "are the same DLPack capsule; each output needs its own "
               "(call torch.utils.dlpack.to_dlpack once per output).");
         }
       }
-      TF_RETURN_IF_ERROR(
-          CheckOutput(i, taken[i].tensor(), OutputDevice(ctx, i, device_id)));
+      TF_RETURN_IF_ERROR(CheckOutput(i, m.tensor(), device));
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (!taken[i]) continue;  // None for an unused output
-      // Consumed, per the DLPack protocol: the capsule no longer deletes it.
-      PyCapsule_SetName(items[i], taken[i].legacy ? kUsedCapsuleName
-                                                  : kUsedVersionedCapsuleName);
-      (*outputs)[i] = taken[i];
+    return absl::OkStatus();
+  }
+
+  // The DLPack tensor of an unused capsule (not taken yet).
+  absl::Status FromCapsule(PyObject* item, size_t i, Managed* m) const {
+    if (PyCapsule_IsValid(item, kCapsuleName)) {
+      m->legacy = static_cast<DLManagedTensor*>(
+          PyCapsule_GetPointer(item, kCapsuleName));
+    } else if (PyCapsule_IsValid(item, kVersionedCapsuleName)) {
+      auto* v = static_cast<DLManagedTensorVersioned*>(
+          PyCapsule_GetPointer(item, kVersionedCapsuleName));
+      if (v != nullptr && v->version.major != 1) {
+        return tensorflow::errors::InvalidArgument(
+            Where(), ": output ", i, " is a DLPack capsule of major version ",
+            v->version.major, "; this op reads version 1");
+      }
+      m->versioned = v;
     }
+    if (*m) return absl::OkStatus();
+    std::string what = Py_TYPE(item)->tp_name;
+    if (PyCapsule_CheckExact(item)) {
+      const char* cname = PyCapsule_GetName(item);
+      what = absl::StrCat("capsule named '", cname ? cname : "", "'");
+      PyErr_Clear();
+    }
+    return tensorflow::errors::InvalidArgument(
+        Where(), ": output ", i, " from the torch callback is a ", what,
+        ", not an unused DLPack capsule ('dltensor'); return "
+        "torch.utils.dlpack.to_dlpack(tensor) for each output.");
+  }
+
+  // `torchbridge._native._export_output(item, i, gpu)`: a new capsule in
+  // `*capsule`. `gpu` is the CUDA device the output belongs on, -1 for host
+  // memory.
+  absl::Status ExportInPython(PyObject* item, size_t i, int gpu,
+                              PyObject** capsule) const {
+    PyObject* export_output =
+        GetNativeFunction("_export_output", &g_export_output);
+    if (export_output == nullptr) {
+      return PythonErrorToStatus(absl::StrCat(
+          Where(), " (importing torchbridge._native._export_output)"));
+    }
+    PyObject* index = PyLong_FromSize_t(i);
+    PyObject* py_gpu = gpu >= 0 ? PyLong_FromLong(gpu) : Py_NewRef(Py_None);
+    PyObject* result =
+        index && py_gpu ? PyObject_CallFunctionObjArgs(export_output, item,
+                                                       index, py_gpu, nullptr)
+                        : nullptr;
+    Py_XDECREF(index);
+    Py_XDECREF(py_gpu);
+    if (result == nullptr) return PythonErrorToStatus(Where());
+    Py_XSETREF(*capsule, result);
     return absl::OkStatus();
   }
 
@@ -815,6 +992,12 @@ class TorchbridgeCallOp : public OpKernel {
   }
 
   int64_t callback_id_ = 0;
+  // Python gets torch tensors and may return torch tensors (torch_interop),
+  // instead of DLPack capsules both ways.
+  bool torch_tensors_ = false;
+  // Per output: TF holds the torch tensor itself (its Python object lives as
+  // long as TF's buffer), not only its memory.
+  std::vector<bool> whole_outputs_;
   std::vector<DataType> out_types_;
   std::vector<PartialTensorShape> out_shapes_;
 };
@@ -828,6 +1011,8 @@ REGISTER_OP("TorchbridgeCall")
     .Attr("Tout: list(type) >= 0")
     .Attr("output_shapes: list(shape) = []")
     .Attr("callback_id: int")
+    .Attr("torch_tensors: bool = false")
+    .Attr("whole_tensor_outputs: list(int) = []")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       std::vector<PartialTensorShape> shapes;

@@ -106,7 +106,7 @@ def main():
   x = torch.arange(1024, dtype=torch.float32, device=gpu)
   seen = {}
 
-  def fn(args):
+  def fn(args, unused=None):
     (a,) = args
     seen.update(
         stream=torch.cuda.current_stream().cuda_stream,

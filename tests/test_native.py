@@ -674,7 +674,7 @@ def test_torch_callback_copies_only_what_tf_cannot_view():
   @tf.function
   def f(x):
     return _native.call(
-        _native.torch_callback(lambda ins: [ins[0] * 2,
+        _native.torch_callback(lambda ins, unused: [ins[0] * 2,
                                             torch.randn(1025)[1:],
                                             torch.zeros(8, 4).t()]),
         [x], [tf.float32] * 3, [x.shape, [1024], [4, 8]])

@@ -70,9 +70,12 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
   """Runs `compute` as one differentiable TF op on `args_tf`.
 
   Args:
-    compute: `compute(args_torch, record) -> _Saved`, given zero-copy torch
-      views of the arguments; with `record` it must make the differentiable
-      arguments torch leaves that require grad and build the autograd graph.
+    compute: `compute(args_torch, record, unused=None) -> _Saved`, given
+      zero-copy torch views of the arguments; with `record` it must make the
+      differentiable arguments torch leaves that require grad and build the
+      autograd graph. In an inference call inside a graph (nothing consumes
+      the handle), `unused` is the tuple of the op's outputs nothing
+      consumes (output k + 1 is `compute`'s output k) and may be ignored.
     args_tf: flat list of TF tensors.
     out_specs: flat list of `tf.TensorSpec` of the outputs, required when
       tracing a `tf.function`.
@@ -137,15 +140,19 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
 
   check_outputs = _OutputCheck(out_specs, name)
 
-  def run(py_args_torch):
-    # The native op knows whether anything in the running graph consumes
-    # the handle: nothing does in an inference call (no gradient can come),
-    # and then no autograd graph is recorded and no handle is made.
-    keep = _native.output_required(0)
+  def run(py_args_torch, unused=None):
+    # The native op says which of its outputs nothing in the running graph
+    # consumes (`unused`; None when it cannot tell). Nothing consumes the
+    # handle (output 0) in an inference call, since no gradient can come:
+    # then no autograd graph is recorded and no handle is made.
+    keep = unused is None or 0 not in unused
     grad_mode = torch.is_grad_enabled()
     torch._C._set_grad_enabled(record and keep)  # pylint: disable=protected-access
     try:
-      saved = compute(py_args_torch, record and keep)
+      if not keep:
+        saved = compute(py_args_torch, False, unused)
+      else:
+        saved = compute(py_args_torch, record)
     finally:
       torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
     check_outputs(saved.outs_torch)
@@ -153,8 +160,10 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
       return [None] + saved.outs_torch
     handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(
         saved.outs_torch))
-    # The handle owns the record: torch keeps a tensor's Python object (and
-    # its attributes) alive while its memory is exported through DLPack.
+    # The handle owns the record: TF holds the handle's torch tensor whole
+    # (the native op's whole_tensor_outputs; torch's DLPack export on the
+    # tf.py_function path), and torch keeps its Python object, with this
+    # attribute, alive as long as TF does.
     handle_torch._torchbridge_saved = saved
     _SAVED_BY_HANDLE[handle_torch.data_ptr()] = saved
     return [handle_torch] + saved.outs_torch
@@ -169,16 +178,15 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     def grad(*dys_tf):
       sel_out, diff_args = _grad_positions(out_specs, differentiable, dys_tf)
 
-      def compute_bwd(py_args_torch, rec):
+      def compute_bwd(py_args_torch, rec, unused=None):
         saved = _lookup(py_args_torch[0])
         # Output k + 1 of this op is the gradient of argument diff_args[k];
         # the native op says which ones nothing consumes (e.g. those of
         # inputs no tape watches): those are not computed, unless a
         # higher-order gradient will differentiate this backward (it then
-        # consumes the handle, output 0), which reaches them through torch's
-        # graph rather than through TF's edges.
-        skip = ([] if _native.output_required(0) else
-                [k - 1 for k in _native.unused_outputs() if k > 0])
+        # consumes the handle, output 0, and `unused` is not passed), which
+        # reaches them through torch's graph rather than through TF's edges.
+        skip = [k - 1 for k in unused or () if k > 0]
         return _backward(saved, sel_out, diff_args, py_args_torch[1:], rec,
                          skip)
 
@@ -214,8 +222,9 @@ def _stateful_op(run, inputs_tf, out_dtypes, out_shapes, name):
   eager tensors and returns eager tensors, both through DLPack.
   """
   if _native.available():
-    return _native.call(_native.torch_callback(run), inputs_tf, out_dtypes,
-                        out_shapes, name=name)
+    # Output 0 is the handle, whose Python object owns the `_Saved` record.
+    return _native.call(run, inputs_tf, out_dtypes, out_shapes, name=name,
+                        torch_tensors=True, whole_tensor_outputs=[0])
 
   def body(*inputs_eager):
     _thread_state.keep_for_this_thread()

@@ -46,6 +46,10 @@ _UNSUPPORTED_TF_KINDS = (
 
 _stats_lock = threading.Lock()
 _stats = {"zero_copy": 0, "copied": 0, "bytes_copied": 0}
+# Counters kept outside Python (the native op's C++ crossings): callables
+# returning a running count, and their sum at the last reset.
+_zero_copy_sources = []
+_zero_copy_baseline = 0
 
 
 def exchange_stats():
@@ -67,14 +71,31 @@ def exchange_stats():
     {'zero_copy': 1, 'copied': 0, 'bytes_copied': 0}
   """
   with _stats_lock:
-    return dict(_stats)
+    stats = dict(_stats)
+    stats["zero_copy"] += _external_zero_copy()
+    return stats
 
 
 def reset_exchange_stats():
   """Sets every counter of `exchange_stats()` back to zero."""
+  global _zero_copy_baseline
   with _stats_lock:
     for key in _stats:
       _stats[key] = 0
+    _zero_copy_baseline += _external_zero_copy()
+
+
+def add_zero_copy_source(count):
+  """Adds `count() -> int`, a running count of zero-copy crossings made
+  outside Python, to `exchange_stats()` from now on."""
+  global _zero_copy_baseline
+  with _stats_lock:
+    _zero_copy_sources.append(count)
+    _zero_copy_baseline += count()
+
+
+def _external_zero_copy():
+  return sum(count() for count in _zero_copy_sources) - _zero_copy_baseline
 
 
 def count_zero_copy(n):

@@ -203,9 +203,12 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
   if differentiable is None:
     differentiable = [_bridge.is_differentiable(a.dtype) for a in args_tf]
 
-  def compute(args_torch, record):
-    leaves = [a.requires_grad_() if record and diff else None
-              for a, diff in zip(args_torch, differentiable)]
+  no_leaves = [None] * len(args_tf)
+
+  def compute(args_torch, record, unused=None):  # pylint: disable=unused-argument
+    leaves = ([a.requires_grad_() if diff else None
+               for a, diff in zip(args_torch, differentiable)] if record else
+              no_leaves)
     outs_torch = flat_outputs(args_torch)
     _check_unmodified(args_torch, name)
     return _bridge._Saved(outs_torch, leaves, has_graph=record)

@@ -20,6 +20,7 @@ registrations are dropped when the graph is garbage collected (as
 """
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -44,6 +45,7 @@ _LOG = logging.getLogger("torchbridge")
 DISABLE_ENV = "TORCHBRIDGE_DISABLE_NATIVE"
 CACHE_ENV = "TORCHBRIDGE_CACHE_DIR"
 _SOURCE_NAME = "torchbridge_op.cc"
+_INTEROP_SOURCE_NAME = "torch_interop.cc"
 _LIB_STEM = "torchbridge_op"
 
 _load_lock = threading.Lock()
@@ -81,12 +83,16 @@ def load():
       try:
         path = _build_or_reuse()
         _library = tf.load_op_library(str(path))
+        _load_counters(path)
         # The op has no gradient of its own: callers wrap it in
         # tf.custom_gradient. Declared non-differentiable, a tape around a
         # tf.function that holds it gives None gradients instead of failing
         # the call with a LookupError.
         tf.no_gradient("TorchbridgeCall")
-        _status = f"torchbridge: native TF op loaded from {path}"
+        _status = (f"torchbridge: native TF op loaded from {path} ("
+                   + ("torch tensors made in C++" if _interop else
+                      "DLPack capsules only: torch_interop.cc did not build")
+                   + ")")
       except Exception as err:  # pylint: disable=broad-except
         _library = None
         _status = (f"torchbridge: native TF op unavailable ({_one_line(err)})"
@@ -95,6 +101,27 @@ def load():
         _LOG.warning(_status)
     _tried = True
     return _library
+
+
+_interop = False  # whether the loaded library has csrc/torch_interop.cc
+
+
+def _load_counters(path):
+  """Reads the library's C entry points: interop flag and zero-copy count."""
+  global _interop
+  import ctypes  # pylint: disable=import-outside-toplevel
+  # The op library is loaded already; this opens the same handle.
+  handle = ctypes.CDLL(str(path))
+  _interop = bool(handle.torchbridge_has_torch_interop())
+  count = handle.torchbridge_zero_copy_count
+  count.restype = ctypes.c_int64
+  count.argtypes = []
+  _exchange.add_zero_copy_source(count)
+
+
+def has_torch_interop():
+  """Whether the loaded op hands torch tensors over itself (C++)."""
+  return load() is not None and _interop
 
 
 def available():
@@ -146,6 +173,31 @@ def _find_source():
   raise BuildError(f"{_SOURCE_NAME} not found next to the torchbridge package")
 
 
+def _torch_interop_flags():
+  """Sources and flags of the torch part (csrc/torch_interop.cc), or None.
+
+  None when torch's C++ headers or libraries are missing; the op is then
+  built from torchbridge_op.cc alone and trades DLPack capsules with Python.
+  """
+  source = _find_source().with_name(_INTEROP_SOURCE_NAME)
+  torch_dir = Path(torch.__file__).resolve().parent
+  include, lib = torch_dir / "include", torch_dir / "lib"
+  if not (source.is_file() and (include / "ATen" / "DLConvertor.h").is_file()
+          and (lib / "libtorch_python.so").is_file()):
+    return None
+  return [str(source), "-DTORCHBRIDGE_TORCH_INTEROP=1",
+          # torch's headers ask for C++20 in places where C++17 compilers
+          # accept an extension; TF's ask for C++17.
+          "-Wno-c++20-extensions",
+          "-D_GLIBCXX_USE_CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),  # pylint: disable=protected-access
+          # After TF's include directory (from its flags, earlier on the
+          # command line), so that TF's files win where both ship one
+          # (google/protobuf); torch's own (ATen, c10, torch) exist only here.
+          "-I" + str(include), "-I" + str(include / "torch" / "csrc" / "api" / "include"),
+          "-L" + str(lib), "-Wl,-rpath," + str(lib),
+          "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+
+
 def _find_compiler():
   for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
     if name:
@@ -170,13 +222,14 @@ def _gpu_build():
     return False
 
 
-def _compile_command(compiler, source, output):
+def _compile_command(compiler, source, output, interop=None):
   cmd = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", str(source),
          "-o", str(output), "-I" + sysconfig.get_paths()["include"]]
   cmd += tf.sysconfig.get_compile_flags()
   if _gpu_build():
     cmd.append("-DTORCHBRIDGE_GPU=1")
   cmd += tf.sysconfig.get_link_flags()
+  cmd += interop or []
   # Python's symbols come from the running interpreter; linking libpython
   # too is harmless where it is a shared library.
   libdir = sysconfig.get_config_var("LIBDIR")
@@ -199,18 +252,24 @@ def _versions():
 
 
 def _build_or_reuse():
-  """The path of a built library for this set-up, building it if needed."""
+  """The path of a built library for this set-up, building it if needed.
+
+  The library includes csrc/torch_interop.cc (torch's C++ API) when torch's
+  headers and libraries are at hand; if that build fails, it is built again
+  without it (the log of the failure stays in the cache directory).
+  """
   global build_count
   source = _find_source()
-  source_bytes = source.read_bytes()
+  interop = _torch_interop_flags()
   # The key leaves out which compiler builds it (any gives the same ABI), so
   # a library built once serves a process that has no compiler.
-  placeholder = _compile_command("CXX", "SOURCE", "OUTPUT")
+  placeholder = _compile_command("CXX", "SOURCE", "OUTPUT", interop)
   digest = hashlib.sha256()
   for part in (_versions(), "\0".join(placeholder)):
     digest.update(part.encode())
     digest.update(b"\0")
-  digest.update(source_bytes)
+  for path in sorted(source.parent.glob("*.[ch]*")):
+    digest.update(path.name.encode() + b"\0" + path.read_bytes())
   key = digest.hexdigest()[:20]
 
   directory = cache_dir()
@@ -228,25 +287,39 @@ def _build_or_reuse():
     log_path = directory / f"{_LIB_STEM}-{key}.log"
     try:
       _LOG.debug("torchbridge: building the native TF op into %s", target)
-      try:
-        proc = subprocess.run(
-            _compile_command(compiler, source, tmp), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
-      except (OSError, subprocess.TimeoutExpired) as err:
-        raise BuildError(f"compiler failed to run: {err}") from err
       build_count += 1
-      if proc.returncode != 0:
-        log_path.write_text(proc.stdout)
-        first = next((line for line in proc.stdout.splitlines()
-                      if "error" in line), proc.stdout.strip()[:200])
-        raise BuildError(f"compiling {source.name} failed: {first.strip()} "
-                         f"(full log: {log_path})")
+      failure = _compile(_compile_command(compiler, source, tmp, interop),
+                         log_path)
+      if failure and interop:
+        _LOG.debug("torchbridge: building with torch_interop.cc failed (%s); "
+                   "building without it", failure)
+        failure = _compile(_compile_command(compiler, source, tmp),
+                           log_path.with_suffix(".plain.log"))
+      if failure:
+        raise BuildError(failure)
       os.chmod(tmp, 0o755)  # mkstemp made it private; a shared cache reads it
       os.replace(tmp, target)
     finally:
       if os.path.exists(tmp):
         os.unlink(tmp)
   return target
+
+
+def _compile(command, log_path):
+  """Runs one compiler command; None if it worked, else a one-line reason."""
+  try:
+    proc = subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=900, check=False)
+  except (OSError, subprocess.TimeoutExpired) as err:
+    return f"compiler failed to run: {err}"
+  if proc.returncode == 0:
+    return None
+  log_path.write_text(proc.stdout)
+  first = next((line for line in proc.stdout.splitlines() if "error" in line),
+               proc.stdout.strip()[:200])
+  return (f"compiling {_SOURCE_NAME} failed: {first.strip()} "
+          f"(full log: {log_path})")
 
 
 @contextlib.contextmanager
@@ -300,16 +373,19 @@ def registered_count():
 
 
 def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
-              cuda_device=None):
+              cuda_device=None, torch_tensors=False):
   """Called by the kernel, with the GIL: runs callback `callback_id`.
 
-  `capsules` is a list of DLPack capsules, one per op input.
-  `unused_outputs` is None, or a tuple of the indices of the op's outputs
-  that nothing in the running graph consumes; while the callback runs,
-  `output_required(i)` tells it, and it may return None for those. The GPU
-  kernel also passes TF's CUDA stream for the op (an int) and its device
-  index; the callback then runs with that stream as torch's current stream,
-  so torch's work is queued after TF's and before TF's next op.
+  `capsules` is a list of DLPack capsules, one per op input (torch tensors
+  for a `torch_tensors` op). `unused_outputs` is None, or a tuple of the
+  indices of the op's outputs that nothing in the running graph consumes;
+  while the callback runs, `output_required(i)` tells it (a `torch_tensors`
+  callback gets it as its second argument), and it may return None for
+  those. The GPU kernel also passes TF's CUDA stream for the op (an int) and
+  its device index; the callback then runs with that stream as torch's
+  current stream, so torch's work is queued after TF's and before TF's next
+  op. (The CPU kernel of a `torch_tensors` op calls its callback without
+  coming here.)
   """
   callback = _registry.get(callback_id)
   if callback is None:
@@ -318,6 +394,8 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
         "graph that built this TorchbridgeCall op was garbage collected, or "
         "the op was loaded from a serialized graph (e.g. a SavedModel), which "
         "cannot carry Python callables.")
+  if torch_tensors:
+    callback = functools.partial(callback, unused=unused_outputs)
   outer_unused = getattr(_op_call, "unused", None)
   _op_call.unused = unused_outputs
   try:
@@ -328,7 +406,11 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
     _op_call.device = cuda_device
     try:
       with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
-        return callback(capsules)
+        outs = callback(capsules)
+        # Torch tensors (the torch_tensors op) become capsules here, where
+        # any copy this takes is queued on TF's stream.
+        return [_to_capsule(o) if isinstance(o, torch.Tensor) else o
+                for o in outs]
     finally:
       _op_call.device = outer
   finally:
@@ -365,7 +447,8 @@ def output_required(index):
 
 
 @tf.autograph.experimental.do_not_convert
-def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
+def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
+         torch_tensors=False, whole_tensor_outputs=()):
   """Emits one `TorchbridgeCall` op that runs `callback` on `inputs_tf`.
 
   Args:
@@ -377,7 +460,8 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
       row-major, 64-byte aligned, on the op's device (see `torch_callback`,
       which makes sure of that); or None for an output that
       `output_required` says nothing consumes. It is called on TF's threads,
-      possibly from several at once.
+      possibly from several at once. With `torch_tensors`, it receives and
+      returns torch tensors instead (see below).
     inputs_tf: list of TF tensors.
     out_dtypes: list of TF dtypes of the outputs.
     out_shapes: list of shapes (`tf.TensorShape`, lists with None for
@@ -385,6 +469,18 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
       the outputs' static shapes in the graph and are checked at run time.
       None: all unknown.
     name: name of the op.
+    torch_tensors: whether `callback` takes a list of torch tensors (zero-copy
+      views of the inputs) and returns a list of torch tensors (or None for
+      unused outputs). The op then converts both ways in C++
+      (csrc/torch_interop.cc), adopting outputs that TF can use as they are
+      without a copy and handing the others to `tf_viewable` (one counted
+      copy); with a library built without that file, `torch_callback` does
+      the same in Python.
+    whole_tensor_outputs: with `torch_tensors`, the indices of the outputs
+      whose torch tensors TF holds whole, so that their Python objects (and
+      attributes set on them) live as long as TF's buffer, as with torch's
+      DLPack export. Other outputs hold only their memory: cheaper to
+      release, and the Python object dies when Python drops it.
 
   Returns:
     List of TF tensors, one per output.
@@ -408,13 +504,17 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None):
     if len(shapes) != len(out_dtypes):
       raise ValueError(f"{len(shapes)} out_shapes for {len(out_dtypes)} "
                        "out_dtypes")
+  if torch_tensors and not _interop:
+    callback, torch_tensors = torch_callback(callback), False
   eager = tf.executing_eagerly()
   graph = None if eager else tf.compat.v1.get_default_graph()
   callback_id = _register(callback, graph)
   try:
     outs = lib.torchbridge_call(
         inputs=list(inputs_tf), Tout=out_dtypes, output_shapes=shapes,
-        callback_id=callback_id, name=name)
+        callback_id=callback_id, torch_tensors=torch_tensors,
+        whole_tensor_outputs=list(whole_tensor_outputs) if torch_tensors
+        else [], name=name)
   except BaseException:
     _release([callback_id])
     raise
@@ -440,7 +540,11 @@ _to_dlpack = torch_dlpack.to_dlpack
 
 @tf.autograph.experimental.do_not_convert  # else the callback runs converted
 def torch_callback(fn):
-  """Wraps `fn(list of torch tensors) -> list of torch tensors` for `call`.
+  """Wraps `fn(torch tensors, unused) -> torch tensors` for `call`.
+
+  `fn` gets a list of torch tensors and the op's unused outputs (None, or a
+  tuple of indices: see `output_required`), as a `torch_tensors` callback
+  does.
 
   Inputs arrive as zero-copy torch views of the TF tensors. Each output is
   handed back zero-copy when TF can use its memory as it is (dense,
@@ -452,7 +556,7 @@ def torch_callback(fn):
 
   def callback(capsules):
     args = [_from_dlpack(c) for c in capsules]
-    outs = fn(args)
+    outs = fn(args, getattr(_op_call, "unused", None))
     if getattr(_op_call, "device", None) is not None:
       capsules_out = [_to_capsule(o) for o in outs]
       _exchange.count_zero_copy(len(args))
@@ -477,6 +581,24 @@ def torch_callback(fn):
     return capsules_out
 
   return callback
+
+
+def _export_output(out_torch, index, gpu):
+  """Called by the CPU kernel of a torch_tensors op for an output it cannot
+  adopt as it is: a DLPack capsule TF can adopt (see `_to_capsule`)."""
+  if out_torch is None:
+    raise TypeError(
+        f"output {index} of the torch callback is None, but the graph uses "
+        "it; return a torch.Tensor")
+  if not isinstance(out_torch, torch.Tensor):
+    raise TypeError(
+        f"output {index} of the torch callback is a "
+        f"{type(out_torch).__name__}, not a torch.Tensor")
+  device = None
+  if gpu is not None:
+    device = (torch.device("cpu") if out_torch.dtype == torch.int32 else
+              torch.device("cuda", gpu))
+  return _to_dlpack(_exchange.tf_viewable(out_torch, device=device))
 
 
 def _to_capsule(x_torch):

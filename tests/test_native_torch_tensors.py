@@ -1,0 +1,307 @@
+"""Tests for the native op's torch_tensors mode (csrc/torch_interop.cc).
+
+In this mode the kernel hands Python torch tensors and adopts the torch
+tensors it returns, converting both ways in C++; outputs TF cannot use as
+they are take one counted copy in Python. Skipped where the native op is not
+in use; the fallback (a library built without torch_interop.cc, where
+`torch_callback` converts in Python) is tested in a subprocess.
+"""
+
+import gc
+import os
+import threading
+import weakref
+
+import numpy as np
+import pytest
+import torch  # noqa: F401  (before tensorflow)
+import tensorflow as tf
+import torch.utils.dlpack as torch_dlpack
+
+import torchbridge as tb
+from torchbridge import _native
+
+from test_native import _run_subprocess
+
+if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
+    not _native.available()):
+  pytest.skip(f"native op not available: {_native.status()}",
+              allow_module_level=True)
+
+
+def _data_ptr(x_tf):
+  """Address of a TF tensor's buffer (through a torch view of it)."""
+  return torch_dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)
+                                  ).data_ptr()
+
+
+def _op(callback, inputs, dtypes, shapes, **kwargs):
+  return _native.call(callback, inputs, dtypes, shapes, torch_tensors=True,
+                      **kwargs)
+
+
+def test_this_machine_builds_the_torch_interop():
+  # CI's machines have torch's headers: the fast path is what is tested.
+  assert _native.has_torch_interop(), _native.status()
+  assert "torch tensors made in C++" in _native.status()
+
+
+def test_inputs_and_outputs_share_memory_with_tf():
+  seen = {}
+
+  def callback(args, unused):
+    (x,) = args
+    seen.update(type=type(x), input_ptr=x.data_ptr(), unused=unused)
+    y = x * 2 + 1
+    seen["output"] = y
+    return [y]
+
+  @tf.function
+  def f(x):
+    return _op(callback, [x], [tf.float32], [x.shape])[0]
+
+  x_tf = tf.random.normal([16, 5])
+  y_tf = f(x_tf)
+  np.testing.assert_allclose(y_tf.numpy(), x_tf.numpy() * 2 + 1, rtol=1e-6)
+  assert seen["type"] is torch.Tensor
+  assert seen["unused"] is None  # the graph consumes the output
+  assert seen["input_ptr"] == _data_ptr(x_tf)
+  # Writing through torch's output changes TF's: one buffer, not a copy.
+  assert _data_ptr(y_tf) == seen["output"].data_ptr()
+  seen["output"].fill_(-3.0)
+  np.testing.assert_array_equal(y_tf.numpy(), np.full([16, 5], -3.0))
+
+
+def test_input_views_write_through_to_tf():
+  # The torch input is TF's buffer itself: a write shows in the TF tensor
+  # (the bridge forbids this to user code; here it proves the sharing).
+  def callback(args, unused):
+    del unused
+    args[0][0] = 42.0
+    return [args[0] * 0]
+
+  x_tf = tf.constant([1.0, 2.0, 3.0]) + 0.0  # a buffer of its own
+  f = tf.function(lambda x: _op(callback, [x], [tf.float32], [[3]])[0])
+  f(x_tf)
+  assert x_tf.numpy()[0] == 42.0
+
+
+def test_outputs_tf_cannot_view_are_copied_once_and_counted():
+  def callback(args, unused):
+    del unused
+    return [args[0] * 2, torch.randn(1025)[1:], torch.zeros(8, 4).t(),
+            torch.ones(3, dtype=torch.complex64).conj()]
+
+  @tf.function
+  def f(x):
+    return _op(callback, [x], [tf.float32] * 3 + [tf.complex64],
+               [x.shape, [1024], [4, 8], [3]])
+
+  tb.reset_exchange_stats()
+  a, b, c, d = f(tf.ones([5]))
+  np.testing.assert_array_equal(a.numpy(), [2.0] * 5)
+  assert b.shape == (1024,) and c.shape == (4, 8)
+  np.testing.assert_array_equal(d.numpy(), np.full(3, 1 - 0j))
+  stats = tb.exchange_stats()
+  assert stats["zero_copy"] == 2  # the input and the first output
+  assert stats["copied"] == 3
+  assert stats["bytes_copied"] == 1024 * 4 + 32 * 4 + 3 * 8
+  tb.reset_exchange_stats()
+  assert tb.exchange_stats()["zero_copy"] == 0
+
+
+def test_an_output_holds_only_memory_unless_asked_to_hold_the_tensor():
+  # By default TF keeps the output's memory alive, not torch's Python
+  # object; with whole_tensor_outputs it keeps the tensor (and what is set
+  # on it) as long as TF holds the buffer, as torch's DLPack export does.
+  freed = []
+
+  def callback(args, unused):
+    del unused
+    y = args[0] + 1
+    y.note = "kept"
+    weakref.finalize(y, freed.append, 1)
+    return [y]
+
+  plain = tf.function(lambda x: _op(callback, [x], [tf.float32], [[4]])[0])
+  whole = tf.function(lambda x: _op(callback, [x], [tf.float32], [[4]],
+                                    whole_tensor_outputs=[0])[0])
+  x_tf = tf.zeros([4])
+  y_tf = plain(x_tf)
+  gc.collect()
+  assert freed == [1]  # the Python object is gone, the memory is not
+  np.testing.assert_array_equal(y_tf.numpy(), np.ones(4))
+  z_tf = whole(x_tf)
+  gc.collect()
+  assert freed == [1]
+  del z_tf
+  gc.collect()
+  assert freed == [1, 1]
+  del y_tf
+
+
+@pytest.mark.parametrize("make,error,pattern", [
+    (lambda: [torch.zeros(4, dtype=torch.float64)], tf.errors.InvalidArgumentError,
+     "has dtype float64, but float was declared"),
+    (lambda: [torch.zeros(5)], tf.errors.InvalidArgumentError,
+     "has shape [5], but [4] was declared"),
+    (lambda: [3.0], tf.errors.InvalidArgumentError,
+     "output 0 of the torch callback is a float, not a torch.Tensor"),
+    (lambda: [None], tf.errors.InvalidArgumentError,
+     "output 0 of the torch callback is None, but the graph uses it"),
+    (lambda: [torch.zeros(4), torch.zeros(4)], tf.errors.InvalidArgumentError,
+     "returned 2 tensors, but 1 outputs were declared"),
+    (lambda: torch.zeros(4), tf.errors.InvalidArgumentError,
+     "must return a list of torch tensors"),
+    (lambda: [torch.zeros(4).to_sparse()], tf.errors.InvalidArgumentError,
+     "sparse torch tensor"),
+])
+def test_bad_outputs_give_clear_errors_and_the_op_goes_on(make, error,
+                                                          pattern):
+  f = tf.function(lambda x: _op(lambda args, unused: make(), [x],
+                                [tf.float32], [[4]])[0] + 1.0)
+  with pytest.raises(error) as info:
+    f(tf.zeros([4]))
+  assert pattern in info.value.message
+  assert "TorchbridgeCall" in info.value.message
+  good = tf.function(lambda x: _op(lambda args, unused: [args[0] + 1], [x],
+                                   [tf.float32], [[4]])[0])
+  np.testing.assert_array_equal(good(tf.zeros([4])).numpy(), np.ones(4))
+
+
+def test_python_exception_keeps_its_message_and_the_process_goes_on():
+  calls = []
+
+  def callback(args, unused):
+    del unused
+    calls.append(1)
+    if len(calls) == 1:
+      raise ValueError("torch said no: bad value 42")
+    return [args[0]]
+
+  f = tf.function(lambda x: _op(callback, [x], [tf.float32], [[2]])[0])
+  with pytest.raises(tf.errors.InvalidArgumentError) as info:
+    f(tf.ones([2]))
+  assert "torch said no: bad value 42" in info.value.message
+  assert "Traceback (most recent call last)" in info.value.message
+  np.testing.assert_array_equal(f(tf.ones([2])).numpy(), [1.0, 1.0])
+
+
+def test_unused_outputs_are_passed_and_may_be_none():
+  seen = []
+
+  def callback(args, unused):
+    seen.append(unused)
+    x = args[0]
+    return [None if unused and 0 in unused else x + 1, x * 2]
+
+  def two(x):
+    return _op(callback, [x], [tf.float32, tf.float32], [x.shape, x.shape])
+
+  only_second = tf.function(lambda x: two(x)[1])
+  both = tf.function(lambda x: tf.add_n(two(x)))
+  x_tf = tf.constant([1.0, 2.0])
+  np.testing.assert_array_equal(only_second(x_tf), [2.0, 4.0])
+  np.testing.assert_array_equal(both(x_tf), [4.0, 7.0])
+  assert seen == [(0,), None]
+
+
+def test_dtypes_round_trip_zero_copy():
+  for dtype in (tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32,
+                tf.int64, tf.uint8, tf.bool, tf.complex128):
+    x_tf = tf.cast(tf.reshape(tf.range(12), [3, 4]) % 2, dtype)
+    f = tf.function(lambda x: _op(lambda args, unused: [args[0]], [x],
+                                  [x.dtype], [x.shape])[0])
+    tb.reset_exchange_stats()
+    y_tf = f(x_tf)
+    assert y_tf.dtype == dtype
+    np.testing.assert_array_equal(y_tf.numpy(), x_tf.numpy())
+    assert tb.exchange_stats() == {"zero_copy": 2, "copied": 0,
+                                   "bytes_copied": 0}, dtype
+
+
+def test_concurrent_calls_from_eight_threads():
+  def callback(args, unused):
+    del unused
+    x, k = args
+    return [torch.tanh(x) * k + k]
+
+  @tf.function
+  def f(x, k):
+    return _op(callback, [x, k], [tf.float32], [x.shape])[0]
+
+  f(tf.zeros([256]), tf.constant(0.0))
+  errors = []
+  barrier = threading.Barrier(8)
+
+  def worker(index):
+    try:
+      rng = np.random.default_rng(index)
+      barrier.wait()
+      for _ in range(40):
+        x = rng.standard_normal(256).astype(np.float32)
+        y = f(tf.constant(x), tf.constant(float(index)))
+        np.testing.assert_allclose(y.numpy(), np.tanh(x) * index + index,
+                                   rtol=1e-5, atol=1e-5)
+    except Exception as err:  # pylint: disable=broad-except
+      errors.append(err)
+
+  threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors[0]
+
+
+def test_outputs_dying_inside_the_graph_free_their_memory():
+  # Outputs consumed inside the graph are released on TF's threads, without
+  # the GIL (only the storage is held): the memory must still go back.
+  made, freed = [], []
+
+  def callback(args, unused):
+    del unused
+    y = args[0] + 1
+    made.append(1)
+    weakref.finalize(y.untyped_storage(), freed.append, 1)
+    return [y]
+
+  @tf.function
+  def internal(x):
+    return tf.reduce_sum(_op(callback, [x], [tf.float32], [x.shape])[0])
+
+  x_tf = tf.zeros([1000])
+  for _ in range(100):
+    internal(x_tf)
+  gc.collect()
+  assert len(made) == 100
+  assert len(freed) == 100
+
+
+def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
+  # Where torch_interop.cc does not build, the loader builds the op without
+  # it, and torch_tensors callbacks run through torch_callback in Python.
+  result = _run_subprocess("""
+      _native._torch_interop_flags = lambda: [
+          "/nonexistent/torch_interop.cc", "-DTORCHBRIDGE_TORCH_INTEROP=1"]
+      import numpy as np
+      import torchbridge as tb
+      ok = _native.available()
+      f = tf.function(lambda x: _native.call(
+          lambda args, unused: [args[0] * 3], [x], [tf.float32], [[2]],
+          torch_tensors=True)[0])
+      g = tf.function(tb.torch_function(lambda x: x.sin()))
+      x = tf.constant([1.0, 2.0])
+      print(json.dumps({"available": ok, "interop": _native.has_torch_interop(),
+                        "status": _native.status(), "records": records,
+                        "f": f(x).numpy().tolist(),
+                        "g": g(x).numpy().tolist()}))
+      """, {_native.DISABLE_ENV: None, _native.CACHE_ENV: str(tmp_path)},
+      timeout=600)
+  assert result["available"] is True
+  assert result["interop"] is False
+  assert "DLPack capsules only" in result["status"]
+  assert result["records"] == []  # a working op is not worth a warning
+  assert result["f"] == [3.0, 6.0]
+  np.testing.assert_allclose(result["g"], np.sin([1.0, 2.0]), rtol=1e-6)
+  assert list(tmp_path.glob("*.log"))  # the failed attempt's log stays
