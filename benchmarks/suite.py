@@ -88,10 +88,17 @@ def overhead(quick, device):
     def round_trip_native_op(x):
       return _native.call(dlpack_round_trip, [x], [tf.float32], [x.shape])[0]
 
+    @tf.function
+    def torch_tensors_native_op(x):  # the op's C++ conversions only
+      return _native.call(lambda args_torch, unused: args_torch, [x],
+                          [tf.float32], [x.shape], torch_tensors=True)[0]
+
     contenders.update({
         "native op doing nothing (in tf.function)": lambda: bare_native_op(x_tf),
         "native op, torch DLPack round trip only (in tf.function)":
             lambda: round_trip_native_op(x_tf),
+        "native op, torch tensors handed back (in tf.function)":
+            lambda: torch_tensors_native_op(x_tf),
         "torchbridge identity, native op (in tf.function)":
             lambda: bridged_function(x_tf)})
   contenders.update({

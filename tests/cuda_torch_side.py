@@ -77,13 +77,22 @@ def _load_torchbridge_modules():
   return loaded["_exchange"], loaded["_native"]
 
 
-def _dispatch(native, fn, inputs_torch, stream, device):
-  """Runs `fn` the way the GPU kernel does; returns the output capsules."""
-  callback_id = native._register(native.torch_callback(fn), None)  # pylint: disable=protected-access
+def _dispatch(native, fn, inputs_torch, stream, device, torch_tensors=False):
+  """Runs `fn` the way the GPU kernel does; returns the output capsules.
+
+  With `torch_tensors`, as for an op built with torch_tensors=True (the
+  kernel hands Python torch tensors, made in C++); otherwise as for a
+  capsule op running `torch_callback(fn)` (its inputs are capsules).
+  """
+  if torch_tensors:
+    callback_id = native._register(fn, None)  # pylint: disable=protected-access
+    args = list(inputs_torch)
+  else:
+    callback_id = native._register(native.torch_callback(fn), None)  # pylint: disable=protected-access
+    args = [torch_dlpack.to_dlpack(t) for t in inputs_torch]
   try:
-    capsules = [torch_dlpack.to_dlpack(t) for t in inputs_torch]
-    return native._dispatch(callback_id, capsules, None, stream.cuda_stream,  # pylint: disable=protected-access
-                            device)
+    return native._dispatch(callback_id, args, None, stream.cuda_stream,  # pylint: disable=protected-access
+                            device, torch_tensors)
   finally:
     native._release([callback_id])  # pylint: disable=protected-access
 
@@ -117,8 +126,21 @@ def main():
     return [a * 2, a.to(torch.int32), a.cpu(), a.reshape(32, 32).t(),
             misaligned, a]
 
+  for torch_tensors in (False, True):
+    mode = "torch tensors" if torch_tensors else "capsules"
+    print(f"-- {mode}")
+    _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu,
+                   check, torch_tensors)
+  _check_ordering(native, tf_stream, device, gpu, check)
+  print(f"{len(failures)} failed" if failures else "all passed")
+  return 1 if failures else 0
+
+
+def _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu,
+                   check, torch_tensors):
+  """Stream, device, zero-copy input, output placement and copies."""
   stats_before = exchange.exchange_stats()
-  outs = _dispatch(native, fn, [x], tf_stream, device)
+  outs = _dispatch(native, fn, [x], tf_stream, device, torch_tensors)
   stats_after = exchange.exchange_stats()
   check(seen["stream"] == tf_stream.cuda_stream,
         "the callback runs on the stream the kernel passes")
@@ -148,6 +170,10 @@ def main():
   copies = stats_after["copied"] - stats_before["copied"]
   check(copies == 4, f"exactly the 4 copies are counted (got {copies})")
 
+
+def _check_ordering(native, tf_stream, device, gpu, check):
+  """Work queued on TF's stream is seen by the callback, without a sync."""
+
   # Ordering: work queued on TF's stream before the call (a delay, then the
   # values) is visible to the callback's torch work without any sync, because
   # that work is queued on the same stream after it.
@@ -155,7 +181,7 @@ def main():
   with torch.cuda.stream(tf_stream):
     torch.cuda._sleep(50_000_000)  # pylint: disable=protected-access
     src.fill_(3.0)
-  outs = _dispatch(native, lambda args: [args[0] + 1], [src], tf_stream,
+  outs = _dispatch(native, lambda args, unused=None: [args[0] + 1], [src], tf_stream,
                    device)
   tf_stream.synchronize()
   result = torch_dlpack.from_dlpack(outs[0])
@@ -169,15 +195,12 @@ def main():
     torch.cuda._sleep(50_000_000)  # pylint: disable=protected-access
     src.fill_(3.0)
   other_stream = torch.cuda.Stream(device=gpu)
-  outs = _dispatch(native, lambda args: [args[0] + 1], [src], other_stream,
+  outs = _dispatch(native, lambda args, unused=None: [args[0] + 1], [src], other_stream,
                    device)
   torch.cuda.synchronize(gpu)
   result = torch_dlpack.from_dlpack(outs[0])
   check(not bool((result == 4.0).all()),
         "control: on another stream the callback does not wait for TF's work")
-
-  print(f"{len(failures)} failed" if failures else "all passed")
-  return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def is_differentiable(dtype):
 
 
 def call(compute, args_tf, out_specs=None, name="torch_call",
-         differentiable=None):
+         differentiable=None, infer=None):
   """Runs `compute` as one differentiable TF op on `args_tf`.
 
   Args:
@@ -82,6 +82,10 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
     name: name of the op in TF graphs.
     differentiable: optional list of bools, one per argument: which ones get
       gradients. Defaults to the floating ones.
+    infer: optional `infer(args_torch) -> list of torch outputs`, the lean
+      form of `compute` for inference calls inside a graph (no recording,
+      no `_Saved`; it runs with grad mode off). Defaults to `compute`'s
+      outputs.
 
   Returns:
     Flat list of TF tensors.
@@ -91,7 +95,7 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
   if tf.executing_eagerly():
     return _call_eager(compute, args_tf, differentiable)
   return _call_graph(compute, args_tf, args_tf, out_specs, True, name,
-                     differentiable)
+                     differentiable, infer)
 
 
 def _call_eager(compute, args_tf, differentiable, n_used=None):
@@ -129,7 +133,7 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
 
 
 def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
-                differentiable):
+                differentiable, infer=None):
   """`compute` inside a graph, as one stateful op returning a handle too.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
@@ -145,19 +149,23 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     # consumes (`unused`; None when it cannot tell). Nothing consumes the
     # handle (output 0) in an inference call, since no gradient can come:
     # then no autograd graph is recorded and no handle is made.
-    keep = unused is None or 0 not in unused
+    if unused is not None and 0 in unused:
+      grad_mode = torch.is_grad_enabled()
+      torch._C._set_grad_enabled(False)  # pylint: disable=protected-access
+      try:
+        outs_torch = (infer(py_args_torch) if infer is not None else
+                      compute(py_args_torch, False, unused).outs_torch)
+      finally:
+        torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
+      check_outputs(outs_torch)
+      return [None] + outs_torch
     grad_mode = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(record and keep)  # pylint: disable=protected-access
+    torch._C._set_grad_enabled(record)  # pylint: disable=protected-access
     try:
-      if not keep:
-        saved = compute(py_args_torch, False, unused)
-      else:
-        saved = compute(py_args_torch, record)
+      saved = compute(py_args_torch, record)
     finally:
       torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
     check_outputs(saved.outs_torch)
-    if not keep:
-      return [None] + saved.outs_torch
     handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(
         saved.outs_torch))
     # The handle owns the record: TF holds the handle's torch tensor whole
@@ -338,8 +346,17 @@ class _OutputCheck:
         (_exchange.torch_dtype(s.dtype), s.shape.is_fully_defined(),
          None if s.shape.rank is None else tuple(s.shape.as_list()))
         for s in out_specs]
+    # The common case, one output of a fully known shape: (dtype, dims).
+    self._single = None
+    if len(self._expected) == 1 and self._expected[0][1]:
+      self._single = (self._expected[0][0], self._expected[0][2])
 
   def __call__(self, outs_torch):
+    if self._single is not None and len(outs_torch) == 1:
+      out = outs_torch[0]
+      if (out is not None and out.dtype == self._single[0] and
+          out.shape == self._single[1]):
+        return
     if len(outs_torch) == len(self._expected):
       for out, (dtype, known, dims) in zip(outs_torch, self._expected):
         if out is None:  # left out because nothing consumes it

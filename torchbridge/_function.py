@@ -116,9 +116,15 @@ class TorchFunction:
     if not tf.executing_eagerly():
       check_not_xla(self._name)
 
-    def run(args_torch):
-      a, kw = call.substitute(args_torch)
-      return self._fn(*a, **kw)
+    if call.only_tensors:  # f(x, y): the torch views are the arguments
+      fn = self._fn
+
+      def run(args_torch):
+        return fn(*args_torch)
+    else:
+      def run(args_torch):
+        a, kw = call.substitute(args_torch)
+        return self._fn(*a, **kw)
 
     return call_bridged(run, call.args_tf, self._name, self._output_signature)
 
@@ -133,12 +139,12 @@ class _BoundCall:
     self.args_tf = args_tf
     # The common call, f(x, y) with tensors only, needs no nest packing.
     args, kwargs = structure
-    self._only_tensors = (not kwargs and len(args) == len(flat) ==
+    self.only_tensors = (not kwargs and len(args) == len(flat) ==
                           len(positions))
 
   def substitute(self, args_torch):
     """The original arguments with torch tensors in the TF tensors' places."""
-    if self._only_tensors:
+    if self.only_tensors:
       return tuple(args_torch), {}
     flat = list(self._flat)
     for pos, arg_torch in zip(self._positions, args_torch):
@@ -195,6 +201,9 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
 
   def flat_outputs(args_torch):
     result = run(args_torch)
+    if extra is None and layout.get("single") and isinstance(result,
+                                                             torch.Tensor):
+      return [result]  # the common result, after the first call
     outs_torch = _flatten_result(result, name, layout)
     if extra is not None:
       outs_torch = outs_torch + list(extra(args_torch, result))
@@ -209,9 +218,12 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
     leaves = ([a.requires_grad_() if diff else None
                for a, diff in zip(args_torch, differentiable)] if record else
               no_leaves)
+    return _bridge._Saved(infer(args_torch), leaves, has_graph=record)
+
+  def infer(args_torch):  # compute's outputs alone (inference in a graph)
     outs_torch = flat_outputs(args_torch)
     _check_unmodified(args_torch, name)
-    return _bridge._Saved(outs_torch, leaves, has_graph=record)
+    return outs_torch
 
   op_name = _op_name(name)
   if tf.executing_eagerly():
@@ -227,7 +239,7 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
           flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf],
           name)
     outs_tf = _bridge.call(compute, args_tf, out_specs, name=op_name,
-                           differentiable=differentiable)
+                           differentiable=differentiable, infer=infer)
   n_result = layout["n_tensors"]
   result = _pack_result(layout, outs_tf[:n_result])
   if extra is not None:

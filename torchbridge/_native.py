@@ -395,7 +395,7 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
         "the op was loaded from a serialized graph (e.g. a SavedModel), which "
         "cannot carry Python callables.")
   if torch_tensors:
-    callback = functools.partial(callback, unused=unused_outputs)
+    callback = functools.partial(_with_unused, callback, unused_outputs)
   outer_unused = getattr(_op_call, "unused", None)
   _op_call.unused = unused_outputs
   try:
@@ -415,6 +415,10 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
       _op_call.device = outer
   finally:
     _op_call.unused = outer_unused
+
+
+def _with_unused(callback, unused_outputs, tensors):
+  return callback(tensors, unused_outputs)
 
 
 # Set while a kernel's callback runs on this thread: the op's unused outputs,
