@@ -780,8 +780,8 @@ class TorchbridgeCallOp : public OpKernel {
           " outputs were declared (Tout) when the graph was built. The torch "
           "code must return the same structure on every call.");
     }
-    // The outputs as DLPack capsules, or as tensors this file exported
-    // itself (`taken[i].gil_free`); new references in `capsules`.
+    // Each output as a DLPack capsule (a new reference in `capsules`), or
+    // as a tensor torch_interop exported (`taken[i].exported`).
     std::vector<PyObject*> capsules(n, nullptr);
     std::vector<Managed> taken(n);
     absl::Status status = CollectOutputs(ctx, PySequence_Fast_ITEMS(result),
