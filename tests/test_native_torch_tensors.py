@@ -141,7 +141,8 @@ def test_an_output_holds_only_memory_unless_asked_to_hold_the_tensor():
 
 
 @pytest.mark.parametrize("make,error,pattern", [
-    (lambda: [torch.zeros(4, dtype=torch.float64)], tf.errors.InvalidArgumentError,
+    (lambda: [torch.zeros(4, dtype=torch.float64)],
+     tf.errors.InvalidArgumentError,
      "has dtype float64, but float was declared"),
     (lambda: [torch.zeros(5)], tf.errors.InvalidArgumentError,
      "has shape [5], but [4] was declared"),

@@ -1,9 +1,11 @@
 """The native TF op `TorchbridgeCall` (csrc/torchbridge_op.cc) and its loader.
 
 Inside `tf.function`, `TorchbridgeCall` calls a Python callable with its inputs
-as DLPack capsules and adopts the capsules it returns as outputs, without
-copies; it replaces `tf.py_function` (no EagerTensor wrapping, static output
-shapes, TF's CUDA stream handed to torch on GPUs).
+and adopts what it returns as outputs, without copies: DLPack capsules both
+ways, or (`torch_tensors=True`, what the bridge uses) torch tensors, which
+csrc/torch_interop.cc converts in C++. It replaces `tf.py_function` (no
+EagerTensor wrapping, static output shapes, TF's CUDA stream handed to torch
+on GPUs).
 
 The library is built on first use (`load()`), with the compiler flags of the
 installed TensorFlow, into a cache directory (`$TORCHBRIDGE_CACHE_DIR`, else
@@ -189,11 +191,12 @@ def _torch_interop_flags():
           # torch's headers ask for C++20 in places where C++17 compilers
           # accept an extension; TF's ask for C++17.
           "-Wno-c++20-extensions",
-          "-D_GLIBCXX_USE_CXX11_ABI=" + str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),  # pylint: disable=protected-access
+          "-D_GLIBCXX_USE_CXX11_ABI=%d" % torch._C._GLIBCXX_USE_CXX11_ABI,  # pylint: disable=protected-access
           # After TF's include directory (from its flags, earlier on the
           # command line), so that TF's files win where both ship one
           # (google/protobuf); torch's own (ATen, c10, torch) exist only here.
-          "-I" + str(include), "-I" + str(include / "torch" / "csrc" / "api" / "include"),
+          "-I" + str(include),
+          "-I" + str(include / "torch" / "csrc" / "api" / "include"),
           "-L" + str(lib), "-Wl,-rpath," + str(lib),
           "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
 
@@ -434,8 +437,8 @@ def current_gpu():
 def unused_outputs():
   """The indices of the running op's outputs that nothing consumes.
 
-  An empty tuple outside a native op's callback and whenever the executor
-  did not say (see `output_required`).
+  For capsule callbacks (see `output_required`). An empty tuple outside a
+  native op's callback and whenever the executor did not say.
   """
   return getattr(_op_call, "unused", None) or ()
 
@@ -443,8 +446,10 @@ def unused_outputs():
 def output_required(index):
   """Whether the running op's output `index` is consumed in its graph.
 
-  True outside a native op's callback (the `tf.py_function` path cannot
-  tell) and whenever the executor did not say otherwise.
+  For capsule callbacks. True outside a native op's callback (the
+  `tf.py_function` path cannot tell) and whenever the executor did not say
+  otherwise. (A `torch_tensors` callback gets the unused outputs as its
+  second argument instead.)
   """
   unused = getattr(_op_call, "unused", None)
   return unused is None or index not in unused
