@@ -9,30 +9,24 @@ in use; the fallback (a library built without torch_interop.cc, where
 
 import gc
 import os
-import threading
 import weakref
 
 import numpy as np
 import pytest
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
-import torch.utils.dlpack as torch_dlpack
 
 import torchbridge as tb
 from torchbridge import _native
 
+from test_native import _data_ptr
 from test_native import _run_subprocess
+from test_native import check_from_eight_threads
 
 if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
     not _native.available()):
   pytest.skip(f"native op not available: {_native.status()}",
               allow_module_level=True)
-
-
-def _data_ptr(x_tf):
-  """Address of a TF tensor's buffer (through a torch view of it)."""
-  return torch_dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)
-                                  ).data_ptr()
 
 
 def _op(callback, inputs, dtypes, shapes, **kwargs):
@@ -170,6 +164,16 @@ def test_bad_outputs_give_clear_errors_and_the_op_goes_on(make, error,
   np.testing.assert_array_equal(good(tf.zeros([4])).numpy(), np.ones(4))
 
 
+def test_whole_tensor_output_index_out_of_range_is_a_clear_error():
+  f = tf.function(lambda x: _op(lambda args, unused: [args[0]], [x],
+                                [tf.float32], [[2]],
+                                whole_tensor_outputs=[3])[0])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="whole_tensor_outputs index 3 out of range for 1 "
+                     "outputs"):
+    f(tf.ones([2]))
+
+
 def test_python_exception_keeps_its_message_and_the_process_goes_on():
   calls = []
 
@@ -231,28 +235,7 @@ def test_concurrent_calls_from_eight_threads():
   def f(x, k):
     return _op(callback, [x, k], [tf.float32], [x.shape])[0]
 
-  f(tf.zeros([256]), tf.constant(0.0))
-  errors = []
-  barrier = threading.Barrier(8)
-
-  def worker(index):
-    try:
-      rng = np.random.default_rng(index)
-      barrier.wait()
-      for _ in range(40):
-        x = rng.standard_normal(256).astype(np.float32)
-        y = f(tf.constant(x), tf.constant(float(index)))
-        np.testing.assert_allclose(y.numpy(), np.tanh(x) * index + index,
-                                   rtol=1e-5, atol=1e-5)
-    except Exception as err:  # pylint: disable=broad-except
-      errors.append(err)
-
-  threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  assert not errors, errors[0]
+  check_from_eight_threads(f)
 
 
 def test_outputs_dying_inside_the_graph_free_their_memory():
