@@ -149,32 +149,31 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     # consumes (`unused`; None when it cannot tell). Nothing consumes the
     # handle (output 0) in an inference call, since no gradient can come:
     # then no autograd graph is recorded and no handle is made.
-    if unused is not None and 0 in unused:
-      grad_mode = torch.is_grad_enabled()
-      torch._C._set_grad_enabled(False)  # pylint: disable=protected-access
-      try:
+    inference = unused is not None and 0 in unused
+    grad_mode = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(record and not inference)  # pylint: disable=protected-access
+    try:
+      if inference:
+        saved = None
         outs_torch = (infer(py_args_torch) if infer is not None else
                       compute(py_args_torch, False, unused).outs_torch)
-      finally:
-        torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
-      check_outputs(outs_torch)
-      return [None] + outs_torch
-    grad_mode = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(record)  # pylint: disable=protected-access
-    try:
-      saved = compute(py_args_torch, record)
+      else:
+        saved = compute(py_args_torch, record)
+        outs_torch = saved.outs_torch
     finally:
       torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
-    check_outputs(saved.outs_torch)
-    handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(
-        saved.outs_torch))
+    check_outputs(outs_torch)
+    if saved is None:
+      return [None] + outs_torch
+    handle_torch = torch.empty(1, dtype=torch.int8,
+                               device=_handle_device(outs_torch))
     # The handle owns the record: TF holds the handle's torch tensor whole
     # (the native op's whole_tensor_outputs; torch's DLPack export on the
     # tf.py_function path), and torch keeps its Python object, with this
     # attribute, alive as long as TF does.
     handle_torch._torchbridge_saved = saved
     _SAVED_BY_HANDLE[handle_torch.data_ptr()] = saved
-    return [handle_torch] + saved.outs_torch
+    return [handle_torch] + outs_torch
 
   @tf.custom_gradient
   def bridged(*grad_args):

@@ -201,10 +201,10 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
 
   def flat_outputs(args_torch):
     result = run(args_torch)
-    if extra is None and layout.get("single") and isinstance(result,
-                                                             torch.Tensor):
-      return [result]  # the common result, after the first call
-    outs_torch = _flatten_result(result, name, layout)
+    if layout.get("single") and isinstance(result, torch.Tensor):
+      outs_torch = [result]  # the common result, after the first call
+    else:
+      outs_torch = _flatten_result(result, name, layout)
     if extra is not None:
       outs_torch = outs_torch + list(extra(args_torch, result))
     return outs_torch
@@ -261,9 +261,6 @@ def _check_unmodified(args_torch, name):
 
 
 def _flatten_result(result, name, layout):
-  # The common result, one tensor, after the first call: no nest walk.
-  if layout.get("single") and isinstance(result, torch.Tensor):
-    return [result]
   flat = tf.nest.flatten(result)
   tensors = []
   for leaf in flat:

@@ -22,7 +22,6 @@ registrations are dropped when the graph is garbage collected (as
 """
 
 import contextlib
-import functools
 import hashlib
 import itertools
 import logging
@@ -397,19 +396,18 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
         "graph that built this TorchbridgeCall op was garbage collected, or "
         "the op was loaded from a serialized graph (e.g. a SavedModel), which "
         "cannot carry Python callables.")
-  if torch_tensors:
-    callback = functools.partial(_with_unused, callback, unused_outputs)
+  args = (capsules, unused_outputs) if torch_tensors else (capsules,)
   outer_unused = getattr(_op_call, "unused", None)
   _op_call.unused = unused_outputs
   try:
     if cuda_stream is None:
-      return callback(capsules)
+      return callback(*args)
     stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
     outer = getattr(_op_call, "device", None)
     _op_call.device = cuda_device
     try:
       with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
-        outs = callback(capsules)
+        outs = callback(*args)
         # Torch tensors (the torch_tensors op) become capsules here, where
         # any copy this takes is queued on TF's stream.
         return [_to_capsule(o) if isinstance(o, torch.Tensor) else o
@@ -418,10 +416,6 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
       _op_call.device = outer
   finally:
     _op_call.unused = outer_unused
-
-
-def _with_unused(callback, unused_outputs, tensors):
-  return callback(tensors, unused_outputs)
 
 
 # Set while a kernel's callback runs on this thread: the op's unused outputs,
@@ -602,12 +596,9 @@ def _export_output(out_torch, index, gpu):
   if not isinstance(out_torch, torch.Tensor):
     raise TypeError(
         f"output {index} of the torch callback is a "
-        f"{type(out_torch).__name__}, not a torch.Tensor")
-  device = None
-  if gpu is not None:
-    device = (torch.device("cpu") if out_torch.dtype == torch.int32 else
-              torch.device("cuda", gpu))
-  return _to_dlpack(_exchange.tf_viewable(out_torch, device=device))
+        f"{type(out_torch).__name__}, not a torch.Tensor; return it as a "
+        "tensor, e.g. torch.tensor(value)")
+  return _viewable_capsule(out_torch, gpu)
 
 
 def _to_capsule(x_torch):
@@ -616,11 +607,16 @@ def _to_capsule(x_torch):
   if not isinstance(x_torch, torch.Tensor):
     raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
                     "torch.Tensor")
+  return _viewable_capsule(x_torch, current_gpu())
+
+
+def _viewable_capsule(x_torch, gpu):
+  """A capsule of `x_torch` as TF can adopt it (one counted copy if need
+  be), for the kernel running on CUDA device `gpu` (None: the CPU kernel)."""
   device = None
-  gpu_device = current_gpu()
-  if gpu_device is not None:
+  if gpu is not None:
     # The GPU kernel wants its outputs in GPU memory, except int32, which TF
     # keeps in host memory on GPUs.
     device = (torch.device("cpu") if x_torch.dtype == torch.int32 else
-              torch.device("cuda", gpu_device))
+              torch.device("cuda", gpu))
   return _to_dlpack(_exchange.tf_viewable(x_torch, device=device))
