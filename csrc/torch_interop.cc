@@ -64,16 +64,6 @@ PyObject* TensorFromDLPack(DLManagedTensor* managed) {
   return nullptr;
 }
 
-bool IsTensor(PyObject* object) {
-  if (THPVariable_CheckExact(object)) return true;
-  try {
-    return THPVariable_Check(object);
-  } catch (...) {  // python_error: isinstance failed
-    PyErr_Clear();
-    return false;
-  }
-}
-
 DLManagedTensor* ExportAsIs(PyObject* object, int device_type, int device_id,
                             bool whole_tensor) {
   if (!THPVariable_CheckExact(object)) return nullptr;

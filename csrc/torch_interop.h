@@ -38,9 +38,6 @@ PyObject* TensorFromDLPack(DLManagedTensor* managed);
 DLManagedTensor* ExportAsIs(PyObject* object, int device_type, int device_id,
                             bool whole_tensor);
 
-// Whether `object` is a torch.Tensor (or a subclass). Needs the GIL.
-bool IsTensor(PyObject* object);
-
 }  // namespace torch_interop
 }  // namespace torchbridge
 
