@@ -165,6 +165,32 @@ def test_direct_from_config_fails_closed_and_opts_in_with_safe_mode():
     np.testing.assert_array_equal(clone.get_weights_by_name()[n], value)
 
 
+def test_from_config_takes_safe_mode_as_keras_torch_wrapper_does():
+  # Keras' TorchModuleWrapper.from_config(config, custom_objects=None,
+  # safe_mode=None): an explicit argument wins over the ambient scope.
+  layer = TorchLayer(make_mlp(), name="t")
+  config = layer.get_config()
+  clone = TorchLayer.from_config(config, safe_mode=False)
+  assert isinstance(clone, TorchLayer) and "module" in config
+  for n, value in layer.get_weights_by_name().items():
+    np.testing.assert_array_equal(clone.get_weights_by_name()[n], value)
+  clone = TorchLayer.from_config(config, custom_objects={}, safe_mode=False)
+  assert isinstance(clone, TorchLayer)
+  with pytest.raises(ValueError, match="arbitrary code execution"):
+    TorchLayer.from_config(config, safe_mode=True)
+  with pytest.raises(ValueError, match="safe_mode=False"):
+    TorchLayer.from_config(config, safe_mode=None)  # no scope: fails closed
+  keras.config.enable_unsafe_deserialization()
+  try:
+    assert isinstance(TorchLayer.from_config(config), TorchLayer)
+    with pytest.raises(ValueError, match="arbitrary code execution"):
+      TorchLayer.from_config(config, safe_mode=True)
+  finally:
+    from keras.src.saving import serialization_lib
+    serialization_lib.global_state.set_global_attribute(
+        "safe_mode_saving", None)
+
+
 def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
   model = trained(pickled_model(seed=0))
   x, y = data(seed=1)

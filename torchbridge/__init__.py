@@ -1,5 +1,13 @@
 """torchbridge: PyTorch models and functions as TensorFlow ops and modules."""
 
+# The one thing done at import, first: load triton's native library (if
+# installed) so that TensorFlow's global LLVM symbols cannot capture it (see
+# _load_order.py); then torch before TensorFlow, the order every module keeps.
+from torchbridge import _load_order
+
+_load_order.load_before_tensorflow()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from torchbridge._exchange import exchange_stats
 from torchbridge._exchange import reset_exchange_stats
 from torchbridge._exchange import to_tf

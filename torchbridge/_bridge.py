@@ -30,8 +30,8 @@ General strategy:
 import functools
 import weakref
 
+import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
-import torch
 from tensorflow.python.eager import record as tf_record
 
 from torchbridge import _exchange

@@ -3,9 +3,9 @@
 import threading
 
 import numpy as np
-import tensorflow as tf
-import torch
+import torch  # before TensorFlow, as everywhere in torchbridge
 import torch.utils.dlpack as torch_dlpack
+import tensorflow as tf
 
 # TF's CPU kernels assume EIGEN_MAX_ALIGN_BYTES=64. TF accepts a misaligned
 # DLPack buffer without complaint and a later kernel aborts the whole process

@@ -4,8 +4,8 @@ import functools
 import re
 import weakref
 
+import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
-import torch
 from tensorflow.core.function.trace_type import default_types
 from tensorflow.python.ops import control_flow_util
 

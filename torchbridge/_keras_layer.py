@@ -4,18 +4,19 @@ import base64
 import inspect
 import io
 
+import torch  # before TensorFlow (and Keras, which imports it)
 import keras
 import tensorflow as tf
-import torch
 
 from torchbridge import _torch_state
 
 _UNSAFE_LOAD = """\
 Refusing to load the torch module stored in the config of TorchLayer {name!r}:
-it is a pickle, and unpickling it with `torch.load` can run arbitrary code.
-If you trust the file, load it with `keras.models.load_model(path,
-safe_mode=False)` (or call `keras.config.enable_unsafe_deserialization()`
-first). To load in safe mode instead, build the torch module in code: a
+it is a pickle, and unpickling it with `torch.load` carries a risk of
+arbitrary code execution. If you trust the file, load it with
+`keras.models.load_model(path, safe_mode=False)` (or pass `safe_mode=False`
+to `TorchLayer.from_config` / `keras.saving.deserialize_keras_object`, or
+call `keras.config.enable_unsafe_deserialization()` first). To load in safe mode instead, build the torch module in code: a
 subclass of TorchLayer whose `__init__` creates its torch module (and takes
 no `module` argument), or a subclassed keras.Model that creates the
 TorchLayer in its `__init__`."""
@@ -124,11 +125,22 @@ class TorchLayer(keras.layers.Layer):
     return config
 
   @classmethod
-  def from_config(cls, config):
+  def from_config(cls, config, custom_objects=None, safe_mode=None):
+    """Rebuilds the layer; unpickles a stored torch module only when unsafe.
+
+    As Keras' own `TorchModuleWrapper.from_config`: `safe_mode=False` allows
+    `torch.load` of the pickled module; `None` follows the enclosing
+    deserialization scope (`load_model(..., safe_mode=...)`), and a call
+    outside any scope counts as safe (fails closed). `custom_objects` is
+    accepted for Keras' signature and unused.
+    """
+    del custom_objects  # nothing in the config refers to custom objects
     config = dict(config)
     if "module" in config:
+      if safe_mode is None:
+        safe_mode = _in_safe_mode()
       # Unset (a direct from_config call) counts as safe: fail closed.
-      if _in_safe_mode() is not False:
+      if safe_mode is not False:
         raise ValueError(_UNSAFE_LOAD.format(name=config.get("name")))
       config["module"] = torch.load(
           io.BytesIO(base64.b64decode(config["module"])), weights_only=False)

@@ -1,7 +1,7 @@
 """Output signatures of torch code, found without computing anything."""
 
+import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
-import torch
 
 from torchbridge import _exchange
 

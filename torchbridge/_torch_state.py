@@ -9,8 +9,8 @@ import collections.abc
 import threading
 
 import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge import _bridge
