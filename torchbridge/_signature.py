@@ -3,6 +3,7 @@
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
+from torchbridge import _compiled
 from torchbridge import _exchange
 
 # Two stand-in sizes for the dimensions TF leaves unknown. An output dimension
@@ -77,7 +78,7 @@ def infer(run, args_specs, name):
         for s in args_specs
     ]
     try:
-      with torch.no_grad():
+      with torch.no_grad(), _compiled.run_uncompiled():
         outs_by_probe.append(run(args_meta))
     except ResultError:
       raise  # the result itself is wrong: output_signature would not help

@@ -14,6 +14,7 @@ import tensorflow as tf
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchbridge import _bridge
+from torchbridge import _compiled
 from torchbridge import _distribute
 from torchbridge import _exchange
 from torchbridge import _function
@@ -132,7 +133,7 @@ class TorchState:
           # tracing) finds the buffers the forward writes; later calls in
           # this mode copy and write back exactly those.
           versions = {n: b._version for n, b in buffers_torch.items()}
-          with _WriteRecorder() as recorder:
+          with _compiled.run_uncompiled(), _WriteRecorder() as recorder:
             result, reassigned = self._slots.call(tensors, a, kw)
           known_mutated = frozenset(
               n for n, b in buffers_torch.items()
