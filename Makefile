@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test test-user bench venv clean
 
 venv: $(STAMP)
 
@@ -34,9 +34,32 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
 
+# What a user gets, as a second environment: a fresh venv, torch from the
+# package index (the CUDA build every Linux x86_64 user gets from PyPI; it
+# brings triton and the CUDA libraries, and runs on the CPU here), and
+# torchbridge installed non-editable the README's way (`pip install .[cpu]`).
+# The tests run from tests/ with `python -P`, so they import the installed
+# package, not the source tree: the import-order matrix, the README's code
+# blocks, the quick-start example, torch's lazily loaded native code.
+USER_VENV := .venv-user
+USER_PY := $(USER_VENV)/bin/python
+USER_TORCH ?= torch==2.14.1
+USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
+	test_torch_lazy_native.py
+test-user:
+	rm -rf $(USER_VENV)
+	$(PYTHON) -m venv $(USER_VENV)
+	$(USER_PY) -m pip install --quiet --upgrade pip
+	$(USER_PY) -m pip install --quiet "$(USER_TORCH)" ".[cpu]" pytest
+	$(USER_PY) -c "import importlib.util as u, sys; \
+	  sys.exit('triton missing: not a user install' if u.find_spec('triton') is None else 0)"
+	$(USER_PY) -m pip list 2>/dev/null | grep -E -i "^(torch|triton|tensorflow[-_a-z]*|keras|torchbridge) "
+	cd tests && TORCHBRIDGE_USER_INSTALL=1 ../$(USER_PY) -P -m pytest -q \
+	  -p no:cacheprovider $(USER_TESTS)
+
 # QUICK=1: the under-a-minute smoke run (the test suite runs it too).
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick --out benchmarks/results/quick)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(USER_VENV) build *.egg-info

@@ -44,14 +44,17 @@ setup(
     # not required by name because it ships under several (`tensorflow`,
     # `tensorflow-cpu`, `tensorflow[and-cuda]`) and pip cannot tell that one
     # satisfies another; pick one with the extras below. The pinned CPU set
-    # used for development and CI is requirements-dev.txt.
+    # used for development and CI is requirements-dev.txt. The floors are
+    # the oldest releases CI tests: torch 2.13 (the development venv; the
+    # user-install venv of `make test-user` has the index's torch 2.14.1)
+    # and TensorFlow 2.21 (both).
     install_requires=[
         "numpy",
-        "torch>=2.3",
+        "torch>=2.13",
     ],
     extras_require={
-        "cpu": ["tensorflow-cpu>=2.16"],
-        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "cpu": ["tensorflow-cpu>=2.21"],
+        "gpu": ["tensorflow[and-cuda]>=2.21"],
         "tf_keras": ["tf_keras"],
         "ray": ["ray>=2.10"],
     },

@@ -259,3 +259,15 @@ def test_a_broken_triton_library_does_not_stop_the_import(fake_triton,
   out = run_fake(fake_triton, tmp_path, before="import tensorflow")
   assert_ran(out)
   assert "loaded False" in out.stdout
+
+
+@pytest.mark.skipif(os.environ.get("TORCHBRIDGE_USER_INSTALL") != "1",
+                    reason="only in the user-install venv (make test-user)")
+def test_user_install_runs_the_installed_package_beside_triton():
+  import torchbridge  # pylint: disable=import-outside-toplevel
+  assert "site-packages" in torchbridge.__file__, torchbridge.__file__
+  assert TRITON_INSTALLED
+  # The op's C++ sources ship inside the package (built on first use).
+  csrc = os.path.join(os.path.dirname(torchbridge.__file__), "csrc")
+  assert sorted(os.listdir(csrc)) == ["torch_interop.cc", "torch_interop.h",
+                                      "torchbridge_op.cc"]
