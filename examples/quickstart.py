@@ -13,7 +13,7 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TF's C++ start-up logs
 
-import torch  # before TensorFlow: the other order can segfault
+import torch  # first, the recommended order: README, "Installs and import order"
 import numpy as np
 import tensorflow as tf
 

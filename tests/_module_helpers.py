@@ -1,6 +1,7 @@
 """Torch models and small utilities shared by the `tb.TorchModule` tests.
 
-torch is imported before tensorflow: the other order segfaults here.
+torch is imported before tensorflow, the recommended order (README, "Installs
+and import order"; tests/test_installs.py checks the others).
 """
 
 import numpy as np

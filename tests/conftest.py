@@ -1,7 +1,7 @@
 """Shared fixtures for the torchbridge tests.
 
-torch is imported before tensorflow everywhere: the other order segfaults on
-these machines.
+torch is imported before tensorflow everywhere, the recommended order (README,
+"Installs and import order"; tests/test_installs.py checks the others).
 """
 
 import os

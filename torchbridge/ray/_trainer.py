@@ -3,7 +3,7 @@
 import collections.abc
 
 import numpy as np
-import torch  # before TensorFlow: the other order can crash the process
+import torch  # first, the recommended order: README, "Installs and import order"
 import tensorflow as tf
 
 from torchbridge import _module

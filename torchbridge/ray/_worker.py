@@ -1,6 +1,6 @@
 """`TorchModuleWorker`: a `TorchModule` built inside a Ray actor's process."""
 
-import torch  # before TensorFlow: the other order can crash the process
+import torch  # first, the recommended order: README, "Installs and import order"
 import tensorflow as tf  # noqa: F401  (imported here, after torch, on purpose)
 
 from torchbridge import _module
