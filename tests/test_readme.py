@@ -1,0 +1,122 @@
+"""Every ```python block of README.md runs to completion as written.
+
+The blocks are read from README.md when the tests are collected, never
+copied here, so an edit to the README is what gets tested. Each block runs
+in its own interpreter (a crash fails that block only) with a fresh
+temporary directory as its working directory: the files a block writes
+(checkpoints, `model.keras`) land there, and the installed torchbridge is
+imported, not a copy shadowed by the current directory.
+"""
+
+import importlib.util
+import os
+from pathlib import Path
+import re
+import subprocess
+import sys
+
+import pytest
+
+README = Path(__file__).parents[1] / "README.md"
+
+# A fence opens with ``` and an info string, and closes with a bare ```.
+_FENCE = re.compile(r"^```(.*)$")
+
+# Seconds one block may run; the Ray block starts a local cluster and actors.
+_TIMEOUT_S = 300
+
+# Optional packages: a block that imports one is skipped when it is missing.
+_OPTIONAL = ("ray", "keras")
+
+_TAIL_CHARS = 4000
+
+
+def python_blocks(text):
+  """The fenced blocks whose info string is exactly `python`.
+
+  Args:
+    text: the Markdown source.
+
+  Returns:
+    A list of `(line, code)`: the 1-based line number of the block's
+    opening fence, and the code.
+  """
+  blocks = []
+  lines = text.splitlines()
+  i = 0
+  while i < len(lines):
+    match = _FENCE.match(lines[i])
+    if match is None:
+      i += 1
+      continue
+    info = match.group(1).strip()
+    start = i + 1
+    end = start
+    while end < len(lines) and lines[end].rstrip() != "```":
+      end += 1
+    if info == "python":
+      blocks.append((i + 1, "\n".join(lines[start:end]) + "\n"))
+    i = end + 1
+  return blocks
+
+
+BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+_BLOCK_IDS = [f"block{i}-line{line}" for i, (line, _) in enumerate(BLOCKS)]
+
+
+def _needs(code, package):
+  """Whether `code` imports `package` or uses `tb.<package>`."""
+  imports = re.search(
+      rf"^\s*(import\s+([\w.]+\s*,\s*)*{package}\b|from\s+{package}\b)",
+      code, re.MULTILINE)
+  return imports is not None or f"tb.{package}." in code
+
+
+def _output(stdout, stderr):
+  """The last characters of a block's stdout and stderr, for a failure."""
+
+  def tail(text):
+    if isinstance(text, bytes):  # what a timeout leaves, even with text=True
+      text = text.decode(errors="replace")
+    return text[-_TAIL_CHARS:] if text else "<empty>"
+
+  return (f"--- stdout (tail) ---\n{tail(stdout)}\n"
+          f"--- stderr (tail) ---\n{tail(stderr)}")
+
+
+def test_readme_has_python_blocks():
+  # Guards the extraction: a broken parser would otherwise test nothing.
+  assert len(BLOCKS) >= 4, (
+      f"found {len(BLOCKS)} ```python blocks in {README}, expected at least 4")
+
+
+@pytest.mark.parametrize("line, code", BLOCKS, ids=_BLOCK_IDS)
+def test_readme_block_imports_torch_first(line, code):
+  # torchbridge's rule: torch is imported before TensorFlow (or Keras).
+  first = code.lstrip().splitlines()[0]
+  assert re.match(r"import torch\b", first), (
+      f"README.md block at line {line} starts with {first!r}; each block "
+      "starts with `import torch`, before TensorFlow is imported")
+
+
+@pytest.mark.parametrize("line, code", BLOCKS, ids=_BLOCK_IDS)
+def test_readme_block_runs(line, code, tmp_path):
+  for package in _OPTIONAL:
+    if _needs(code, package) and importlib.util.find_spec(package) is None:
+      pytest.skip(f"README.md block at line {line} needs {package}, "
+                  "which is not installed")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  try:
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+  except subprocess.TimeoutExpired as err:
+    pytest.fail(f"README.md block at line {line} ran past {_TIMEOUT_S} s\n"
+                f"{_output(err.stdout, err.stderr)}")
+  output = _output(result.stdout, result.stderr)
+  assert result.returncode >= 0, (
+      f"README.md block at line {line} was killed by signal "
+      f"{-result.returncode}\n{output}")
+  assert result.returncode == 0, (
+      f"README.md block at line {line} exited with "
+      f"{result.returncode}\n{output}")
