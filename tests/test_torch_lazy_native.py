@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import numpy as np
 import pytest
@@ -30,11 +29,7 @@ import pytest
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "TORCHBRIDGE_TEST_RESULT "
 
-with warnings.catch_warnings():
-  # `slow` is not registered (pytest.ini turns the unknown-mark warning into a
-  # collection error); once it is, this is a plain `pytest.mark.slow`.
-  warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-  slow = pytest.mark.slow
+slow = pytest.mark.slow  # registered in pytest.ini
 
 # The start of every child: TensorFlow first, then torch and torchbridge.
 CHILD_PRELUDE = f"""\
@@ -61,12 +56,12 @@ def child_path():
 def run_child(tmp_path, body, timeout):
   """Runs CHILD_PRELUDE + `body` in a fresh interpreter; its report()."""
   code = CHILD_PRELUDE + textwrap.dedent(body)
-  python_path = [REPO_DIR] + [p for p in os.environ.get("PYTHONPATH", "")
-                              .split(os.pathsep) if p]
+  # No PYTHONPATH of ours: the child imports the torchbridge this
+  # interpreter has installed (editable in the development venv, the
+  # non-editable package in `make test-user`'s venv).
   env = dict(
       os.environ,
       TF_CPP_MIN_LOG_LEVEL="3",
-      PYTHONPATH=os.pathsep.join(python_path),
       PATH=child_path(),
       # Cold caches of its own: each run compiles and loads for real, and
       # leaves nothing behind.
