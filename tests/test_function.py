@@ -963,3 +963,16 @@ def test_in_place_write_into_an_argument_is_reported(in_mode):
   plus_one = tb.torch_function(lambda i: i + 1, name="plus_one")
   np.testing.assert_array_equal(
       in_mode(lambda i: plus_one(i))(tf.constant([1, 2, 3])).numpy(), [2, 3, 4])
+
+
+def test_builtin_torch_function_passed_to_tf_function_directly():
+  # torch.sin has no Python signature; tf.function(f) asks for one.
+  f = tb.torch_function(torch.sin)
+  x = tf.constant([0.5, 1.0], tf.float64)
+  traced = tf.function(f)
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = traced(x)
+  np.testing.assert_array_equal(y.numpy(), np.sin(x.numpy()))
+  np.testing.assert_array_equal(tape.gradient(y, x).numpy(), np.cos(x.numpy()))
+  assert f.__name__ == "sin"

@@ -1,6 +1,7 @@
 """`torch_function`: a torch callable as a differentiable TF op."""
 
 import functools
+import inspect
 import re
 import weakref
 
@@ -84,6 +85,16 @@ class TorchFunction:
 
   def __init__(self, fn, output_signature=None, name=None):
     functools.update_wrapper(self, fn)
+    try:
+      inspect.signature(fn)
+    except (TypeError, ValueError):
+      # A builtin or pybind function (`torch.sin`, a C++ extension's) has no
+      # signature; `tf.function(f)` asks for one and would fail, so it gets
+      # (*args, **kwargs).
+      del self.__wrapped__
+      self.__signature__ = inspect.Signature([
+          inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+          inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
     self._fn = fn
     self._output_signature = output_signature
     if output_signature is not None:
