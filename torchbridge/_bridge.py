@@ -37,6 +37,7 @@ from tensorflow.python.eager import record as tf_record
 from torchbridge import _exchange
 from torchbridge import _native
 from torchbridge import _thread_state
+from torchbridge import _torch_thread
 from torchbridge import _vjp
 
 # Handle data pointer -> `_Saved`. Weak: the handle tensor owns the record.
@@ -92,6 +93,7 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
   """
   if differentiable is None:
     differentiable = [is_differentiable(a.dtype) for a in args_tf]
+  _torch_thread.remember_threads()  # on the user's thread
   if tf.executing_eagerly():
     return _call_eager(compute, args_tf, differentiable)
   return _call_graph(compute, args_tf, args_tf, out_specs, True, name,
@@ -103,14 +105,14 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
   if n_used is None:
     n_used = len(args_tf)
   if not (tf_record.could_possibly_record() and any(differentiable)):
-    with torch.no_grad():
-      saved = compute(_views(args_tf[:n_used]), False)
+    saved = _torch_thread.run(_compute_in_grad_mode, compute,
+                              _views(args_tf[:n_used]), False)
     return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
 
   @tf.custom_gradient
   def bridged(*args):
-    with torch.enable_grad():
-      saved = compute(_views(args[:n_used]), True)
+    saved = _torch_thread.run(_compute_in_grad_mode, compute,
+                              _views(args[:n_used]), True)
     outs_tf = [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
 
     def grad(*dys_tf):
@@ -132,6 +134,12 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
   return list(bridged(*args_tf))
 
 
+def _compute_in_grad_mode(compute, args_torch, record):
+  """`compute(args_torch, record)` with torch's grad mode set to `record`."""
+  with torch.set_grad_enabled(record):
+    return compute(args_torch, record)
+
+
 def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
                 differentiable, infer=None):
   """`compute` inside a graph, as one stateful op returning a handle too.
@@ -145,6 +153,14 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
   check_outputs = _OutputCheck(out_specs, name)
 
   def run(py_args_torch, unused=None):
+    # On the torch thread; the GPU kernel's calls stay on TF's thread, which
+    # holds TF's CUDA stream as torch's current stream (CUDA kernels do not
+    # use torch's OpenMP teams).
+    if _native.current_gpu() is not None:
+      return run_here(py_args_torch, unused)
+    return _torch_thread.run(run_here, py_args_torch, unused)
+
+  def run_here(py_args_torch, unused=None):
     # The native op says which of its outputs nothing in the running graph
     # consumes (`unused`; None when it cannot tell). Nothing consumes the
     # handle (output 0) in an inference call, since no gradient can come:

@@ -1,0 +1,239 @@
+"""All bridged torch work runs on one thread, so torch's pools never multiply."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+import torch
+import tensorflow as tf
+
+import torchbridge as tb
+from torchbridge import _torch_thread
+from torchbridge._torch_thread import TorchThread
+
+
+# ------------------------------------------------------------- the thread
+
+
+def test_run_returns_the_result_from_another_thread():
+  worker = TorchThread()
+  assert worker.run(lambda a, b: (a + b, threading.get_ident()), 1, 2,
+                    threads=1)[0] == 3
+  ident = worker.run(threading.get_ident, threads=1)
+  assert ident != threading.get_ident()
+  assert worker.run(threading.get_ident, threads=1) == ident  # the same one
+
+
+def test_exceptions_reach_the_caller_with_their_traceback():
+  worker = TorchThread()
+
+  def fails():
+    raise KeyError("inside torch")
+
+  with pytest.raises(KeyError, match="inside torch") as info:
+    worker.run(fails, threads=1)
+  assert any(entry.name == "fails" for entry in info.traceback)
+  assert worker.run(lambda: "next call works", threads=1) == "next call works"
+
+
+def test_nested_calls_run_inline_on_the_torch_thread():
+  worker = TorchThread()
+  outer = worker.run(lambda: (threading.get_ident(),
+                              worker.run(threading.get_ident, threads=1)),
+                     threads=1)
+  assert outer[0] == outer[1]
+
+
+def test_thread_count_is_applied_on_the_torch_thread():
+  worker = TorchThread()
+  assert worker.run(torch.get_num_threads, threads=1) == 1
+  assert worker.run(torch.get_num_threads, threads=2) == 2
+
+
+def test_idle_thread_ends_and_the_next_call_starts_another():
+  worker = TorchThread(idle_seconds=0.05)
+  worker.run(lambda: None, threads=1)
+  assert worker.started == 1
+  deadline = time.monotonic() + 5
+  while worker.alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert not worker.alive()
+  assert worker.run(lambda: 7, threads=1) == 7
+  assert worker.started == 2
+
+
+def test_busy_thread_lets_a_waiting_call_run_on_its_own_thread():
+  # A bridged call nested in another's torch code would wait forever for
+  # the busy torch thread; after wait_seconds it runs where it is.
+  worker = TorchThread(wait_seconds=0.1)
+  release = threading.Event()
+  blocker = threading.Thread(
+      target=lambda: worker.run(release.wait, 10, threads=1))
+  blocker.start()
+  try:
+    while not worker.alive():
+      time.sleep(0.01)
+    time.sleep(0.05)
+    assert worker.run(threading.get_ident, threads=1) == threading.get_ident()
+    assert worker.inline_fallbacks == 1
+  finally:
+    release.set()
+    blocker.join()
+
+
+def test_the_result_is_not_kept_alive_by_the_thread():
+  # A torch view of a variable kept anywhere makes TF copy the variable's
+  # buffer on its next in-place update.
+  worker = TorchThread()
+
+  class Box:
+    pass
+
+  box = worker.run(Box, threads=1)
+  ref = weakref.ref(box)
+  del box
+  assert ref() is None
+
+
+# ------------------------------------------------- bridged calls use it
+
+
+def _idents():
+  seen = []
+
+  @tb.torch_function
+  def f(x):
+    if not x.is_meta:  # not the shape pass while tracing (no computation)
+      seen.append(threading.get_ident())
+    return x * 2.0
+
+  return f, seen
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_bridged_forward_and_backward_run_on_the_torch_thread(mode):
+  f, seen = _idents()
+  x = tf.constant([1.0, 2.0])
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.reduce_sum(f(x) ** 2)
+    return tape.gradient(y, x)
+
+  step = step if mode == "eager" else tf.function(step)
+  grad = step(x)
+  np.testing.assert_allclose(grad.numpy(), 8 * x.numpy())
+  step(x)
+  assert seen, "the torch code never ran"
+  assert set(seen) == {seen[0]}
+  assert seen[0] != threading.get_ident()
+  assert seen[0] == _torch_thread.run(threading.get_ident)
+
+
+def test_torch_module_runs_with_the_users_thread_count():
+  saved = torch.get_num_threads()
+  counts = []
+
+  class Probe(torch.nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.w = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+      counts.append(torch.get_num_threads())
+      return x * self.w
+
+  module = tb.TorchModule(Probe())
+  try:
+    torch.set_num_threads(1)
+    module(tf.ones([2]))
+    tf.function(module)(tf.ones([2]))
+    torch.set_num_threads(2)
+    module(tf.ones([2]))
+  finally:
+    torch.set_num_threads(saved)
+  assert counts[:2] == [1, 1] and counts[-1] == 2, counts
+
+
+# ------------------------------------------ threads in a whole process
+
+_THREADS_CHILD = """
+import os, sys, time
+import numpy as np
+import torch
+import tensorflow as tf
+import torchbridge as tb
+
+torch.set_num_threads(4)
+tf.config.threading.set_inter_op_parallelism_threads(8)
+tf.config.threading.set_intra_op_parallelism_threads(2)
+
+
+def threads():
+  # All of them: libgomp's workers take the name of the thread that made
+  # them (tf_Compute for a team grown on a TF thread).
+  return len(os.listdir("/proc/self/task"))
+
+
+def work_torch(x):  # elementwise ops large enough for torch to go parallel
+  return torch.tanh(x * 1.5 + 0.5).sum(dim=1)
+
+
+def work_tf(x):  # the same in TF ops
+  return tf.reduce_sum(tf.tanh(x * 1.5 + 0.5), axis=1)
+
+
+x_np = np.random.default_rng(0).normal(size=(512, 4096)).astype("float32")
+before = threads()
+if sys.argv[1] == "torch":
+  x = torch.as_tensor(x_np)
+  for _ in range(300):
+    work_torch(x)
+else:
+  f = tb.torch_function(work_torch) if sys.argv[1] == "bridge" else work_tf
+  g = tf.function(lambda a, b: (f(a), f(b)))  # two ops: may run in parallel
+  a, b = tf.constant(x_np), tf.constant(x_np * 2)
+  for _ in range(150):
+    g(a, b)
+print("DELTA", threads() - before)
+time.sleep(1.0)  # longer than the torch thread's idle time
+from torchbridge import _torch_thread
+print("LATER", int(_torch_thread.torch_thread().alive()))
+"""
+
+
+def _thread_delta(kind, tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-c", textwrap.dedent(_THREADS_CHILD), kind],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300,
+      # OMP_NUM_THREADS: every thread's default team size, TF's included
+      # (as on a 4-core machine).
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="4"))
+  assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+  lines = dict(l.split() for l in out.stdout.splitlines()
+               if l.startswith(("DELTA", "LATER")))
+  return int(lines["DELTA"]), int(lines["LATER"])
+
+
+def test_bridged_calls_add_one_torch_team_to_tf_own_threads(tmp_path):
+  torch_delta, _ = _thread_delta("torch", tmp_path)
+  tf_delta, _ = _thread_delta("tf", tmp_path)
+  bridged_delta, bridged_later = _thread_delta("bridge", tmp_path)
+  # Pure torch: one OpenMP team on the main thread (3 workers for 4
+  # threads). TF alone: its own pools. Bridged: TF's pools, plus one team
+  # on the torch thread and that thread, with TF's 8 inter-op threads
+  # calling (each of them grew a team of its own before).
+  assert torch_delta >= 3, torch_delta  # the team the bound is about exists
+  assert bridged_delta <= tf_delta + torch_delta + 1, (
+      bridged_delta, tf_delta, torch_delta)
+  # Once idle, the torch thread ends (libgomp parks its team's threads,
+  # asleep, for the next thread that starts a parallel region).
+  assert bridged_later == 0, "the torch thread is still alive"

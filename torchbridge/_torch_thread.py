@@ -1,0 +1,168 @@
+"""One thread runs all the torch work of bridged calls.
+
+torch's intra-op parallelism (OpenMP in the CPU wheels) keeps a team of
+worker threads per thread that starts a parallel region, alive as long as
+that thread. TF runs bridged ops on whichever of its inter-op threads is
+free, so run there directly, every such thread grew its own team; with more
+OpenMP threads than cores, libgomp's idle workers stop spinning and every
+parallel region in the process, the user's own torch code included, pays a
+wake-up (measured: a pure-torch matmul loop 490 us alone, 800 us beside one
+more team). Here every bridged forward and backward, eager or inside a
+graph, runs on one thread: one team, however many threads TF has.
+
+The thread ends after `IDLE_SECONDS` without work, and its team with it, so
+that torch code the user runs later on their own thread has the cores to
+itself; the next bridged call starts a new one (~0.1 ms).
+
+What crosses to the torch thread with each call: the function and its
+arguments, and torch's intra-op thread count on the user's thread
+(`torch.set_num_threads` is per thread under OpenMP, and TF's threads never
+see the user's setting): `remember_threads()`, called by the bridge on the
+thread that makes an eager call or traces a `tf.function`, records it. Grad mode
+is set by the bridge inside the function. Other thread-local torch state of
+the caller (autocast, `torch.set_default_device`, inference mode) does not
+reach the torch code: set it inside the torch code.
+
+Calls from the torch thread itself run inline. A call that finds the thread
+busy for longer than `WAIT_SECONDS` runs on its own thread instead, so a
+bridged call nested inside another one's torch code (which would wait for
+the busy thread forever) still completes.
+"""
+
+import collections
+import threading
+
+import torch
+
+IDLE_SECONDS = 0.2
+WAIT_SECONDS = 2.0
+
+
+class _Task:
+  __slots__ = ("fn", "args", "threads", "done", "result", "error", "taken")
+
+  def __init__(self, fn, args, threads):
+    self.fn = fn
+    self.args = args
+    self.threads = threads
+    self.done = threading.Lock()
+    self.done.acquire()  # released by the torch thread when finished
+    self.result = None
+    self.error = None
+    self.taken = False
+
+
+class TorchThread:
+  """A thread that runs functions handed to it, one at a time.
+
+  Example:
+    >>> worker = TorchThread()
+    >>> worker.run(lambda a, b: a + b, 1, 2, threads=1)
+    3
+  """
+
+  def __init__(self, idle_seconds=IDLE_SECONDS, wait_seconds=WAIT_SECONDS):
+    self._idle_seconds = idle_seconds
+    self._wait_seconds = wait_seconds
+    self._lock = threading.Lock()
+    self._wakeup = threading.Condition(self._lock)
+    self._queue = collections.deque()
+    self._thread = None  # the live torch thread, or None
+    self._ident = None
+    self.started = 0  # how many threads were started (tests read it)
+    self.inline_fallbacks = 0
+    self.threads = torch.get_num_threads()  # see remember_threads
+
+  def remember_threads(self):
+    """Records the calling thread's torch thread count for later calls."""
+    self.threads = torch.get_num_threads()
+
+  def run(self, fn, *args, threads=None):
+    """Returns `fn(*args)`, computed on the torch thread.
+
+    Args:
+      fn: the function; its exceptions are re-raised here.
+      *args: its arguments.
+      threads: torch's intra-op thread count to run it with (default: the
+        last one `remember_threads` recorded).
+    """
+    if threading.get_ident() == self._ident:
+      return fn(*args)  # already on the torch thread
+    if threads is None:
+      threads = self.threads
+    task = _Task(fn, args, threads)
+    with self._lock:
+      self._queue.append(task)
+      if self._thread is None:
+        self._start()
+      else:
+        self._wakeup.notify()
+    if not task.done.acquire(timeout=self._wait_seconds):
+      with self._lock:
+        if not task.taken:  # still queued: run it here instead
+          self._queue.remove(task)
+          self.inline_fallbacks += 1
+          return fn(*args)
+      task.done.acquire()
+    # Take the result out of the task: nothing else may keep it alive (a
+    # torch view of a variable's buffer held anywhere makes TF copy the
+    # buffer on its next in-place update).
+    result, task.result = task.result, None
+    if task.error is not None:
+      error, task.error = task.error, None
+      raise error
+    return result
+
+  def _start(self):  # with self._lock held
+    self.started += 1
+    thread = threading.Thread(target=self._loop, name="torchbridge-torch",
+                              daemon=True)
+    self._thread = thread
+    thread.start()
+
+  def _loop(self):
+    self._ident = threading.get_ident()
+    my_threads = None
+    while True:
+      with self._lock:
+        if not self._queue:
+          self._wakeup.wait(self._idle_seconds)
+          if not self._queue:
+            # Idle: end the thread (and torch's OpenMP team with it).
+            self._thread = None
+            self._ident = None
+            return
+        task = self._queue.popleft()
+        task.taken = True
+      if task.threads != my_threads:
+        torch.set_num_threads(task.threads)
+        my_threads = task.threads
+      try:
+        task.result = task.fn(*task.args)
+      except BaseException as error:  # pylint: disable=broad-except
+        task.error = error
+      task.fn = task.args = None
+      task.done.release()
+      del task  # hold nothing of it while waiting for the next one
+
+  def alive(self):
+    """Whether a torch thread is running now."""
+    return self._thread is not None
+
+
+_THE_THREAD = TorchThread()
+
+
+def run(fn, *args, threads=None):
+  """`fn(*args)` on the process's torch thread; see `TorchThread.run`."""
+  return _THE_THREAD.run(fn, *args, threads=threads)
+
+
+def remember_threads():
+  """Records the calling (user's) thread's torch intra-op thread count."""
+  _THE_THREAD.remember_threads()
+
+
+def torch_thread():
+  """The process's `TorchThread` (tests and benchmarks read its counters)."""
+  return _THE_THREAD
