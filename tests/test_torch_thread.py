@@ -117,7 +117,7 @@ def _idents():
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_bridged_forward_and_backward_run_on_the_torch_thread(mode):
+def test_graph_calls_run_on_the_torch_thread_eager_ones_where_called(mode):
   f, seen = _idents()
   x = tf.constant([1.0, 2.0])
 
@@ -132,9 +132,12 @@ def test_bridged_forward_and_backward_run_on_the_torch_thread(mode):
   np.testing.assert_allclose(grad.numpy(), 8 * x.numpy())
   step(x)
   assert seen, "the torch code never ran"
-  assert set(seen) == {seen[0]}
-  assert seen[0] != threading.get_ident()
-  assert seen[0] == _torch_thread.run(threading.get_ident)
+  assert set(seen) == {seen[0]}  # forward and backward, both calls
+  if mode == "eager":
+    assert seen[0] == threading.get_ident()
+  else:
+    assert seen[0] == _torch_thread.run(threading.get_ident)
+    assert seen[0] != threading.get_ident()
 
 
 def test_torch_module_runs_with_the_users_thread_count():
@@ -154,13 +157,15 @@ def test_torch_module_runs_with_the_users_thread_count():
   module = tb.TorchModule(Probe())
   try:
     torch.set_num_threads(1)
-    module(tf.ones([2]))
-    tf.function(module)(tf.ones([2]))
+    tf.function(module)(tf.ones([2]))  # traced with 1 thread
     torch.set_num_threads(2)
-    module(tf.ones([2]))
+    module(tf.ones([2]))  # an eager call records the count too
+    tf.function(module)(tf.ones([2]))
   finally:
     torch.set_num_threads(saved)
-  assert counts[:2] == [1, 1] and counts[-1] == 2, counts
+  # The trace's meta run and the graph call, then the eager call and the
+  # second function's meta run and graph call.
+  assert counts == [1, 1, 2, 2, 2], counts
 
 
 # ------------------------------------------ threads in a whole process
@@ -221,6 +226,26 @@ def _thread_delta(kind, tmp_path):
   lines = dict(l.split() for l in out.stdout.splitlines()
                if l.startswith(("DELTA", "LATER")))
   return int(lines["DELTA"]), int(lines["LATER"])
+
+
+def test_turned_off_graph_calls_run_where_tf_calls_them(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-c", textwrap.dedent("""
+          import threading
+          import tensorflow as tf
+          import torchbridge as tb
+          seen = []
+          f = tb.torch_function(
+              lambda x: seen.append(threading.get_ident()) or x * 2)
+          tf.function(f)(tf.ones([2]))
+          from torchbridge import _torch_thread
+          print("ALIVE", _torch_thread.torch_thread().started)
+          """)],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               TORCHBRIDGE_TORCH_THREAD="0"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "ALIVE 0" in out.stdout
 
 
 def test_bridged_calls_add_one_torch_team_to_tf_own_threads(tmp_path):

@@ -1,4 +1,4 @@
-"""One thread runs all the torch work of bridged calls.
+"""One thread runs the torch work of bridged calls inside TF graphs.
 
 torch's intra-op parallelism (OpenMP in the CPU wheels) keeps a team of
 worker threads per thread that starts a parallel region, alive as long as
@@ -7,8 +7,12 @@ free, so run there directly, every such thread grew its own team; with more
 OpenMP threads than cores, libgomp's idle workers stop spinning and every
 parallel region in the process, the user's own torch code included, pays a
 wake-up (measured: a pure-torch matmul loop 490 us alone, 800 us beside one
-more team). Here every bridged forward and backward, eager or inside a
-graph, runs on one thread: one team, however many threads TF has.
+more team). Here every bridged forward and backward inside a graph runs on
+one thread: one team, however many threads TF has. Eager calls run on the
+calling thread, the user's own (a hand-over costs more than an eager call;
+see the README, "One torch thread"). `TORCHBRIDGE_TORCH_THREAD=0` runs
+graph calls where TF calls them too, as before: the lowest latency per
+call, and a team per TF thread.
 
 The thread ends after `IDLE_SECONDS` without work, and its team with it, so
 that torch code the user runs later on their own thread has the cores to
@@ -30,12 +34,14 @@ the busy thread forever) still completes.
 """
 
 import collections
+import os
 import threading
 
 import torch
 
 IDLE_SECONDS = 0.2
 WAIT_SECONDS = 2.0
+ENABLED = os.environ.get("TORCHBRIDGE_TORCH_THREAD", "1") != "0"
 
 
 class _Task:
@@ -154,7 +160,12 @@ _THE_THREAD = TorchThread()
 
 
 def run(fn, *args, threads=None):
-  """`fn(*args)` on the process's torch thread; see `TorchThread.run`."""
+  """`fn(*args)` on the process's torch thread; see `TorchThread.run`.
+
+  Here, on the calling thread, with `TORCHBRIDGE_TORCH_THREAD=0`.
+  """
+  if not ENABLED:
+    return fn(*args)
   return _THE_THREAD.run(fn, *args, threads=threads)
 
 
