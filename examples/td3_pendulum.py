@@ -206,6 +206,10 @@ def train(args):
       "versions": {"torch": torch.__version__, "tensorflow": tf.__version__,
                    "gymnasium": gym.__version__},
       "exchange_stats": tb.exchange_stats(),
+      # Threads of this process at the end (Linux): TF's pools, torch's
+      # OpenMP teams, the torch thread of the bridge, Python's own.
+      "threads_at_end": (len(os.listdir("/proc/self/task"))
+                         if os.path.isdir("/proc/self/task") else None),
   }
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
