@@ -1,5 +1,6 @@
 """All bridged torch work runs on one thread, so torch's pools never multiply."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -85,6 +86,79 @@ def test_busy_thread_lets_a_waiting_call_run_on_its_own_thread():
   finally:
     release.set()
     blocker.join()
+
+
+def test_fallback_calls_that_nest_again_do_not_deadlock():
+  # The torch thread waits on A; B falls back onto its own thread and there
+  # makes call C, which falls back too: all complete.
+  worker = TorchThread(wait_seconds=0.1)
+  release = threading.Event()
+  blocker = threading.Thread(
+      target=lambda: worker.run(release.wait, 10, threads=1))
+  blocker.start()
+  result = []
+  try:
+    while not worker.alive():
+      time.sleep(0.01)
+    caller = threading.Thread(target=lambda: result.append(
+        worker.run(lambda: worker.run(lambda: "C", threads=1) + "B",
+                   threads=1)))
+    caller.start()
+    caller.join(timeout=10)
+    assert not caller.is_alive(), "nested fallback calls deadlocked"
+    assert result == ["CB"]
+    assert worker.inline_fallbacks == 2
+  finally:
+    release.set()
+    blocker.join()
+
+
+def test_a_failed_call_frees_its_frames_without_the_cyclic_gc():
+  worker = TorchThread()
+
+  class Held:
+    pass
+
+  def fails(held):
+    raise ValueError("bad input")
+
+  held = Held()
+  ref = weakref.ref(held)
+  gc_was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    try:
+      worker.run(fails, held, threads=1)
+    except ValueError:
+      pass
+    del held
+    assert ref() is None, "the failed call's frames are still alive"
+  finally:
+    if gc_was_enabled:
+      gc.enable()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_starts_its_own_torch_thread():
+  worker = _torch_thread.torch_thread()
+  _torch_thread.run(lambda: None)  # alive in the parent now
+  assert worker.alive()
+  read_end, write_end = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # the child: no torch thread, though the parent had one
+    try:
+      start = time.monotonic()
+      ident = _torch_thread.run(threading.get_ident)
+      ok = (ident != threading.get_ident() and
+            time.monotonic() - start < 1.0 and worker.inline_fallbacks == 0)
+      os.write(write_end, b"1" if ok else b"0")
+    finally:
+      os._exit(0)  # pylint: disable=protected-access
+  os.close(write_end)
+  answer = os.read(read_end, 1)
+  os.close(read_end)
+  os.waitpid(pid, 0)
+  assert answer == b"1"
 
 
 def test_the_result_is_not_kept_alive_by_the_thread():

@@ -12,6 +12,7 @@ is compiled on its next ordinary call.
 """
 
 import contextlib
+import os
 import sys
 import threading
 
@@ -46,5 +47,14 @@ def run_uncompiled():
     with _lock:
       _depth -= 1
       if _depth == 0:
-        _stance.__exit__(None, None, None)
-        _stance = None
+        stance, _stance = _stance, None
+        stance.__exit__(None, None, None)
+
+
+def _reset_after_fork():
+  global _lock, _depth, _stance  # pylint: disable=global-statement
+  _lock, _depth, _stance = threading.Lock(), 0, None
+
+
+if hasattr(os, "register_at_fork"):
+  os.register_at_fork(after_in_child=_reset_after_fork)

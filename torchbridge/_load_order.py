@@ -17,8 +17,9 @@ TensorFlow it binds to itself: `import triton; import tensorflow` works,
 many ordinary functions run, and inside a bridged call TF is always loaded.
 
 The fix: before anything imports triton, `load_before_tensorflow` loads
-libtriton with `RTLD_DEEPBIND`, which makes the library resolve its own
-symbols before the global scope whatever was loaded before it. When Python
+libtriton: plainly when TensorFlow is not loaded yet (it then binds to
+itself), and with `RTLD_DEEPBIND` when it is, which makes the library
+resolve its own symbols before the global scope. When Python
 later imports `triton._C.libtriton`, `dlopen` finds the same file already
 loaded and returns it as it is. Nothing of triton's Python code runs here.
 
@@ -28,6 +29,7 @@ that works instead of leaving a crash for later.
 """
 
 import ctypes
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -66,8 +68,12 @@ def triton_library_path():
   if spec is None or not spec.submodule_search_locations:
     return None
   for location in spec.submodule_search_locations:
-    for candidate in sorted(Path(location, "_C").glob("libtriton*.so")):
-      return str(candidate)
+    # The file `import triton._C.libtriton` would load: Python tries the
+    # extension suffixes in this order.
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+      candidate = Path(location, "_C", "libtriton" + suffix)
+      if candidate.is_file():
+        return str(candidate)
   return None
 
 
@@ -96,15 +102,16 @@ def load_before_tensorflow():
     # Not installed, or loaded already: if that happened after TensorFlow,
     # the process would not have survived it.
     return
-  tensorflow_loaded = "tensorflow" in sys.modules
-  deepbind = getattr(os, "RTLD_DEEPBIND", None)
-  if deepbind is None:
-    if tensorflow_loaded:
+  mode = os.RTLD_NOW | os.RTLD_LOCAL  # before TF: binds to itself
+  if "tensorflow" in sys.modules:
+    # After TF: only RTLD_DEEPBIND keeps it off TF's symbols. Not used
+    # otherwise: a DEEPBIND library also binds malloc/free to glibc's past
+    # an LD_PRELOADed allocator, and sanitizers refuse it.
+    deepbind = getattr(os, "RTLD_DEEPBIND", None)
+    if deepbind is None:
       raise ImportError(ORDER_MESSAGE.format(
           path=path, reason="this C library has no RTLD_DEEPBIND"))
-    mode = os.RTLD_NOW | os.RTLD_LOCAL  # before TF: binds to itself
-  else:
-    mode = os.RTLD_NOW | os.RTLD_LOCAL | deepbind
+    mode |= deepbind
   try:
     _loaded["triton"] = ctypes.CDLL(path, mode=mode)
   except OSError as error:

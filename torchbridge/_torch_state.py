@@ -99,8 +99,8 @@ class TorchState:
     mode_key = self._mode_key(training)
     # (buffer name, torch tensor written by the forward), per thread: a traced
     # function may run in several threads at once. `last_written` holds the
-    # latest run's, for this call's own use below: it ran on the torch thread
-    # (eagerly) or on meta tensors here (while tracing).
+    # latest run's, for this call's own use below (the eager run, or the run
+    # on meta tensors while tracing).
     written = threading.local()
     last_written = {}
 

@@ -20,8 +20,8 @@ itself; the next bridged call starts a new one (~0.1 ms).
 
 What crosses to the torch thread with each call: the function and its
 arguments, and torch's intra-op thread count on the user's thread
-(`torch.set_num_threads` is per thread under OpenMP, and TF's threads never
-see the user's setting): `remember_threads()`, called by the bridge on the
+(`torch.set_num_threads` is per thread under OpenMP: a TF thread that ran
+torch code before the user's setting keeps the count it had): `remember_threads()`, called by the bridge on the
 thread that makes an eager call or traces a `tf.function`, records it. Grad mode
 is set by the bridge inside the function. Other thread-local torch state of
 the caller (autocast, `torch.set_default_device`, inference mode) does not
@@ -70,14 +70,19 @@ class TorchThread:
   def __init__(self, idle_seconds=IDLE_SECONDS, wait_seconds=WAIT_SECONDS):
     self._idle_seconds = idle_seconds
     self._wait_seconds = wait_seconds
+    self._reset()
+    self.started = 0  # how many threads were started (tests read it)
+    self.inline_fallbacks = 0
+    self.threads = torch.get_num_threads()  # see remember_threads
+
+  def _reset(self):
+    """No thread, nothing queued: at creation, and in a forked child (which
+    inherits this object but not the thread, and maybe a held lock)."""
     self._lock = threading.Lock()
     self._wakeup = threading.Condition(self._lock)
     self._queue = collections.deque()
     self._thread = None  # the live torch thread, or None
     self._ident = None
-    self.started = 0  # how many threads were started (tests read it)
-    self.inline_fallbacks = 0
-    self.threads = torch.get_num_threads()  # see remember_threads
 
   def remember_threads(self):
     """Records the calling thread's torch thread count for later calls."""
@@ -100,31 +105,51 @@ class TorchThread:
     with self._lock:
       self._queue.append(task)
       if self._thread is None:
-        self._start()
+        started = self._start()
       else:
         self._wakeup.notify()
+        started = True
+      if not started:  # no thread to be had (e.g. at interpreter exit)
+        self._queue.remove(task)
+    if not started:
+      return fn(*args)
     if not task.done.acquire(timeout=self._wait_seconds):
+      # Decided under the lock, run outside it: the function may itself
+      # make bridged calls (the case this fallback exists for).
       with self._lock:
-        if not task.taken:  # still queued: run it here instead
+        fallback = not task.taken
+        if fallback:  # still queued: run it here instead
           self._queue.remove(task)
+          task.taken = True
           self.inline_fallbacks += 1
-          return fn(*args)
+      if fallback:
+        return fn(*args)
       task.done.acquire()
     # Take the result out of the task: nothing else may keep it alive (a
     # torch view of a variable's buffer held anywhere makes TF copy the
     # buffer on its next in-place update).
     result, task.result = task.result, None
-    if task.error is not None:
-      error, task.error = task.error, None
+    error, task.error = task.error, None
+    if error is None:
+      return result
+    try:
       raise error
-    return result
+    finally:
+      # The traceback holds this frame: without this, the frame and the
+      # exception would form a cycle keeping the torch code's frames (and
+      # their torch views of TF buffers) alive until the cyclic GC runs.
+      del error
 
-  def _start(self):  # with self._lock held
-    self.started += 1
+  def _start(self):  # with self._lock held; whether a thread started
     thread = threading.Thread(target=self._loop, name="torchbridge-torch",
                               daemon=True)
+    try:
+      thread.start()
+    except RuntimeError:  # "can't start new thread" (limits, shutdown)
+      return False
     self._thread = thread
-    thread.start()
+    self.started += 1
+    return True
 
   def _loop(self):
     self._ident = threading.get_ident()
@@ -140,13 +165,14 @@ class TorchThread:
             return
         task = self._queue.popleft()
         task.taken = True
-      if task.threads != my_threads:
-        torch.set_num_threads(task.threads)
-        my_threads = task.threads
       try:
+        if task.threads != my_threads:
+          torch.set_num_threads(task.threads)
+          my_threads = task.threads
         task.result = task.fn(*task.args)
       except BaseException as error:  # pylint: disable=broad-except
         task.error = error
+        del error
       task.fn = task.args = None
       task.done.release()
       del task  # hold nothing of it while waiting for the next one
@@ -157,6 +183,8 @@ class TorchThread:
 
 
 _THE_THREAD = TorchThread()
+if hasattr(os, "register_at_fork"):
+  os.register_at_fork(after_in_child=_THE_THREAD._reset)  # pylint: disable=protected-access
 
 
 def run(fn, *args, threads=None):
