@@ -105,14 +105,17 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
   if n_used is None:
     n_used = len(args_tf)
   # On the calling thread, the user's own: no hand-over (see
-  # _torch_thread.py: one costs 15-90 us here, more than an eager call).
+  # README, "One torch thread": one costs 40-90 us here, more than an
+  # eager call).
   if not (tf_record.could_possibly_record() and any(differentiable)):
-    saved = _compute_in_grad_mode(compute, _views(args_tf[:n_used]), False)
+    with torch.no_grad():
+      saved = compute(_views(args_tf[:n_used]), False)
     return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
 
   @tf.custom_gradient
   def bridged(*args):
-    saved = _compute_in_grad_mode(compute, _views(args[:n_used]), True)
+    with torch.enable_grad():
+      saved = compute(_views(args[:n_used]), True)
     outs_tf = [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
 
     def grad(*dys_tf):
@@ -132,12 +135,6 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
     return outs_tf, grad
 
   return list(bridged(*args_tf))
-
-
-def _compute_in_grad_mode(compute, args_torch, record):
-  """`compute(args_torch, record)` with torch's grad mode set to `record`."""
-  with torch.set_grad_enabled(record):
-    return compute(args_torch, record)
 
 
 def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,

@@ -16,10 +16,10 @@ it is a pickle, and unpickling it with `torch.load` carries a risk of
 arbitrary code execution. If you trust the file, load it with
 `keras.models.load_model(path, safe_mode=False)` (or pass `safe_mode=False`
 to `TorchLayer.from_config` / `keras.saving.deserialize_keras_object`, or
-call `keras.config.enable_unsafe_deserialization()` first). To load in safe mode instead, build the torch module in code: a
-subclass of TorchLayer whose `__init__` creates its torch module (and takes
-no `module` argument), or a subclassed keras.Model that creates the
-TorchLayer in its `__init__`."""
+call `keras.config.enable_unsafe_deserialization()` first). To load in safe
+mode instead, build the torch module in code: a subclass of TorchLayer whose
+`__init__` creates its torch module (and takes no `module` argument), or a
+subclassed keras.Model that creates the TorchLayer in its `__init__`."""
 
 _NO_STATE = """\
 TorchLayer {name!r}: the torch module {module_type} has no parameters and no

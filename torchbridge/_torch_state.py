@@ -98,11 +98,8 @@ class TorchState:
     n_params, n_vars = len(self.param_names), len(names)
     mode_key = self._mode_key(training)
     # (buffer name, torch tensor written by the forward), per thread: a traced
-    # function may run in several threads at once. `last_written` holds the
-    # latest run's, for this call's own use below (the eager run, or the run
-    # on meta tensors while tracing).
+    # function may run in several threads at once.
     written = threading.local()
-    last_written = {}
 
     def run(args_torch):
       with self._lock:
@@ -151,7 +148,6 @@ class TorchState:
           buffers_torch[n] = t
       written.items = [(n, b) for n, b in buffers_torch.items()
                        if n in known_mutated]
-      last_written["items"] = written.items
       return result
 
     def extra(args_torch, result):
@@ -165,9 +161,8 @@ class TorchState:
     result, written_tf = _function.call_bridged(
         run, vars_tf + call.args_tf, self.name, extra=extra,
         differentiable=differentiable)
-    self._mutated_buffers[mode_key] = frozenset(
-        n for n, _ in last_written["items"])
-    for (n, _), value_tf in zip(last_written["items"], written_tf):
+    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written.items)
+    for (n, _), value_tf in zip(written.items, written_tf):
       self.variables[n].assign(value_tf)
     return result
 

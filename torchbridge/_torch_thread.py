@@ -3,7 +3,7 @@
 torch's intra-op parallelism (OpenMP in the CPU wheels) keeps a team of
 worker threads per thread that starts a parallel region, alive as long as
 that thread. TF runs bridged ops on whichever of its inter-op threads is
-free, so run there directly, every such thread grew its own team; with more
+free; when the torch code ran there, every such thread grew a team; with more
 OpenMP threads than cores, libgomp's idle workers stop spinning and every
 parallel region in the process, the user's own torch code included, pays a
 wake-up (measured: a pure-torch matmul loop 490 us alone, 800 us beside one
@@ -14,18 +14,19 @@ see the README, "One torch thread"). `TORCHBRIDGE_TORCH_THREAD=0` runs
 graph calls where TF calls them too, as before: the lowest latency per
 call, and a team per TF thread.
 
-The thread ends after `IDLE_SECONDS` without work, and its team with it, so
-that torch code the user runs later on their own thread has the cores to
-itself; the next bridged call starts a new one (~0.1 ms).
+The thread ends after `IDLE_SECONDS` without work; libgomp parks its team,
+asleep, so torch code the user runs later on their own thread has the cores
+to itself; the next bridged call starts a new thread (~0.1 ms).
 
 What crosses to the torch thread with each call: the function and its
 arguments, and torch's intra-op thread count on the user's thread
 (`torch.set_num_threads` is per thread under OpenMP: a TF thread that ran
-torch code before the user's setting keeps the count it had): `remember_threads()`, called by the bridge on the
-thread that makes an eager call or traces a `tf.function`, records it. Grad mode
-is set by the bridge inside the function. Other thread-local torch state of
-the caller (autocast, `torch.set_default_device`, inference mode) does not
-reach the torch code: set it inside the torch code.
+torch code before the user's setting keeps the count it had).
+`remember_threads()`, called by the bridge on the thread that makes an
+eager call or traces a `tf.function`, records it. Grad mode is set by the
+bridge inside the function. Other thread-local torch state of the tracing
+thread (autocast, `torch.set_default_device`) does not reach graph calls
+(it did not on TF's threads either).
 
 Calls from the torch thread itself run inline. A call that finds the thread
 busy for longer than `WAIT_SECONDS` runs on its own thread instead, so a
@@ -159,7 +160,7 @@ class TorchThread:
         if not self._queue:
           self._wakeup.wait(self._idle_seconds)
           if not self._queue:
-            # Idle: end the thread (and torch's OpenMP team with it).
+            # Idle: end the thread (libgomp parks its OpenMP team).
             self._thread = None
             self._ident = None
             return
