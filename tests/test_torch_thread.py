@@ -1,5 +1,6 @@
 """All bridged torch work runs on one thread, so torch's pools never multiply."""
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -69,37 +70,39 @@ def test_idle_thread_ends_and_the_next_call_starts_another():
   assert worker.started == 2
 
 
-def test_busy_thread_lets_a_waiting_call_run_on_its_own_thread():
-  # A bridged call nested in another's torch code would wait forever for
-  # the busy torch thread; after wait_seconds it runs where it is.
-  worker = TorchThread(wait_seconds=0.1)
-  release = threading.Event()
-  blocker = threading.Thread(
-      target=lambda: worker.run(release.wait, 10, threads=1))
+@contextlib.contextmanager
+def busy_worker(wait_seconds):
+  """A `TorchThread` whose thread is busy (blocked) until the block ends."""
+  worker = TorchThread(wait_seconds=wait_seconds)
+  running, release = threading.Event(), threading.Event()
+
+  def block():
+    running.set()
+    release.wait(10)
+
+  blocker = threading.Thread(target=lambda: worker.run(block, threads=1))
   blocker.start()
   try:
-    while not worker.alive():
-      time.sleep(0.01)
-    time.sleep(0.05)
-    assert worker.run(threading.get_ident, threads=1) == threading.get_ident()
-    assert worker.inline_fallbacks == 1
+    assert running.wait(10), "the torch thread never took the blocking task"
+    yield worker
   finally:
     release.set()
     blocker.join()
 
 
+def test_busy_thread_lets_a_waiting_call_run_on_its_own_thread():
+  # A bridged call nested in another's torch code would wait forever for
+  # the busy torch thread; after wait_seconds it runs where it is.
+  with busy_worker(wait_seconds=0.1) as worker:
+    assert worker.run(threading.get_ident, threads=1) == threading.get_ident()
+    assert worker.inline_fallbacks == 1
+
+
 def test_fallback_calls_that_nest_again_do_not_deadlock():
   # The torch thread waits on A; B falls back onto its own thread and there
   # makes call C, which falls back too: all complete.
-  worker = TorchThread(wait_seconds=0.1)
-  release = threading.Event()
-  blocker = threading.Thread(
-      target=lambda: worker.run(release.wait, 10, threads=1))
-  blocker.start()
   result = []
-  try:
-    while not worker.alive():
-      time.sleep(0.01)
+  with busy_worker(wait_seconds=0.1) as worker:
     caller = threading.Thread(target=lambda: result.append(
         worker.run(lambda: worker.run(lambda: "C", threads=1) + "B",
                    threads=1)))
@@ -108,9 +111,6 @@ def test_fallback_calls_that_nest_again_do_not_deadlock():
     assert not caller.is_alive(), "nested fallback calls deadlocked"
     assert result == ["CB"]
     assert worker.inline_fallbacks == 2
-  finally:
-    release.set()
-    blocker.join()
 
 
 def test_a_failed_call_frees_its_frames_without_the_cyclic_gc():
