@@ -1,6 +1,11 @@
 """`tb.TorchModule`: variables, calls, modes, buffers, randomness, zero copy."""
 
 import copy
+import gc
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,6 +22,7 @@ from _module_helpers import data_ptr
 from _module_helpers import maybe_function
 from _module_helpers import mode_param
 from _module_helpers import seeded
+from _module_helpers import train_step
 from _module_helpers import var
 
 
@@ -41,13 +47,69 @@ def test_one_variable_per_parameter_and_buffer_named_after_torch_path():
     assert v.trainable == (n in params)
 
 
-def test_variables_hold_their_own_copy_of_the_torch_values():
+def test_weights_are_held_once_by_the_variables():
+  net = seeded(0, torch.nn.Linear, 3, 2)
+  initial = net.weight.detach().clone()
+  actor = tb.TorchModule(net, name="actor")
+  weight_tf = tf.convert_to_tensor(var(actor, "weight"))
+  # Right after wrapping, the torch tensors are views of the variables.
+  assert net.weight.data_ptr() == tb.to_torch(weight_tf).data_ptr()
+  np.testing.assert_array_equal(net.weight.detach().numpy(), initial.numpy())
+  # A bridged call takes the views back: torch holds no weights of its own,
+  # and keeps no reference that would make TF copy the buffer on update.
+  actor(tf.ones([1, 3]))
+  assert net.weight.untyped_storage().nbytes() == 4
+  assert net.weight.shape == (2, 3) and net.weight.requires_grad
+  assert torch.isnan(net.weight).all()
+  # Reading torch_module lends views of the current values again.
+  var(actor, "weight").assign_add(tf.ones([2, 3]))
+  module = actor.torch_module
+  assert module is net
+  np.testing.assert_array_equal(net.weight.detach().numpy(),
+                                initial.numpy() + 1)
+  assert net.weight.data_ptr() == tb.to_torch(
+      tf.convert_to_tensor(var(actor, "weight"))).data_ptr()
+
+
+def test_variable_updates_stay_in_place_after_torch_module_is_read():
   net = seeded(0, torch.nn.Linear, 3, 2)
   actor = tb.TorchModule(net, name="actor")
-  initial = var(actor, "weight").numpy().copy()
-  with torch.no_grad():
-    net.weight.add_(1.0)  # the torch tensors are not the truth any more
-  np.testing.assert_array_equal(var(actor, "weight").numpy(), initial)
+  opt = tf.keras.optimizers.SGD(0.1)
+  step = train_step(actor, opt)
+  x, y = tf.ones([4, 3]), tf.zeros([4, 2])
+  step(x, y)
+  actor.torch_module  # lends views
+  pointer = tb.to_torch(tf.convert_to_tensor(var(actor, "weight"))).data_ptr()
+  step(x, y)  # the call takes the views back before the optimizer writes
+  after = tb.to_torch(tf.convert_to_tensor(var(actor, "weight"))).data_ptr()
+  assert after == pointer  # no copy-on-write: updated in place
+
+
+def test_torch_module_gets_copies_when_its_wrapper_is_gone():
+  net = seeded(0, torch.nn.Linear, 3, 2)
+  actor = tb.TorchModule(net, name="actor")
+  var(actor, "bias").assign([5.0, 6.0])
+  actor(tf.ones([1, 3]))  # placeholders in the torch module
+  del actor
+  gc.collect()
+  np.testing.assert_array_equal(net.bias.detach().numpy(), [5.0, 6.0])
+  assert net.weight.untyped_storage().nbytes() == 24  # its own copy
+
+
+def test_a_module_wrapped_twice_starts_from_the_first_wrappers_values():
+  net = seeded(0, torch.nn.Linear, 3, 2)
+  first = tb.TorchModule(net, name="first")
+  var(first, "bias").assign([5.0, 6.0])
+  first(tf.ones([1, 3]))  # placeholders in the torch module
+  second = tb.TorchModule(net, name="second")
+  np.testing.assert_array_equal(var(second, "bias").numpy(), [5.0, 6.0])
+  # And a submodule of a wrapped module.
+  seq = torch.nn.Sequential(seeded(1, torch.nn.Linear, 3, 2))
+  outer = tb.TorchModule(seq, name="outer")
+  outer(tf.ones([1, 3]))
+  inner = tb.TorchModule(seq[0], name="inner")
+  np.testing.assert_array_equal(var(inner, "weight").numpy(),
+                                var(outer, "0.weight").numpy())
 
 
 def test_default_name_is_the_snake_cased_class_name():
@@ -617,7 +679,8 @@ def test_parametrized_module_trains_through_its_original_tensor(mode):
   w.assign(tf.ones_like(w) * 2.0)
   np.testing.assert_allclose(
       actor(tf.constant(x)).numpy(),
-      x @ np.full([4, 4], 2.0) + net.bias.detach().numpy(), rtol=1e-12)
+      x @ np.full([4, 4], 2.0) + actor.torch_module.bias.detach().numpy(),
+      rtol=1e-12)
 
 
 @mode_param
@@ -831,3 +894,70 @@ def test_concurrent_calls_from_threads_are_correct(mode):
     t.join()
   assert net.torn == 0
   assert not errors
+
+
+def test_the_torch_module_works_after_calls_through_hooks_and_copies(tmp_path):
+  net = seeded(0, MLP)
+  actor = tb.TorchModule(net, name="mlp")
+  bias = var(actor, "hidden.0.bias")
+  bias.assign_add(tf.ones_like(bias))
+  x = data([4, 4])
+  want = actor(tf.constant(x)).numpy()  # takes the views back
+  assert torch.isnan(net.hidden[0].weight).all()
+  with torch.no_grad():  # a forward outside a bridged call lends them
+    np.testing.assert_allclose(net(torch.from_numpy(x)).numpy(), want,
+                               rtol=1e-6)
+  actor(tf.constant(x))
+  with torch.no_grad():  # so does a submodule's
+    np.testing.assert_allclose(
+        net.hidden[0](torch.from_numpy(x)).numpy(),
+        x @ var(actor, "hidden.0.weight").numpy().T + bias.numpy(), rtol=1e-6)
+  for copy_of in (copy.deepcopy,
+                  lambda m: _torch_save_load(m, tmp_path / "net.pt"),
+                  lambda m: m.state_dict()):
+    actor(tf.constant(x))
+    copied = copy_of(net)
+    state = copied if isinstance(copied, dict) else copied.state_dict()
+    for n, t in state.items():
+      np.testing.assert_array_equal(t.numpy(), var(actor, n).numpy(),
+                                    err_msg=n)
+    if not isinstance(copied, dict):  # a plain torch module, hooks inert
+      assert type(copied.head.weight) is torch.nn.Parameter
+      with torch.no_grad():
+        np.testing.assert_allclose(copied(torch.from_numpy(x)).numpy(), want,
+                                   rtol=1e-6)
+
+
+def _torch_save_load(module, path):
+  torch.save(module, path)
+  return torch.load(path, weights_only=False)
+
+
+_RESIDENT_AFTER_WRAPPING = r"""
+import gc, json, sys
+import torch, tensorflow as tf, torchbridge as tb
+def rss_mb():
+  with open("/proc/self/status") as f:
+    return next(int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS"))
+tb.TorchModule(torch.nn.Linear(2, 2))(tf.ones([1, 2]))  # TF's first-op costs
+gc.collect()
+baseline = rss_mb()
+net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                          torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                          torch.nn.Linear(4096, 1024))
+weights_mb = sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20
+actor = tb.TorchModule(net)
+gc.collect()
+wrapped = rss_mb()
+print(json.dumps({"weights_mb": weights_mb, "wrapped_mb": wrapped - baseline}))
+"""
+
+
+def test_large_mlp_weights_are_resident_once():
+  out = subprocess.run([sys.executable, "-c", _RESIDENT_AFTER_WRAPPING],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  sizes = json.loads(out.stdout.strip().splitlines()[-1])
+  # The torch module's own copy is gone: before, this was 2x.
+  assert sizes["wrapped_mb"] <= 1.1 * sizes["weights_mb"], sizes

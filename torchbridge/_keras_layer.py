@@ -100,7 +100,11 @@ class TorchLayer(keras.layers.Layer):
 
   @property
   def torch_module(self):
-    """The torch module, holding the layer's current weight values."""
+    """The torch module, its tensors viewing the layer's current weights.
+
+    As `TorchModule.torch_module`: zero-copy views, lent until the next
+    bridged call.
+    """
     return self._torch_state.sync_torch()
 
   def call(self, *args, training=None, **kwargs):

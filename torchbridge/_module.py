@@ -28,6 +28,9 @@ class TorchModule(tf.Module):
   mode as it is (inside `tf.function`: the modes the submodules had when the
   function was traced, since the traced graph depends on them).
 
+  The weights are held once: the torch module's own tensors become views
+  of the variables between calls (see `torch_module`).
+
   `torch_module` gives back the torch module holding the current TF values;
   `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
 
@@ -40,8 +43,8 @@ class TorchModule(tf.Module):
     >>> opt = tf.keras.optimizers.SGD(0.1)
     >>> with tf.GradientTape() as tape:
     ...   loss = tf.reduce_sum(actor(tf.ones([4, 3])) ** 2)
-    >>> opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
-    ...                         actor.trainable_variables)) and None
+    >>> _ = opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
+    ...                             actor.trainable_variables))
     >>> bool(torch.equal(actor.torch_module.weight,
     ...                  torch.from_numpy(actor.get_weights()["weight"])))
     True
@@ -69,12 +72,14 @@ class TorchModule(tf.Module):
 
   @property
   def torch_module(self):
-    """The torch module, its parameters and buffers set to the TF values.
+    """The torch module, its parameters and buffers viewing the TF values.
 
-    The values are copied into the torch tensors each time this property is
-    read, so `torch.save(m.torch_module.state_dict(), path)` saves what TF
-    trained. Changes made to the torch module directly are not seen by TF:
-    load them with `set_weights(m.torch_module.state_dict())`.
+    Zero-copy views of the variables' current values, lent until the next
+    bridged call (which puts placeholders back: the weights are held once,
+    by the variables), so `torch.save(m.torch_module.state_dict(), path)`
+    saves what TF trained. Calling the torch module, its `state_dict()`,
+    `copy.deepcopy` and `torch.save` lend the views too. Writing into them
+    writes the variables; load values with `set_weights`.
     """
     return self._state.sync_torch()
 

@@ -6,7 +6,10 @@ the torch module on their current values.
 """
 
 import collections.abc
+import copy
+import functools
 import threading
+import weakref
 
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
@@ -45,6 +48,7 @@ class TorchState:
     self.name = owner_name
     params = dict(module.named_parameters())  # tied parameters appear once
     buffers = dict(module.named_buffers())
+    lend_from_holders(list(params.values()) + list(buffers.values()))
     self.param_names = list(params)
     self.buffer_names = list(buffers)
     # state_dict name -> canonical name of the tensor it holds (tied
@@ -69,14 +73,20 @@ class TorchState:
       aggregation = (tf.VariableAggregation.NONE if n in params else
                      _distribute.buffer_aggregation(value_tf.dtype))
       self.variables[n] = make_variable(n, value_tf, trainable, aggregation)
+    # The weights are held once, by the variables: the torch module's own
+    # tensors now hold views of them (see `_TorchViews`).
+    self._views = _TorchViews(
+        self, module, {n: (t, self.variables[n]) for n, t in
+               list(params.items()) + list(buffers.items())})
 
   def sync_torch(self):
-    """Copies the variables' values into the torch module; returns it."""
-    tensors = dict(self.module.named_parameters())
-    tensors.update(self.module.named_buffers())
-    with self._lock, torch.no_grad():
-      for n, var in self.variables.items():
-        tensors[n].copy_(_exchange.tensor_to_torch(tf.convert_to_tensor(var)))
+    """Points the torch module's tensors at the variables; returns it.
+
+    Zero-copy views of the current values, kept until the next bridged
+    call (see `_TorchViews`).
+    """
+    with self._lock:
+      self._views.lend()
     return self.module
 
   @tf.autograph.experimental.do_not_convert
@@ -103,7 +113,17 @@ class TorchState:
 
     def run(args_torch):
       with self._lock:
-        return locked_run(args_torch)
+        views = self._views
+        views.take_back()
+        views.calls_running += 1
+        if views.calls_running == 1:
+          views.suspend_hooks()
+        try:
+          return locked_run(args_torch)
+        finally:
+          views.calls_running -= 1
+          if not views.calls_running:
+            views.resume_hooks()
 
     def locked_run(args_torch):
       known_mutated = self._mutated_buffers.get(mode_key)
@@ -269,6 +289,189 @@ def check_module(module, owner_name):
           f"{owner_name}: torch parameter or buffer {n!r} is on the meta "
           "device and holds no values. Materialize it first, e.g. "
           "`module.to_empty(device='cpu')`, then initialize or load weights.")
+
+
+_HOLDERS = {}  # id(torch tensor) -> (weakref to it, weakref to _TorchViews)
+
+
+class _TorchViews:
+  """The torch module's own tensors, pointed at its variables' values.
+
+  TF copies a variable's buffer before an in-place update when anything
+  else references it (`PrepareToUpdateVariable`), so a torch view kept
+  across an optimizer step would cost a copy of the weights per step and go
+  stale. The module's tensors are therefore lent zero-copy views of the
+  current values only between bridged calls: right after wrapping, when
+  `torch_module` is read, and when the torch module or any submodule is
+  called or its `state_dict()` taken outside a bridged call (hooks, taken
+  out during bridged calls).
+  A bridged call takes them back, leaving placeholders that hold no memory
+  (one element, NaN for floating dtypes, broadcast to the tensor's shape);
+  calls never read these tensors, they swap the variables' values into the
+  module's slots. While taken back, each tensor's class is a subclass of its
+  own (`_lending_class`) whose `copy.deepcopy` and pickling (`torch.save`)
+  lend the views first, so copies hold the values.
+
+  When the wrapper is garbage collected, the torch tensors get copies of
+  the last values and the hooks are removed, so a torch module outlives its
+  wrapper intact. A tensor held by another live wrapper (a module wrapped
+  twice, or a submodule of a wrapped module) is first pointed at that
+  wrapper's current values (`lend_from_holders`).
+  """
+
+  def __init__(self, state, module, pairs):
+    # canonical name -> (torch tensor, variable)
+    self._pairs = pairs
+    self.lent = False
+    self.calls_running = 0
+    ref = weakref.ref(self)
+    for t, _ in pairs.values():
+      _HOLDERS[id(t)] = (weakref.ref(t, _forget(id(t))), ref)
+    hooks = []
+    # (the module's forward pre-hook dict, key, hook): taken out during
+    # bridged calls, where the hooks would only cost time.
+    self._forward_hooks = []
+    for sub in module.modules():
+      handle = sub.register_forward_pre_hook(_LendOnUse(ref, "forward"))
+      hooks.append(handle)
+      table = sub._forward_pre_hooks  # pylint: disable=protected-access
+      self._forward_hooks.append((table, handle.id, table[handle.id]))
+      hooks.append(sub.register_state_dict_pre_hook(
+          _LendOnUse(ref, "state_dict")))
+    self.lend()
+    finalizer = weakref.finalize(state, _copy_back, list(pairs.values()),
+                                 hooks)
+    finalizer.atexit = False  # at exit nothing reads the torch module again
+
+  def lend(self):
+    """Points every torch tensor at a zero-copy view of its variable."""
+    with tf.init_scope(), torch.no_grad():
+      for t, var in self._pairs.values():
+        t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var))
+        original = getattr(type(t), "_torchbridge_original_class", None)
+        if original is not None:
+          t.__class__ = original
+    self.lent = True
+
+  def suspend_hooks(self):
+    """Takes the forward hooks out for a bridged call."""
+    for table, key, _ in self._forward_hooks:
+      table.pop(key, None)
+
+  def resume_hooks(self):
+    for table, key, hook in self._forward_hooks:
+      table[key] = hook
+
+  def take_back(self):
+    """Replaces the views with placeholders (no-op when none are lent)."""
+    if not self.lent:
+      return
+    with torch.no_grad():
+      for t, _ in self._pairs.values():
+        t.data = _placeholder(t)
+        t.__class__ = _lending_class(type(t))
+    self.lent = False
+
+
+class _LendOnUse:
+  """A hook on each torch submodule: lends the views when torch code uses
+  the module outside a bridged call (a forward, `state_dict()`).
+
+  Pickled or deep-copied with the module (`torch.save(module)`,
+  `copy.deepcopy(module)`), it becomes a no-op that needs no torchbridge
+  to load: the copy is a plain torch module.
+  """
+
+  def __init__(self, views_ref, kind):
+    self._views_ref = views_ref
+    self._kind = kind
+
+  def __call__(self, module, *unused):
+    views = self._views_ref()
+    if views is not None and not views.lent and not views.calls_running:
+      views.lend()
+
+  def __reduce__(self):
+    if self._kind == "forward":  # `{}.get(module, args)` returns args
+      return getattr, ({}, "get")
+    return functools.partial, (slice,)  # takes three arguments, unused
+
+
+_LENDING_CLASSES = {}
+
+
+def _lending_class(cls):
+  """A subclass of a torch tensor class whose deepcopy and pickling first
+  lend the views of the wrapper holding the tensor (see `_TorchViews`)."""
+  if "_torchbridge_original_class" in cls.__dict__:
+    return cls
+  lending = _LENDING_CLASSES.get(cls)
+  if lending is None:
+    lending = type(cls.__name__, (cls,), {
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "_torchbridge_original_class": cls,
+        "__torch_function__": torch._C._disabled_torch_function_impl,  # pylint: disable=protected-access
+        "__deepcopy__": _deepcopy_lent,
+        "__reduce_ex__": _reduce_ex_lent,
+    })
+    _LENDING_CLASSES[cls] = lending
+  return lending
+
+
+def _lend_or_restore(tensor_torch):
+  lend_from_holders([tensor_torch])
+  original = getattr(type(tensor_torch), "_torchbridge_original_class", None)
+  if original is not None:  # no live holder: nothing to lend
+    tensor_torch.__class__ = original
+
+
+def _deepcopy_lent(self, memo):
+  _lend_or_restore(self)
+  return copy.deepcopy(self, memo)
+
+
+def _reduce_ex_lent(self, protocol):
+  _lend_or_restore(self)
+  return self.__reduce_ex__(protocol)
+
+
+def lend_from_holders(tensors_torch):
+  """Points tensors that another live wrapper holds at its values."""
+  for t in tensors_torch:
+    entry = _HOLDERS.get(id(t))
+    if entry is not None and entry[0]() is t:
+      holder = entry[1]()
+      if holder is not None:
+        holder.lend()
+
+
+def _forget(key):
+  def callback(_):
+    entry = _HOLDERS.get(key)
+    if entry is not None and entry[0]() is None:
+      del _HOLDERS[key]
+  return callback
+
+
+def _copy_back(pairs, hooks):
+  """Gives torch tensors copies of their variables' last values."""
+  for handle in hooks:
+    handle.remove()
+  with tf.init_scope(), torch.no_grad():
+    for t, var in pairs:
+      t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var)).clone()
+      original = getattr(type(t), "_torchbridge_original_class", None)
+      if original is not None:
+        t.__class__ = original
+
+
+def _placeholder(tensor_torch):
+  fill = (float("nan") if tensor_torch.is_floating_point() or
+          tensor_torch.is_complex() else 0)
+  one = torch.full((), fill, dtype=tensor_torch.dtype,
+                   device=tensor_torch.device)
+  return one.expand(tensor_torch.shape)
 
 
 # Kernels that update the running statistics (arguments 3 and 4) in place when
