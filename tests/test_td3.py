@@ -157,3 +157,20 @@ def test_summary_tables_every_run_and_counts_seeds_reaching_the_threshold(tmp_pa
   assert "torchbridge: 1 of 2 seeds reached -250" in out.stdout
   assert "torch: 1 of 1 seeds reached -250" in out.stdout
   assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+
+
+def test_bridged_process_has_no_more_threads_than_torch_plus_tf(tmp_path):
+  """TD3 with 4 torch threads (OpenMP teams of 3 workers): the bridged
+  process holds at most the pure-torch process's threads plus TF's own
+  pools (the TF backend's threads, less the main thread both count)."""
+  counts = {}
+  for backend in ("torchbridge", "torch", "tf"):
+    out = tmp_path / backend
+    proc = _run(out, backend=backend, steps=200,
+                extra=("--threads", "4", "--eval-every", "100000",
+                       "--checkpoint-every", "100000"))
+    log, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, log
+    counts[backend] = json.loads(
+        (out / "results.json").read_text())["threads_at_end"]
+  assert counts["torchbridge"] <= counts["torch"] + counts["tf"] - 1, counts
