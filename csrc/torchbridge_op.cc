@@ -1,7 +1,8 @@
 // TorchbridgeCall: a TensorFlow op whose kernel calls back into Python (torch)
 // and exchanges tensors with it through DLPack, without copies.
 //
-// The kernel
+// The kernel (asynchronous: the CPU kernel runs on the torch thread of
+// torch_thread.h, TF's thread goes back to its pool meanwhile)
 //   1. wraps every input tensor as a DLPack capsule (named "dltensor") that
 //      holds a reference on the TF buffer until the consumer calls its deleter;
 //   2. takes the GIL, calls `torchbridge._native._dispatch(callback_id,
@@ -46,6 +47,8 @@
 #if TORCHBRIDGE_GPU
 #include "xla/stream_executor/stream.h"
 #endif
+
+#include "torch_thread.h"
 
 #if __has_include("external/dlpack/include/dlpack/dlpack.h")
 #include "external/dlpack/include/dlpack/dlpack.h"  // shipped with TF
@@ -494,9 +497,10 @@ PyObject* GetNativeFunction(const char* name, PyObject** cache) {
 // The kernel
 
 template <bool kGpu>
-class TorchbridgeCallOp : public OpKernel {
+class TorchbridgeCallOp : public tensorflow::AsyncOpKernel {
  public:
-  explicit TorchbridgeCallOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit TorchbridgeCallOp(OpKernelConstruction* ctx)
+      : tensorflow::AsyncOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("callback_id", &callback_id_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &out_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &out_shapes_));
@@ -534,21 +538,44 @@ class TorchbridgeCallOp : public OpKernel {
   // runs the callback itself, with no thread switch and no GIL handover.
   bool IsExpensive() override { return false; }
 
-  void Compute(OpKernelContext* ctx) override {
+  // The CPU kernel hands the call to the torch thread (torch_thread.h) and
+  // returns; the GPU kernel's calls stay on TF's thread, which holds TF's
+  // CUDA stream (CUDA kernels do not use torch's OpenMP teams).
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    TorchThread& thread = TorchThread::Get();
+    if (kGpu || !thread.enabled() || thread.OnThisThread()) {
+      Run(ctx);
+      done();
+      return;
+    }
+    thread.Submit([this, ctx, done = std::move(done)]() {
+      Run(ctx);
+      done();
+    });
+  }
+
+ private:
+  void Run(OpKernelContext* ctx) {
     const int num_inputs = ctx->num_inputs();
     const int num_outputs = static_cast<int>(out_types_.size());
-    OP_REQUIRES(ctx, Py_IsInitialized(),
-                tensorflow::errors::FailedPrecondition(
-                    "TorchbridgeCall needs a running Python interpreter"));
+    // Errors go to ctx->SetStatus: TF's OP_REQUIRES macros are not for
+    // asynchronous kernels (TF checks it).
+    if (!Py_IsInitialized()) {
+      ctx->SetStatus(tensorflow::errors::FailedPrecondition(
+          "TorchbridgeCall needs a running Python interpreter"));
+      return;
+    }
 
     void* stream = nullptr;
     int device_id = 0;
     if (kGpu) {
 #if TORCHBRIDGE_GPU
       auto* device_context = ctx->op_device_context();
-      OP_REQUIRES(ctx, device_context && device_context->stream(),
-                  tensorflow::errors::Internal(
-                      "TorchbridgeCall: no GPU stream for this op"));
+      if (!device_context || !device_context->stream()) {
+        ctx->SetStatus(tensorflow::errors::Internal(
+            "TorchbridgeCall: no GPU stream for this op"));
+        return;
+      }
       stream = device_context->stream()->platform_specific_handle().stream;
       device_id = ctx->device()->parsed_name().id;
 #endif
@@ -577,7 +604,10 @@ class TorchbridgeCallOp : public OpKernel {
             CallPython(ctx, &inputs, required, stream, device_id, &outputs);
       }
     }
-    OP_REQUIRES_OK(ctx, status);
+    if (!status.ok()) {
+      ctx->SetStatus(status);
+      return;
+    }
 
     for (int i = 0; i < num_outputs; ++i) {
       if (!outputs[i]) continue;  // an unused output Python left out (None)
@@ -609,7 +639,6 @@ class TorchbridgeCallOp : public OpKernel {
     }
   }
 
- private:
   DLDevice InputDevice(OpKernelContext* ctx, int i, int device_id) const {
     if (kGpu && ctx->input_memory_type(i) != tensorflow::HOST_MEMORY) {
       return DLDevice{kDLCUDA, device_id};

@@ -16,6 +16,7 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
+from torchbridge import _native
 from torchbridge import _torch_thread
 from torchbridge._torch_thread import TorchThread
 
@@ -210,8 +211,12 @@ def test_graph_calls_run_on_the_torch_thread_eager_ones_where_called(mode):
   if mode == "eager":
     assert seen[0] == threading.get_ident()
   else:
-    assert seen[0] == _torch_thread.run(threading.get_ident)
     assert seen[0] != threading.get_ident()
+    if _native.available():  # the native op's own torch thread (C++)
+      tf.function(f)(x)  # another graph's call, while the thread lives
+      assert seen[-1] == seen[0]
+    else:  # the tf.py_function path hands over in Python
+      assert seen[0] == _torch_thread.run(threading.get_ident)
 
 
 def test_torch_module_runs_with_the_users_thread_count():
@@ -337,3 +342,18 @@ def test_bridged_calls_add_one_torch_team_to_tf_own_threads(tmp_path):
   # Once idle, the torch thread ends (libgomp parks its team's threads,
   # asleep, for the next thread that starts a parallel region).
   assert bridged_later == 0, "the torch thread is still alive"
+
+
+def test_a_graph_call_nested_in_another_ones_torch_code_completes():
+  """The outer call holds the torch thread while its torch code runs a
+  tf.function with a bridged op of its own: that one cannot be handed to
+  the busy thread, and runs on TF's thread after the wait."""
+  inner = tf.function(tb.torch_function(lambda x: x + 1))
+
+  def outer_torch(x):
+    if x.is_meta:  # the shape pass while tracing
+      return x * 2
+    return tb.to_torch(inner(tb.to_tf(x))) * 2
+
+  outer = tf.function(tb.torch_function(outer_torch))
+  np.testing.assert_array_equal(outer(tf.ones([2])).numpy(), [4.0, 4.0])

@@ -150,12 +150,17 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
   check_outputs = _OutputCheck(out_specs, name)
 
   def run(py_args_torch, unused=None):
-    # On the torch thread; the GPU kernel's calls stay on TF's thread, which
-    # holds TF's CUDA stream as torch's current stream (CUDA kernels do not
-    # use torch's OpenMP teams).
-    if _native.current_gpu() is not None:
-      return run_here(py_args_torch, unused)
+    # The tf.py_function path: handed to the torch thread from here.
     return _torch_thread.run(run_here, py_args_torch, unused)
+
+  def run_native(py_args_torch, unused=None):
+    # The native op's CPU kernel runs this on its torch thread already
+    # (csrc/torch_thread.h); the GPU kernel's calls stay on TF's thread,
+    # which holds TF's CUDA stream as torch's current stream (CUDA kernels
+    # do not use torch's OpenMP teams).
+    if _native.current_gpu() is None:
+      _torch_thread.apply_threads()
+    return run_here(py_args_torch, unused)
 
   def run_here(py_args_torch, unused=None):
     # The native op says which of its outputs nothing in the running graph
@@ -190,7 +195,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
 
   @tf.custom_gradient
   def bridged(*grad_args):
-    results = _stateful_op(run, py_args_tf,
+    results = _stateful_op(run, run_native, py_args_tf,
                            [tf.int8] + [s.dtype for s in out_specs],
                            [[1]] + [s.shape for s in out_specs], name)
     handle_tf, outs_tf = results[0], results[1:]
@@ -234,16 +239,17 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
   return list(bridged(*grad_args_tf))
 
 
-def _stateful_op(run, inputs_tf, out_dtypes, out_shapes, name):
+def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
   """One stateful graph op running `run(list of torch views) -> tensors`.
 
-  The native op of `csrc/` when it is available (it hands DLPack capsules
-  to Python directly); otherwise a `tf.py_function`, whose body receives
-  eager tensors and returns eager tensors, both through DLPack.
+  The native op of `csrc/` when it is available (it hands torch tensors to
+  `run_native` directly, on its torch thread); otherwise a
+  `tf.py_function`, whose body receives eager tensors and returns eager
+  tensors, both through DLPack, and calls `run`.
   """
   if _native.available():
     # Output 0 is the handle, whose Python object owns the `_Saved` record.
-    return _native.call(run, inputs_tf, out_dtypes, out_shapes, name=name,
+    return _native.call(run_native, inputs_tf, out_dtypes, out_shapes, name=name,
                         torch_tensors=True, whole_tensor_outputs=[0])
 
   def body(*inputs_eager):

@@ -198,6 +198,25 @@ def run(fn, *args, threads=None):
   return _THE_THREAD.run(fn, *args, threads=threads)
 
 
+_applied = threading.local()
+
+
+def apply_threads():
+  """Gives the calling thread the user's torch intra-op thread count.
+
+  For the native op's torch thread (csrc/torch_thread.h), which runs
+  Python callbacks but is not a `TorchThread`; a no-op where the count is
+  already set, and with `TORCHBRIDGE_TORCH_THREAD=0` (calls then run on
+  TF's threads, with whatever count those have, as before).
+  """
+  if not ENABLED:
+    return
+  wanted = _THE_THREAD.threads
+  if getattr(_applied, "threads", None) != wanted:
+    torch.set_num_threads(wanted)
+    _applied.threads = wanted
+
+
 def remember_threads():
   """Records the calling (user's) thread's torch intra-op thread count."""
   _THE_THREAD.remember_threads()

@@ -1,0 +1,206 @@
+// The torch thread of the native op: one thread runs the CPU kernel's
+// callbacks, so torch grows one OpenMP team however many TF threads run the
+// op (torchbridge/_torch_thread.py explains why; this is its C++ twin, which
+// the CPU kernel hands work to without the GIL).
+//
+// The kernel is asynchronous: TF's thread queues the call and goes back to
+// its pool; the torch thread runs it and calls `done`, and TF's executor
+// goes on from there. A call queued while the thread is busy waits on TF's
+// thread until the torch thread takes it; if that takes longer than
+// kWaitSeconds (a bridged call nested inside another one's torch code would
+// wait for ever), TF's thread runs it itself.
+//
+// The thread spins for kSpinMicros after each call before it sleeps, since
+// bridged calls come in bursts (a forward, then its backward), and ends
+// after kIdleSeconds without work; libgomp then parks its team, and torch
+// code on the user's thread has the cores to itself. It keeps a Python
+// thread state while it lives and deletes it when it ends.
+// TORCHBRIDGE_TORCH_THREAD=0 runs every call on TF's thread.
+
+#ifndef TORCHBRIDGE_TORCH_THREAD_H_
+#define TORCHBRIDGE_TORCH_THREAD_H_
+
+#include <Python.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace torchbridge {
+
+class TorchThread {
+ public:
+  static constexpr double kIdleSeconds = 0.2;
+  static constexpr double kWaitSeconds = 2.0;
+  static constexpr int kSpinMicros = 50;
+
+  // The process's torch thread (a fresh one in a forked child).
+  static TorchThread& Get() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      instance_ = new TorchThread();
+      pthread_atfork(nullptr, nullptr, [] { instance_ = new TorchThread(); });
+    });
+    return *instance_;
+  }
+
+  // Whether calls are handed over at all (TORCHBRIDGE_TORCH_THREAD != 0).
+  bool enabled() const { return enabled_; }
+
+  // Whether the caller is the torch thread.
+  bool OnThisThread() const {
+    return std::this_thread::get_id() == id_.load(std::memory_order_acquire);
+  }
+
+  // Runs `task` on the torch thread and returns without waiting, or, when
+  // the thread is busy and does not take it within kWaitSeconds or no
+  // thread can start, runs it here before returning.
+  void Submit(std::function<void()> task) {
+    auto item = std::make_shared<Item>();
+    item->task = std::move(task);
+    bool queued_behind = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!running_ && !Start()) {
+        item->taken = true;  // run below
+      } else {
+        queued_behind = busy_ || !queue_.empty();
+        queue_.push_back(item);
+        pending_.fetch_add(1, std::memory_order_release);
+      }
+    }
+    if (item->taken) {  // no thread
+      item->task();
+      return;
+    }
+    wake_.notify_one();
+    if (!queued_behind) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool taken = taken_.wait_for(
+        lock, std::chrono::duration<double>(kWaitSeconds),
+        [&] { return item->taken; });
+    if (taken) return;
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (*it == item) {
+        queue_.erase(it);
+        pending_.fetch_sub(1, std::memory_order_relaxed);
+        break;
+      }
+    }
+    item->taken = true;
+    inline_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    lock.unlock();
+    item->task();
+  }
+
+  int64_t started() const { return started_.load(); }
+  int64_t inline_fallbacks() const { return inline_fallbacks_.load(); }
+  bool alive() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_;
+  }
+
+ private:
+  struct Item {
+    std::function<void()> task;
+    bool taken = false;  // guarded by mu_
+  };
+
+  TorchThread() {
+    const char* setting = std::getenv("TORCHBRIDGE_TORCH_THREAD");
+    enabled_ = setting == nullptr || std::strcmp(setting, "0") != 0;
+  }
+
+  bool Start() {  // with mu_ held
+    try {
+      std::thread([this] { Loop(); }).detach();
+    } catch (const std::system_error&) {
+      return false;
+    }
+    running_ = true;
+    started_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  void Loop() {
+    id_.store(std::this_thread::get_id(), std::memory_order_release);
+    pthread_setname_np(pthread_self(), "torchbridge-tor");
+    while (true) {
+      // A short spin catches the next call of a burst without a wake-up.
+      const auto spin_end = std::chrono::steady_clock::now() +
+                            std::chrono::microseconds(kSpinMicros);
+      while (pending_.load(std::memory_order_acquire) == 0 &&
+             std::chrono::steady_clock::now() < spin_end) {
+        std::this_thread::yield();
+      }
+      std::shared_ptr<Item> item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (queue_.empty()) {
+          wake_.wait_for(lock, std::chrono::duration<double>(kIdleSeconds),
+                         [&] { return !queue_.empty(); });
+        }
+        if (queue_.empty()) {
+          running_ = false;
+          id_.store(std::thread::id(), std::memory_order_release);
+          break;
+        }
+        item = queue_.front();
+        queue_.pop_front();
+        pending_.fetch_sub(1, std::memory_order_relaxed);
+        item->taken = true;
+        busy_ = true;
+      }
+      taken_.notify_all();
+      item->task();
+      item.reset();
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    DropPythonThreadState();
+  }
+
+  // The callbacks' GilLock kept a Python thread state for this thread (see
+  // GilLock in torchbridge_op.cc); it goes with the thread.
+  static void DropPythonThreadState() {
+    if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) {
+      return;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing()) return;
+#else
+    if (_Py_IsFinalizing()) return;
+#endif
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyGILState_Release(PyGILState_LOCKED);  // GilLock's kept one
+    PyGILState_Release(state);  // the last: deletes the thread state
+  }
+
+  static TorchThread* instance_;
+
+  bool enabled_ = true;
+  std::mutex mu_;
+  std::condition_variable wake_;   // a call was queued
+  std::condition_variable taken_;  // the thread took a call
+  std::deque<std::shared_ptr<Item>> queue_;
+  std::atomic<int> pending_{0};  // queue_.size(), read while spinning
+  bool running_ = false;         // a thread is running Loop
+  bool busy_ = false;            // it is running a call
+  std::atomic<std::thread::id> id_{};
+  std::atomic<int64_t> started_{0};
+  std::atomic<int64_t> inline_fallbacks_{0};
+};
+
+inline TorchThread* TorchThread::instance_ = nullptr;
+
+}  // namespace torchbridge
+
+#endif  // TORCHBRIDGE_TORCH_THREAD_H_
