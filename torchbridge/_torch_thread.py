@@ -8,7 +8,11 @@ OpenMP threads than cores, libgomp's idle workers stop spinning and every
 parallel region in the process, the user's own torch code included, pays a
 wake-up (measured: a pure-torch matmul loop 490 us alone, 800 us beside one
 more team). Here every bridged forward and backward inside a graph runs on
-one thread: one team, however many threads TF has. Eager calls run on the
+one thread: one team, however many threads TF has. The native op's CPU
+kernel hands its calls to a thread of its own, in C++, without the GIL
+(csrc/torch_thread.h, the same rules); this module's thread serves the
+`tf.py_function` path, and `apply_threads` gives the native one the user's
+thread count. Eager calls run on the
 calling thread, the user's own (a hand-over costs more than an eager call;
 see the README, "One torch thread"). `TORCHBRIDGE_TORCH_THREAD=0` runs
 graph calls where TF calls them too, as before: the lowest latency per
