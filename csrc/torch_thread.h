@@ -70,15 +70,18 @@ class TorchThread {
   void Run(const std::function<void()>& task) {
     auto item = std::make_shared<Item>();
     item->task = &task;
+    // Decided under the lock, kept in a local: once queued, the torch
+    // thread may take the item (and set `taken`) at any moment.
+    bool no_thread = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!running_ && !Start()) item->taken = true;
-      if (!item->taken) {
+      no_thread = !running_ && !Start();
+      if (!no_thread) {
         queue_.push_back(item);
         pending_.fetch_add(1, std::memory_order_release);
       }
     }
-    if (item->taken) {  // no thread
+    if (no_thread) {
       task();
       return;
     }

@@ -357,3 +357,39 @@ def test_a_graph_call_nested_in_another_ones_torch_code_completes():
 
   outer = tf.function(tb.torch_function(outer_torch))
   np.testing.assert_array_equal(outer(tf.ones([2])).numpy(), [4.0, 4.0])
+
+
+_EXACTLY_ONCE_CHILD = """
+import threading
+import tensorflow as tf
+import torchbridge as tb
+ran = []
+def count(x):
+  if not x.is_meta:
+    ran.append(1)
+  return x + 1
+f = tf.function(tb.torch_function(count))
+x = tf.ones([2])
+f(x)
+def caller():
+  for _ in range(1500):
+    f(x)
+threads = [threading.Thread(target=caller) for _ in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("RAN", len(ran))
+"""
+
+
+def test_each_graph_call_runs_exactly_once_under_concurrent_calls(tmp_path):
+  # A call is queued for the torch thread and may be taken at once: the
+  # caller must never run it a second time. (A race that did, between the
+  # queueing and a re-check of `taken`, was found from a core dump of TF
+  # aborting in set_output on a finished call's context; this test did not
+  # reproduce that race on demand, the fix is by construction.)
+  out = subprocess.run([sys.executable, "-c", _EXACTLY_ONCE_CHILD],
+                       cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ,
+                                             TF_CPP_MIN_LOG_LEVEL="3"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "RAN 3001" in out.stdout, out.stdout
