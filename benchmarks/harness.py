@@ -1,12 +1,26 @@
-"""Interleaved timing: warm up, repeat, medians and spread."""
+"""Timing: contenders interleaved in one process, or one process each, alternated."""
 
+import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Before each benchmark process: wait up to QUIET_MAX_WAIT s for other
+# processes to use less than QUIET_CORES cores (the machine is shared), and
+# no longer once a run has waited QUIET_BUDGET s in all.
+QUIET_MAX_WAIT, QUIET_CORES, QUIET_BUDGET = 15.0, 0.3, 240.0
+_waited_in_all = 0.0
+# Benchmark processes that failed (and were started again): run_process.
+FAILURES = []
 
 
 def configure_threads(n_threads):
@@ -38,7 +52,21 @@ def environment(n_threads, device):
                   "requested": n_threads},
       "device": device,
       "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+      "source": _source(),
   }
+
+
+def _source():
+  """The commit measured, and the bridge's files changed since (if any)."""
+  def git(*args):
+    try:
+      return subprocess.run(["git", "-C", ROOT, *args], capture_output=True,
+                            text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+      return None
+  changed = git("status", "--porcelain", "--", "torchbridge", "csrc")
+  return {"commit": git("rev-parse", "HEAD"),
+          "changed_since": changed.splitlines() if changed else []}
 
 
 def interleaved(contenders, repeats, calls, warmup, sync=None):
@@ -84,3 +112,136 @@ def summarize(samples_us):
           "p25_us": float(np.percentile(s, 25)),
           "p75_us": float(np.percentile(s, 75)),
           "samples_us": [float(v) for v in s]}
+
+
+def timed_repeats(fn, repeats, calls, sync=None):
+  """Per-call times (us) of `repeats` timings of `calls` calls each."""
+  samples = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(calls):
+      fn()
+    if sync:
+      sync()
+    samples.append((time.perf_counter() - start) / calls * 1e6)
+  return samples
+
+
+def calls_for(fn, seconds, min_warmup=2, sync=None):
+  """Warms `fn` up for about `seconds` (at least `min_warmup` calls after the
+  first, which may trace) and returns how many calls take about `seconds`."""
+  fn()
+  if sync:
+    sync()
+  n, start = 0, time.perf_counter()
+  while n < min_warmup or time.perf_counter() - start < seconds:
+    fn()
+    n += 1
+  if sync:
+    sync()
+  per_call = (time.perf_counter() - start) / n
+  return max(1, round(seconds / per_call))
+
+
+def _busy_seconds():
+  """CPU seconds the whole machine has been busy (all cores, /proc/stat;
+  steal time included: on a VM, a neighbour's use is noise too)."""
+  with open("/proc/stat") as f:
+    fields = [int(v) for v in f.readline().split()[1:]]
+  user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+  return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
+
+
+def _children_cpu_seconds():
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def wait_for_quiet(max_wait=QUIET_MAX_WAIT, threshold=QUIET_CORES):
+  """Waits (up to `max_wait` s, within what is left of QUIET_BUDGET) until
+  other processes use less than `threshold` cores over half a second;
+  returns the seconds waited."""
+  global _waited_in_all
+  max_wait = min(max_wait, QUIET_BUDGET - _waited_in_all)
+  start = time.perf_counter()
+  while max_wait > 0:
+    busy = _busy_seconds()
+    time.sleep(0.5)
+    load = (_busy_seconds() - busy) / 0.5
+    if load < threshold or time.perf_counter() - start >= max_wait:
+      break
+  waited = time.perf_counter() - start
+  _waited_in_all += waited
+  return waited
+
+
+def run_process(module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT,
+                retries=2):
+  """Runs `python -m module *args` in a fresh process (from the repository
+  root) and returns the JSON object on the last line of its output, with
+  "foreign_load_cores": the cores other processes kept busy meanwhile, on
+  average (this machine is shared: the figure says how quiet a run was),
+  and "waited_s" (for a quiet machine, before starting; see wait_for_quiet).
+
+  A process that fails (a crash included) is recorded in `FAILURES` and
+  started again, up to `retries` times; then the error is raised.
+  """
+  for attempt in range(retries + 1):
+    waited = wait_for_quiet(quiet_wait) if quiet_wait else 0.0
+    busy, children = _busy_seconds(), _children_cpu_seconds()
+    start = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", module, *[str(a) for a in args]],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    wall = time.perf_counter() - start
+    own = _children_cpu_seconds() - children
+    foreign = max(0.0, (_busy_seconds() - busy - own) / wall)
+    if out.returncode == 0:
+      break
+    command = f"python -m {module} {' '.join(map(str, args))}"
+    FAILURES.append({"command": command, "returncode": out.returncode,
+                     "attempt": attempt + 1, "stderr_tail": out.stderr[-2000:]})
+    if attempt == retries:
+      raise RuntimeError(f"{command} failed ({out.returncode}):\n"
+                         f"{out.stderr[-3000:]}")
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  record.update(foreign_load_cores=round(foreign, 3), waited_s=round(waited, 1),
+                wall_s=round(wall, 1), attempts=attempt + 1)
+  return record
+
+
+def alternated(jobs, rounds, log=None):
+  """Runs each job once per round, rounds one after another, the order
+  rotating from round to round (each job typically starts a process).
+
+  Args:
+    jobs: {name: zero-argument callable returning a dict}.
+    rounds: number of rounds.
+    log: optional callable(str) told about each job as it starts.
+
+  Returns:
+    {name: [result of round 0, round 1, ...]}.
+  """
+  names = list(jobs)
+  results = {name: [] for name in names}
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      if log:
+        log(f"round {r + 1}/{rounds}: {name}")
+      results[name].append(jobs[name]())
+  return results
+
+
+def over_processes(records, key="median_us"):
+  """The median over processes of each process's `key`, with its spread.
+
+  Returns:
+    {key: median over processes, "min", "max", "spread" ((max - min) /
+    median), "processes": the records, in round order}.
+  """
+  values = np.asarray([r[key] for r in records], dtype=float)
+  median = float(np.median(values))
+  return {key: median, "min": float(values.min()), "max": float(values.max()),
+          "spread": float((values.max() - values.min()) / median),
+          "processes": records}

@@ -1,7 +1,13 @@
-"""Targets, the printed table, the JSON file and the plots."""
+"""Targets, the printed table, the JSON file, the plots, the README tables.
+
+`python -m benchmarks.report [benchmarks/results/latest.json]` prints the
+README's tables ("What it costs") from a run's JSON file.
+"""
 
 import json
 import os
+import sys
+import textwrap
 
 import matplotlib
 
@@ -9,12 +15,86 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+BRIDGED = "torchbridge tf.function"
+PURE_TORCH = "pure torch"
+KERAS = "keras tf.function"
+TORCH_FORWARD_BACKWARD = "pure torch, forward and backward only"
+MODELS = ("small_mlp", "cnn", "large_mlp")
+
+
 def _median(timings, name):
   return timings[name]["median_us"]
 
 
+def _ratio(a, b, key):
+  """a / b over processes: the ratio of medians, and round by round (the
+  k-th process of each, started one after the other)."""
+  per_round = [ra[key] / rb[key] for ra, rb in zip(a["processes"], b["processes"])]
+  return {"ratio": a[key] / b[key], "per_round": per_round,
+          "min": min(per_round), "max": max(per_round)}
+
+
+def _step_sets(results):
+  """{name: (timings, key, bridged, pure torch, keras)} of every step
+  measured in processes of their own: the three models and TD3."""
+  sets = {m: (t, "median_us", BRIDGED, PURE_TORCH, KERAS)
+          for m, t in results.get("train_steps", {}).items()}
+  if "td3" in results:
+    sets["td3"] = (results["td3"], "ms_per_train_step", "torchbridge",
+                   "pure torch", "keras")
+  return sets
+
+
+def headline(results):
+  """Per model (and TD3): torchbridge / pure torch and torchbridge / Keras,
+  both from clean processes."""
+  out = {}
+  for name, (t, key, bridged, torch_, keras) in _step_sets(results).items():
+    if bridged in t and torch_ in t and keras in t:
+      out[name] = {"torchbridge / pure torch": _ratio(t[bridged], t[torch_], key),
+                   "torchbridge / keras": _ratio(t[bridged], t[keras], key)}
+  return out
+
+
+def decomposition(results):
+  """What a bridged step is made of, from the separate-process figures (ms):
+  the step, pure torch, the floor (the same TF program with each bridged
+  call a bare native op), and their differences."""
+  out = {}
+  steps = results.get("train_steps", {})
+  floors = [n for n in steps.get("small_mlp", {}) if n.startswith("floor:")]
+  if floors and BRIDGED in steps["small_mlp"] and PURE_TORCH in steps["small_mlp"]:
+    t = steps["small_mlp"]
+    ms = {n: t[n]["median_us"] / 1e3 for n in t}
+    b, p, f = ms[BRIDGED], ms[PURE_TORCH], ms[floors[0]]
+    rows = [("torchbridge tf.function step", b),
+            ("pure torch step (torch Adam)", p)]
+    if TORCH_FORWARD_BACKWARD in ms:
+      rows.append(("pure torch forward and backward only", ms[TORCH_FORWARD_BACKWARD]))
+    rows += [(floors[0], f),
+             ("bridged - pure torch: what running it from TF adds", b - p),
+             ("bridged - floor: torch's compute and the bridge's own work", b - f)]
+    if TORCH_FORWARD_BACKWARD in ms:
+      rows.append(("bridged - floor - torch forward and backward: the bridge's "
+                   "own work (hand-overs, Python) and torch slowed between TF calls",
+                   b - f - ms[TORCH_FORWARD_BACKWARD]))
+    out["small_mlp"] = rows
+  td3 = results.get("td3", {})
+  floors = [n for n in td3 if n.startswith("floor:")]
+  if floors and "torchbridge" in td3 and "pure torch" in td3:
+    ms = {n: td3[n]["ms_per_train_step"] for n in td3}
+    b, p, f = ms["torchbridge"], ms["pure torch"], ms[floors[0]]
+    out["td3"] = [
+        ("torchbridge train step", b), ("pure torch train step (torch Adam)", p),
+        ("Keras train step", ms.get("keras", float("nan"))), (floors[0], f),
+        ("bridged - pure torch: what running it from TF adds", b - p),
+        ("bridged - floor: torch's compute and the bridge's own work", b - f)]
+  return out
+
+
 def targets(results):
-  """The issue's targets as {"name", "measured", "limit", "met"} records."""
+  """Issue 16's targets (and the exchange, overhead and numpy-copy ones kept
+  from before) as {"name", "measured", "limit", "met"} records."""
   out = []
 
   def add(name, measured, limit, met):
@@ -34,37 +114,46 @@ def targets(results):
     copied = sum(v["bytes_copied"]["torchbridge"] for v in ex.values())
     add("exchange bytes copied (torchbridge, all sizes)", copied, "== 0",
         copied == 0)
+  ratios = headline(results)
+  if "td3" in ratios:
+    r = ratios["td3"]["torchbridge / pure torch"]["ratio"]
+    add("TD3 train step: torchbridge / pure torch", r, "<= 1.10", r <= 1.10)
+    r = ratios["td3"]["torchbridge / keras"]["ratio"]
+    add("TD3 train step: torchbridge / native Keras", r, "<= 1.0", r <= 1.0)
+  for model in MODELS:
+    if model in ratios:
+      r = ratios[model]["torchbridge / pure torch"]["ratio"]
+      add(f"{model} tf.function step: torchbridge / pure torch", r, "<= 1.10",
+          r <= 1.10)
   steps = results.get("train_steps", {})
-  for model, limit in (("small_mlp", 1.5), ("large_mlp", 1.1), ("cnn", 1.1)):
-    if model in steps:
-      t = steps[model]
-      ratio = (_median(t, "torchbridge tf.function") /
-               _median(t, "keras tf.function"))
-      add(f"{model} tf.function step: torchbridge / native Keras", ratio,
-          f"<= {limit}", ratio <= limit)
-  if "large_mlp" in steps and "numpy-copy bridge tf.function" in steps["large_mlp"]:
+  if "numpy-copy bridge tf.function" in steps.get("large_mlp", {}):
     t = steps["large_mlp"]
-    speedup = (_median(t, "numpy-copy bridge tf.function") /
-               _median(t, "torchbridge tf.function"))
+    speedup = (_median(t, "numpy-copy bridge tf.function") / _median(t, BRIDGED))
     add("large_mlp tf.function step: speed-up over numpy-copy bridge",
         speedup, ">= 3", speedup >= 3)
-  if "overhead" in results:
-    t = results["overhead"]
-    own = (_median(t, "torchbridge identity, tf.py_function path (in tf.function)") -
-           _median(t, "tf.py_function identity (in tf.function)"))
-    add("bridge's own overhead per call in tf.function, tf.py_function path "
-        "(us over a bare tf.py_function)", own, "<= 30", own <= 30)
-    if "native op doing nothing (in tf.function)" in t:
-      own = (_median(t, "torchbridge identity, native op (in tf.function)") -
-             _median(t, "native op doing nothing (in tf.function)"))
-      add("bridge's own overhead per call in tf.function, native op "
-          "(us over a bare native op)", own, "<= 10", own <= 10)
-      if "small_mlp" in steps:
-        ratio = (_median(steps["small_mlp"], "torchbridge tf.function") /
-                 _median(steps["small_mlp"], "keras tf.function"))
-        add("small_mlp tf.function step with the native op: torchbridge / "
-            "native Keras", ratio, "<= 1.0", ratio <= 1.0)
+  t = results.get("overhead", {})
+  if "native op doing nothing (in tf.function)" in t:
+    own = (_median(t, "torchbridge identity, native op (in tf.function)") -
+           _median(t, "native op doing nothing (in tf.function)"))
+    add("bridge's own overhead per call in tf.function, native op "
+        "(us over a bare native op)", own, "<= 10", own <= 10)
+  if "torch_after_bridge" in results:
+    r = results["torch_after_bridge"]["ratio_right_after"]
+    add("pure torch on the main thread right after 1,000 bridged calls / "
+        "before them", r, "<= 1.05", r <= 1.05)
   return out
+
+
+def _foreign(timings):
+  """The most other processes' load seen during one of these processes."""
+  loads = [p.get("foreign_load_cores") for p in timings["processes"]]
+  if None in loads:
+    return "others' load unknown"
+  return f"others' load up to {max(loads):.2f} cores"
+
+
+def _range(r):
+  return f"{r['ratio']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
 
 
 def table(results):
@@ -78,24 +167,59 @@ def table(results):
         f"({entry['bytes_copied']['numpy_copy']} B copied)")
   if "overhead" in results:
     lines.append("")
-    lines.append("per-call overhead of an identity:")
+    lines.append("per-call overhead of an identity (one process, interleaved):")
     for name, t in results["overhead"].items():
       lines.append(f"  {name:60s} {t['median_us']:9.1f} us "
                    f"[{t['p25_us']:.1f}, {t['p75_us']:.1f}]")
-  for model, timings in results.get("train_steps", {}).items():
+  if results.get("headline"):
     lines.append("")
-    base = timings["keras tf.function"]["median_us"]
-    lines.append(f"training step, {model} (median ms [p25, p75], x native Keras tf.function):")
-    for name, t in timings.items():
-      lines.append(f"  {name:46s} {t['median_us'] / 1e3:9.2f} ms "
-                   f"[{t['p25_us'] / 1e3:.2f}, {t['p75_us'] / 1e3:.2f}]  "
-                   f"x{t['median_us'] / base:5.2f}")
+    lines.append("headline, every contender in processes of its own "
+                 "(ratio of medians [per-round min-max]):")
+    lines.append(f"  {'':10s} {'torchbridge / pure torch':>26s} "
+                 f"{'torchbridge / Keras':>26s}")
+    for name, r in results["headline"].items():
+      lines.append(f"  {name:10s} {_range(r['torchbridge / pure torch']):>26s} "
+                   f"{_range(r['torchbridge / keras']):>26s}")
+  for name, (timings, key, _, torch_, keras) in _step_sets(results).items():
+    scale = 1e3 if key == "median_us" else 1.0
+    lines.append("")
+    lines.append(f"training step, {name} (median over processes, ms [min, max], "
+                 "x pure torch, x Keras; other processes' CPU use meanwhile):")
+    width = max(len(c) for c in timings)
+    for contender, t in timings.items():
+      x_torch = (t[key] / timings[torch_][key]) if torch_ in timings else float("nan")
+      x_keras = (t[key] / timings[keras][key]) if keras in timings else float("nan")
+      lines.append(f"  {contender:{width}s} {t[key] / scale:9.2f} ms "
+                   f"[{t['min'] / scale:.2f}, {t['max'] / scale:.2f}] "
+                   f"x{x_torch:5.2f} x{x_keras:5.2f}  "
+                   f"({len(t['processes'])} processes; {_foreign(t)})")
+  for name, rows in results.get("decomposition", {}).items():
+    lines.append("")
+    lines.append(f"decomposition, {name} (ms per step):")
+    width = max(len(label) for label, _ in rows)
+    for label, ms in rows:
+      lines.append(f"  {label:{width}s} {ms:8.3f}")
+  if "torch_after_bridge" in results:
+    a = results["torch_after_bridge"]
+    lines.append("")
+    lines.append("pure torch small-MLP forward and backward on the main thread, "
+                 "same process:")
+    for r in a["processes"]:
+      lines.append(f"  before {r['before_us']:7.1f} us, right after "
+                   f"{r['bridged_calls']} bridged calls {r['right_after_us']:7.1f} us "
+                   f"(x{r['ratio_right_after']:.2f}), {r['pause_s']} s later "
+                   f"{r['after_pause_us']:7.1f} us (x{r['ratio_after_pause']:.2f}); "
+                   f"others' load {r.get('foreign_load_cores', float('nan')):.2f} cores")
   for model, mem in results.get("peak_memory", {}).items():
     lines.append("")
     lines.append(f"peak memory of a training step, {model}:")
     for name, m in mem.items():
       lines.append(f"  {name:12s} +{m['step_peak_mb']:8.1f} MB over "
                    f"{m['rss_before_mb']:.1f} MB resident before the steps")
+  for failure in results.get("failed_processes", []):
+    lines.append("")
+    lines.append(f"FAILED (started again): {failure['command']}, attempt "
+                 f"{failure['attempt']}, return code {failure['returncode']}")
   lines.append("")
   lines.append("targets:")
   for t in results["targets"]:
@@ -137,20 +261,119 @@ def _plot_exchange(results, out_dir):
 
 
 def _plot_steps(results, out_dir):
-  steps = results.get("train_steps")
-  if not steps:
+  """Each step's time as a multiple of pure torch's (median over processes,
+  min-max), one panel per model and TD3, the 1.10x target marked."""
+  sets = _step_sets(results)
+  if not sets:
     return None
-  fig, axes = plt.subplots(1, len(steps), figsize=(5 * len(steps), 4.5),
+  cols = min(2, len(sets))
+  rows = (len(sets) + cols - 1) // cols
+  fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows),
                            squeeze=False)
-  for ax, (model, timings) in zip(axes[0], steps.items()):
+  for ax, (name, (timings, key, _, torch_, _)) in zip(axes.flat, sets.items()):
+    base = timings[torch_][key] if torch_ in timings else 1.0
     names = list(timings)
-    ax.barh(names, [timings[n]["median_us"] / 1e3 for n in names],
-            xerr=[[(timings[n]["median_us"] - timings[n]["p25_us"]) / 1e3 for n in names],
-                  [(timings[n]["p75_us"] - timings[n]["median_us"]) / 1e3 for n in names]])
-    ax.set_xlabel("ms per training step (median, p25-p75)")
-    ax.set_title(model)
+    mid = [timings[n][key] / base for n in names]
+    ax.barh([textwrap.fill(n, 34) for n in names], mid,
+            xerr=[[m - timings[n]["min"] / base for m, n in zip(mid, names)],
+                  [timings[n]["max"] / base - m for m, n in zip(mid, names)]],
+            color=["tab:orange" if n in (BRIDGED, "torchbridge") else "tab:blue"
+                   for n in names])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(1.1, color="tab:red", linewidth=0.8, linestyle="--")
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("x pure torch (median over processes, min-max; "
+                  "dashed: 1.10)", fontsize=8)
+    scale = 1e3 if key == "median_us" else 1.0
+    ax.set_title(f"{name} (pure torch: {base / scale:.3g} ms)")
+  for ax in list(axes.flat)[len(sets):]:
+    ax.axis("off")
   fig.tight_layout()
   path = os.path.join(out_dir, "train_steps.png")
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
+
+
+def _us(us):
+  return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def _sig(value):
+  """Three significant digits, trailing zeros kept: 1.00, 19.6, 336."""
+  return f"{value:#.3g}".rstrip(".")
+
+
+def markdown(results):
+  """The README's tables from a run's results."""
+  out = []
+  ex = results.get("exchange", {})
+  if ex:
+    out.append("| round trip TF -> torch -> TF | " + " | ".join(ex) + " |")
+    out.append("|---|" + "---|" * len(ex))
+    for name, label in (("torchbridge", "torchbridge (0 bytes copied)"),
+                        ("numpy_copy", "numpy copies (2x the size copied)")):
+      out.append(f"| {label} | " + " | ".join(
+          _us(e["timings"][name]["median_us"]) for e in ex.values()) + " |")
+    out.append("")
+  if "overhead" in results:
+    out.append("| per call, identity | median |")
+    out.append("|---|---|")
+    for name, t in results["overhead"].items():
+      out.append(f"| {name} | {_us(t['median_us'])} |")
+    out.append("")
+  if results.get("headline"):
+    out.append("| step, separate processes | torchbridge / pure torch | "
+               "torchbridge / Keras |")
+    out.append("|---|---|---|")
+    for name, r in results["headline"].items():
+      out.append(f"| {name} | {_range(r['torchbridge / pure torch'])} | "
+                 f"{_range(r['torchbridge / keras'])} |")
+    out.append("")
+  floor = "floor: the same TF program, each bridged call a bare native op"
+
+  def row(name):  # TD3's and the small MLP's names on the rows they share
+    if name.startswith("floor:"):
+      return floor
+    return {"torchbridge": BRIDGED, "keras": KERAS}.get(name, name)
+
+  sets = {name: ({row(c): t for c, t in timings.items()}, *rest)
+          for name, (timings, *rest) in _step_sets(results).items()}
+  if sets:
+    contenders = []
+    for timings, *_ in sets.values():
+      contenders += [c for c in timings if c not in contenders]
+    out.append("| ms per step (median [min-max]) | " + " | ".join(sets) + " |")
+    out.append("|---|" + "---|" * len(sets))
+    for c in contenders:
+      cells = []
+      for timings, key, *_ in sets.values():
+        scale = 1e3 if key == "median_us" else 1.0
+        t = timings.get(c)
+        cells.append("" if t is None else f"{_sig(t[key] / scale)} "
+                     f"[{_sig(t['min'] / scale)}-{_sig(t['max'] / scale)}]")
+      out.append(f"| {c} | " + " | ".join(cells) + " |")
+    out.append("")
+  for name, rows in results.get("decomposition", {}).items():
+    out.append(f"| {name}, ms per step | |")
+    out.append("|---|---|")
+    for label, ms in rows:
+      out.append(f"| {label} | {ms:.2f} |")
+    out.append("")
+  if results.get("targets"):
+    out.append("| target | measured | met |")
+    out.append("|---|---|---|")
+    for t in results["targets"]:
+      m = t["measured"]
+      shown = f"{m:.2f}" if isinstance(m, float) else str(m)
+      out.append(f"| {t['name']} ({t['limit']}) | {shown} | "
+                 f"{'yes' if t['met'] else '**no**'} |")
+  return "\n".join(out)
+
+
+if __name__ == "__main__":
+  with open(sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+      os.path.dirname(__file__), "results", "latest.json")) as f:
+    print(markdown(json.load(f)))

@@ -1,9 +1,15 @@
-"""The measurements: exchange, per-call overhead, training steps, memory."""
+"""The measurements: exchange, per-call overhead, training steps, TD3, memory.
 
+The exchange and per-call overhead compare TF-side calls and run in this
+process; every training step runs in processes of its own.
+"""
+
+import itertools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -13,8 +19,14 @@ import torch.utils.dlpack as torch_dlpack
 import torchbridge as tb
 from torchbridge import _native
 from benchmarks import harness
-from benchmarks import models
 from benchmarks import numpy_bridge
+from benchmarks import train_step
+
+# Bridged calls per TD3 train step: the target actor's and target critic's
+# forwards, the critic's forward and backward; every other step also the
+# actor update's actor and critic forwards and backwards: 6 on average.
+FLOOR_TD3 = ("floor: TD3 TF function + Keras Adam + bare native ops "
+             "(6 per step on average)")
 
 EXCHANGE_SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "16MB": 16 << 20,
                   "64MB": 64 << 20}
@@ -110,76 +122,68 @@ def overhead(quick, device):
                              calls=100 if quick else 300, warmup=50)
 
 
-def train_steps(model_name, quick, device):
-  """One training step (forward, MSE loss, backward, Adam) per contender."""
-  torch.manual_seed(0)
-  shape_torch, shape_keras, shape_target = models.batch_shapes(model_name)
-  rng = np.random.default_rng(0)
-  x_torch_np = rng.standard_normal(shape_torch, dtype=np.float32)
-  x_keras_np = (np.ascontiguousarray(x_torch_np.transpose(0, 2, 3, 1))
-                if len(shape_torch) == 4 else x_torch_np)
-  y_np = rng.standard_normal(shape_target, dtype=np.float32)
-  with tf.device(_tf_device(device)):
-    x_tf, x_keras_tf, y_tf = (tf.constant(x_torch_np), tf.constant(x_keras_np),
-                              tf.constant(y_np))
-  x_torch = torch.from_numpy(x_torch_np).to(device)
-  y_torch = torch.from_numpy(y_np).to(device)
+def train_steps(model_name, quick, device, threads, log=print):
+  """One training step per contender, each contender in processes of its own.
 
-  def tf_step(model, variables_fn, x):
-    optimizer = tf.keras.optimizers.Adam(1e-4)
+  Every round starts one process per contender (`benchmarks.step_process`),
+  the order rotating; a contender's figure is the median over its processes
+  of each process's median per-step time.
+  """
+  names = train_step.contenders(model_name, quick, device)
+  repeats = 5 if quick else 7
 
-    def step():
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean((model(x) - y_tf) ** 2)
-      variables = variables_fn()
-      optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-      return loss
-    return step
+  def job(name):
+    return lambda: harness.run_process("benchmarks.step_process", [
+        model_name, name, "--repeats", repeats, "--threads", threads,
+        "--device", device], quiet_wait=0 if quick else harness.QUIET_MAX_WAIT)
 
-  bridged = tb.TorchModule(models.torch_model(model_name).to(device),
-                           name="bridged")
-  copied = numpy_bridge.NumpyBridgeModule(models.torch_model(model_name))
-  keras_model = models.keras_model(model_name)
-  pure_torch = models.torch_model(model_name).to(device)
-  torch_optimizer = torch.optim.Adam(pure_torch.parameters(), 1e-4)
+  runs = harness.alternated({name: job(name) for name in names},
+                            rounds=1 if quick else 3,
+                            log=lambda m: log(f"    {model_name} {m}"))
+  return {name: harness.over_processes(records)
+          for name, records in runs.items()}
 
-  def torch_step():
-    torch_optimizer.zero_grad(set_to_none=True)
-    loss = torch.mean((pure_torch(x_torch) - y_torch) ** 2)
-    loss.backward()
-    torch_optimizer.step()
-    return loss
 
-  steps = {
-      "torchbridge tf.function": tf.function(tf_step(
-          bridged, lambda: bridged.trainable_variables, x_tf)),
-      "torchbridge eager": tf_step(
-          bridged, lambda: bridged.trainable_variables, x_tf),
-      "keras tf.function": tf.function(tf_step(
-          keras_model, lambda: keras_model.trainable_variables, x_keras_tf)),
-      "keras eager": tf_step(
-          keras_model, lambda: keras_model.trainable_variables, x_keras_tf),
-      "pure torch": torch_step,
-  }
-  if _native.available() and model_name == "small_mlp":
-    # The same step on the tf.py_function path, traced side by side.
-    py_path_step = tf.function(tf_step(
-        bridged, lambda: bridged.trainable_variables, x_tf))
-    with _native.python_path():
-      py_path_step.get_concrete_function()
-    steps["torchbridge tf.function (tf.py_function path)"] = py_path_step
-  if device == "cpu":  # the numpy bridges move everything through host memory
-    steps["numpy-copy bridge tf.function"] = tf.function(tf_step(
-        copied, lambda: copied.trainable_variables, x_tf))
-    steps["numpy-copy bridge eager"] = tf_step(
-        copied, lambda: copied.trainable_variables, x_tf)
-  sizes = {"small_mlp": (20, 15), "large_mlp": (1, 5), "cnn": (3, 7)}
-  calls, repeats = sizes[model_name]
-  if quick:
-    repeats = 3
-  sync = torch.cuda.synchronize if device == "cuda" else None
-  return harness.interleaved(steps, repeats=repeats, calls=calls,
-                             warmup=3, sync=sync)
+def td3(quick, threads, log=print):
+  """The TD3 train step of each backend and its floor, a process each.
+
+  examples/td3_pendulum.py runs 3,000 environment steps (2,000 train steps
+  after 1,000 of random actions) per backend; rounds alternate the backends.
+  """
+  backends = {"torchbridge": "torchbridge", "pure torch": "torch",
+              "keras": "tf", FLOOR_TD3: "floor"}
+  runs_started = itertools.count()
+  with tempfile.TemporaryDirectory(prefix="td3_bench_") as tmp:
+    def job(name):
+      backend = backends[name]
+      return lambda: harness.run_process("benchmarks.td3_process", [
+          backend, "--steps", 3000, "--start-steps", 1000, "--threads",
+          threads, "--out",
+          os.path.join(tmp, f"{next(runs_started)}_{backend}", "run")],
+          quiet_wait=0 if quick else harness.QUIET_MAX_WAIT)
+
+    runs = harness.alternated({name: job(name) for name in backends},
+                              rounds=1 if quick else 3,
+                              log=lambda m: log(f"    td3 {m}"))
+  return {name: harness.over_processes(records, "ms_per_train_step")
+          for name, records in runs.items()}
+
+
+def torch_after_bridge(quick, threads, log=print):
+  """Pure torch on the main thread before and after 1,000 bridged calls."""
+  records = []
+  for r in range(1 if quick else 3):
+    log(f"    process {r + 1}")
+    records.append(harness.run_process(
+        "benchmarks.torch_after_bridge", ["--threads", threads],
+        quiet_wait=0 if quick else harness.QUIET_MAX_WAIT))
+  for record in records:
+    record["ratio_right_after"] = record["right_after_us"] / record["before_us"]
+    record["ratio_after_pause"] = record["after_pause_us"] / record["before_us"]
+  result = harness.over_processes(records, "ratio_right_after")
+  result["ratio_after_pause"] = float(np.median(
+      [r["ratio_after_pause"] for r in records]))
+  return result
 
 
 def peak_memory(model_name, device):

@@ -7,12 +7,18 @@ import sys
 
 import torch  # before TensorFlow
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import torchbridge as tb
+from benchmarks import bare_native
 from benchmarks import numpy_bridge
+from benchmarks import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+from td3.networks import TorchCritic  # noqa: E402
 
 
 def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
@@ -22,23 +28,54 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
   assert out.returncode == 0, out.stdout + out.stderr
   assert "targets:" in out.stdout and "training step, small_mlp" in out.stdout
+  assert "headline" in out.stdout and "decomposition, small_mlp" in out.stdout
   results = json.loads((tmp_path / "latest.json").read_text())
   env = results["environment"]
   assert env["torch"] == torch.__version__ and env["tensorflow"] == tf.__version__
   assert env["threads"]["torch_intra"] == env["threads"]["tf_intra"]
-  for name in ("torchbridge tf.function", "keras tf.function", "pure torch",
-               "numpy-copy bridge tf.function"):
-    t = results["train_steps"]["small_mlp"][name]
-    assert t["p25_us"] <= t["median_us"] <= t["p75_us"]
+
+  # Every training-step contender ran in processes of its own.
+  steps = results["train_steps"]["small_mlp"]
+  expected = {"torchbridge tf.function", "keras tf.function", "pure torch",
+              "numpy-copy bridge tf.function"}
+  if tb.native_available():
+    expected |= {"torchbridge tf.function (tf.py_function path)",
+                 "floor: TF function + Keras Adam + 2 bare native ops"}
+  assert expected <= set(steps)
+  pids = [p["pid"] for t in steps.values() for p in t["processes"]]
+  assert len(pids) == len(set(pids)) and os.getpid() not in pids
+  for name, t in steps.items():
+    assert t["processes"] and all(p["contender"] == name for p in t["processes"])
+    assert t["min"] <= t["median_us"] <= t["max"]
+    for p in t["processes"]:
+      assert p["threads"] == {"torch_intra": env["threads"]["torch_intra"],
+                              "tf_intra": env["threads"]["tf_intra"]}
+      assert len(p["samples_us"]) == p["repeats"] and p["median_us"] > 0
+
+  # The headline ratios are those of the separate processes' medians.
+  ratios = results["headline"]["small_mlp"]
+  for other, key in (("pure torch", "torchbridge / pure torch"),
+                     ("keras tf.function", "torchbridge / keras")):
+    assert ratios[key]["ratio"] == pytest.approx(
+        steps["torchbridge tf.function"]["median_us"] / steps[other]["median_us"])
+  if tb.native_available():
+    labels = [label for label, _ in results["decomposition"]["small_mlp"]]
+    assert "floor: TF function + Keras Adam + 2 bare native ops" in labels
+
+  after = results["torch_after_bridge"]
+  assert after["processes"][0]["pid"] not in pids
+  assert after["processes"][0]["bridged_calls"] == 1000
+  assert after["ratio_right_after"] == pytest.approx(
+      after["processes"][0]["right_after_us"] / after["processes"][0]["before_us"])
+
   names = {t["name"] for t in results["targets"]}
-  assert "exchange bytes copied (torchbridge, all sizes)" in names
-  assert ("bridge's own overhead per call in tf.function, tf.py_function "
-          "path (us over a bare tf.py_function)") in names
+  assert {"exchange bytes copied (torchbridge, all sizes)",
+          "small_mlp tf.function step: torchbridge / pure torch",
+          "pure torch on the main thread right after 1,000 bridged calls / "
+          "before them"} <= names
   if tb.native_available():
     assert ("bridge's own overhead per call in tf.function, native op (us "
             "over a bare native op)") in names
-    assert "torchbridge tf.function (tf.py_function path)" in \
-        results["train_steps"]["small_mlp"]
   for target in results["targets"]:
     assert set(target) == {"name", "measured", "limit", "met"}
     assert isinstance(target["met"], bool)
@@ -47,6 +84,43 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
   assert bytes_copied["16MB"]["numpy_copy"] == 2 * (16 << 20)
   assert (tmp_path / "exchange.png").stat().st_size > 1000
   assert (tmp_path / "train_steps.png").stat().st_size > 1000
+
+
+def test_full_run_targets_have_issue_16_names():
+  # The full run's targets, from records shaped as the full run writes them
+  # (TD3 and every model), without running it.
+  def timing(us, key="median_us"):
+    return {key: us, "min": us, "max": us, "spread": 0.0,
+            "processes": [{key: us, "pid": 1}]}
+
+  steps = {name: timing(us) for name, us in (
+      ("torchbridge tf.function", 1100.0), ("pure torch", 1000.0),
+      ("keras tf.function", 1200.0), ("numpy-copy bridge tf.function", 4000.0))}
+  results = {
+      "train_steps": {m: steps for m in ("small_mlp", "cnn", "large_mlp")},
+      "td3": {name: timing(ms, "ms_per_train_step") for name, ms in (
+          ("torchbridge", 10.0), ("pure torch", 9.0), ("keras", 11.0))},
+      "torch_after_bridge": {"ratio_right_after": 1.2},
+  }
+  results["headline"] = report.headline(results)
+  assert set(results["headline"]) == {"small_mlp", "cnn", "large_mlp", "td3"}
+  targets = {t["name"]: t for t in report.targets(results)}
+  assert set(targets) == {
+      "TD3 train step: torchbridge / pure torch",
+      "TD3 train step: torchbridge / native Keras",
+      "small_mlp tf.function step: torchbridge / pure torch",
+      "cnn tf.function step: torchbridge / pure torch",
+      "large_mlp tf.function step: torchbridge / pure torch",
+      "large_mlp tf.function step: speed-up over numpy-copy bridge",
+      "pure torch on the main thread right after 1,000 bridged calls / "
+      "before them"}
+  assert targets["TD3 train step: torchbridge / pure torch"]["met"] is False
+  assert targets["TD3 train step: torchbridge / native Keras"]["met"] is True
+  assert targets["cnn tf.function step: torchbridge / pure torch"]["met"] is True
+  assert targets["large_mlp tf.function step: speed-up over numpy-copy "
+                 "bridge"]["met"] is True
+  assert targets["pure torch on the main thread right after 1,000 bridged "
+                 "calls / before them"]["met"] is False
 
 
 def test_numpy_bridge_baseline_computes_the_same_gradients():
@@ -83,3 +157,57 @@ def test_numpy_round_trip_copies_every_byte_and_torchbridge_none():
   z = tb.to_tf(tb.to_torch(x))
   assert tb.exchange_stats() == {"zero_copy": 2, "copied": 0, "bytes_copied": 0}
   assert tb.to_torch(z).data_ptr() == tb.to_torch(x).data_ptr()
+
+
+@pytest.mark.skipif(not tb.native_available(), reason="needs the native op")
+def test_bare_native_module_has_the_torch_modules_shapes_and_gradients():
+  critic_torch = TorchCritic(3, 1)
+  bare = bare_native.BareNativeModule(critic_torch, "critic")
+  assert [tuple(v.shape) for v in bare.trainable_variables] == [
+      tuple(p.shape) for p in critic_torch.parameters()]
+  obs, action = tf.ones([5, 3]), tf.ones([5, 1])
+
+  @tf.function
+  def grads():
+    with tf.GradientTape() as tape:
+      q1, q2 = bare(obs, action)
+      loss = tf.reduce_sum(q1) + tf.reduce_sum(q2)
+    return (q1, q2), tape.gradient(loss, bare.trainable_variables)
+
+  (q1, q2), grads_tf = grads()
+  assert q1.shape == q2.shape == (5, 1)
+  np.testing.assert_array_equal(q1.numpy(), np.zeros((5, 1), np.float32))
+  for g, v in zip(grads_tf, bare.trainable_variables):
+    assert g is not None and g.shape == v.shape
+
+
+@pytest.mark.skipif(not tb.native_available(), reason="needs the native op")
+def test_td3_floor_agent_trains_bare_native_modules():
+  from benchmarks import td3_process
+  agent = td3_process.bare_native_agent()
+  assert all(isinstance(m, bare_native.BareNativeModule) for m in (
+      agent.actor, agent.critic, agent.actor_target, agent.critic_target))
+  durations = []
+  step = td3_process._timed(agent.train_step, durations)
+  rng = np.random.default_rng(0)
+  for _ in range(2):  # a critic update, then the actor update too
+    critic_loss, actor_loss = step(
+        *[rng.standard_normal((8, d), dtype=np.float32) for d in (3, 1, 1, 3, 1)])
+  assert len(durations) == 2 and not np.isnan(actor_loss)
+  assert int(agent.actor_opt.iterations) == 1
+  assert int(agent.critic_opt.iterations) == 2
+
+
+def test_td3_process_times_the_scripts_train_steps(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.td3_process", "torch", "--steps", "40",
+       "--start-steps", "20", "--out", str(tmp_path / "run")],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert out.returncode == 0, out.stdout + out.stderr
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  script = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert record["train_steps"] == script["train_steps"] == 20
+  assert record["pid"] != os.getpid() and record["ms_per_train_step"] > 0
+  assert record["script_ms_per_train_step"] == pytest.approx(
+      1e3 * script["sec_per_train_step"])

@@ -1,0 +1,147 @@
+"""The TD3 train step of one backend, timed in a process of its own.
+
+Usage:
+  python -m benchmarks.td3_process {torchbridge,torch,tf,floor} --out DIR
+      [--steps N] [--start-steps M] [--threads T]
+
+`torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
+(same loop, environment, replay buffer and timing window as a user's run,
+evaluation and checkpoints only at the end) with a hook that records each
+train step's time: the script's `sec_per_train_step` is a mean that
+includes the first step, which traces the TF backends' `tf.function` (a
+second or more), so the figure compared here is the mean over the steps
+after the first `WARM_STEPS`; the script's own figure is kept beside it.
+
+`floor` is the torchbridge backend's train step with every
+`tb.TorchModule` replaced by a `BareNativeModule` (same variables; each
+forward and backward a bare native op, no torch): the TF program around
+the bridged calls (the step's graph, Keras Adam, Polyak `assign`s, the
+ops' crossing), timed the same way on random batches.
+
+Prints one JSON line: the per-step mean, the process id, the step counts.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import torch  # noqa: E402  (before TensorFlow)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import bare_native  # noqa: E402
+from benchmarks import harness  # noqa: E402
+
+EXAMPLES = os.path.join(harness.ROOT, "examples")
+sys.path.insert(0, EXAMPLES)
+import td3_pendulum  # noqa: E402
+from td3 import agents  # noqa: E402
+
+WARM_STEPS = 10
+
+
+def _timed(train_step, durations):
+  """`train_step` plus the loss fetch the script times with it, recorded."""
+  def timed(*batch):
+    start = time.perf_counter()
+    losses = tuple(float(v) for v in train_step(*batch))
+    durations.append(time.perf_counter() - start)
+    return losses
+  return timed
+
+
+def run_script(backend, out, steps, start_steps, threads):
+  """examples/td3_pendulum.py's main, each train step timed."""
+  durations = []
+  script_run = td3_pendulum.Run
+
+  class TimedRun(script_run):
+    def __init__(self, args):
+      super().__init__(args)
+      self.agent.train_step = _timed(self.agent.train_step, durations)
+
+  td3_pendulum.Run = TimedRun
+  try:
+    with contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON line only
+      td3_pendulum.main([
+          "--backend", backend, "--steps", str(steps), "--start-steps",
+          str(start_steps), "--eval-every", str(10 * steps),
+          "--checkpoint-every", str(10 * steps), "--threads", str(threads),
+          "--out", out])
+  finally:
+    td3_pendulum.Run = script_run
+  with open(os.path.join(out, "results.json")) as f:
+    script = json.load(f)
+  return durations, script["sec_per_train_step"]
+
+
+def bare_native_agent(seed=0):
+  """The torchbridge TD3 agent with its four modules bare native modules."""
+  hyper = agents.Hyper()
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed, hyper)
+  actor_torch, critic_torch = agents.torch_networks(3, 1, 2.0, seed)
+  agent.actor = bare_native.BareNativeModule(actor_torch, "actor")
+  agent.critic = bare_native.BareNativeModule(critic_torch, "critic")
+  agent.actor_target = bare_native.BareNativeModule(actor_torch, "actor_target")
+  agent.critic_target = bare_native.BareNativeModule(critic_torch,
+                                                     "critic_target")
+  agent.actor_opt = tf.keras.optimizers.Adam(hyper.lr)
+  agent.critic_opt = tf.keras.optimizers.Adam(hyper.lr)
+  agent.actor_opt.build(agent.actor.trainable_variables)
+  agent.critic_opt.build(agent.critic.trainable_variables)
+  return agent
+
+
+def run_floor(train_steps, threads):
+  """The bare-native TD3 step on random batches (Pendulum's shapes)."""
+  torch.set_num_threads(threads)
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+  agent = bare_native_agent()
+  rng = np.random.default_rng(0)
+  n = agent.hyper.batch_size
+  durations = []
+  step = _timed(agent.train_step, durations)
+  for _ in range(train_steps):
+    step(rng.standard_normal((n, 3), dtype=np.float32),
+         rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+         rng.standard_normal((n, 1), dtype=np.float32),
+         rng.standard_normal((n, 3), dtype=np.float32),
+         np.ones((n, 1), np.float32))
+  return durations
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.td3_process",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("backend", choices=["torchbridge", "torch", "tf", "floor"])
+  parser.add_argument("--out", required=True, help="the script's run directory")
+  parser.add_argument("--steps", type=int, default=3000)
+  parser.add_argument("--start-steps", type=int, default=1000)
+  parser.add_argument("--threads", type=int, default=2)
+  args = parser.parse_args(argv)
+
+  script_mean = None
+  if args.backend == "floor":
+    durations = run_floor(args.steps - args.start_steps, args.threads)
+  else:
+    durations, script_mean = run_script(args.backend, args.out, args.steps,
+                                        args.start_steps, args.threads)
+  warm = durations[WARM_STEPS:]
+  print(json.dumps({
+      "pid": os.getpid(), "backend": args.backend,
+      "train_steps": len(durations),
+      "ms_per_train_step": 1e3 * float(np.mean(warm)),
+      "first_step_ms": 1e3 * durations[0],
+      "script_ms_per_train_step": (None if script_mean is None
+                                   else 1e3 * script_mean)}))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
