@@ -3,6 +3,7 @@
 import doctest
 import importlib
 import pkgutil
+import sys
 
 import pytest
 
@@ -16,6 +17,15 @@ _MODULES = sorted(
 @pytest.mark.parametrize("name", _MODULES)
 def test_docstring_examples(name):
   module = importlib.import_module(name)
-  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS,
-                           verbose=False, report=True)
+  try:
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS,
+                             verbose=False, report=True)
+  finally:
+    _shut_down_ray()  # tb.ray's examples start Ray; test_ray starts its own
   assert result.failed == 0, f"{result.failed} docstring examples failed in {name}"
+
+
+def _shut_down_ray():
+  ray = sys.modules.get("ray")
+  if ray is not None and ray.is_initialized():
+    ray.shutdown()
