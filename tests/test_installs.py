@@ -80,9 +80,11 @@ def step(x):
   opt.apply_gradients(zip(grads, layer.trainable_variables))
   return loss
 
-loss_tf = float(step(x_tf))
+# The reference before the step: the torch module shows the variables'
+# current values, which the step changes.
 x_torch = torch.as_tensor(x_tf.numpy())
 y_torch = linear_torch(x_torch)
+loss_tf = float(step(x_tf))
 print(json.dumps({{
     "eager_error": float(np.abs(y_eager - y_torch.detach().numpy()).max()),
     "loss_error": abs(loss_tf - float((y_torch ** 2).sum())),
