@@ -28,7 +28,9 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
   assert out.returncode == 0, out.stdout + out.stderr
   assert "targets:" in out.stdout and "training step, small_mlp" in out.stdout
-  assert "headline" in out.stdout and "decomposition, small_mlp" in out.stdout
+  assert "headline" in out.stdout
+  if tb.native_available():  # the floor is made of bare native ops
+    assert "decomposition, small_mlp" in out.stdout
   results = json.loads((tmp_path / "latest.json").read_text())
   env = results["environment"]
   assert env["torch"] == torch.__version__ and env["tensorflow"] == tf.__version__
