@@ -270,6 +270,11 @@ def test_user_install_runs_the_installed_package_beside_triton():
   assert "site-packages" in torchbridge.__file__, torchbridge.__file__
   assert TRITON_INSTALLED
   # The op's C++ sources ship inside the package (built on first use).
+  # Every .cc/.h of the checkout's csrc/ ships, and nothing else.
   csrc = os.path.join(os.path.dirname(torchbridge.__file__), "csrc")
-  assert sorted(os.listdir(csrc)) == ["torch_interop.cc", "torch_interop.h",
-                                      "torchbridge_op.cc"]
+  checkout_csrc = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "csrc")
+  expected = sorted(name for name in os.listdir(checkout_csrc)
+                    if name.endswith((".cc", ".h")))
+  assert "torch_thread.h" in expected and "torchbridge_op.cc" in expected
+  assert sorted(os.listdir(csrc)) == expected
