@@ -8,7 +8,6 @@ tf.py_function path, which the other test modules cover.
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -841,35 +840,3 @@ def test_gpu_kernel_uses_tf_stream_and_stays_on_device():
   assert seen["device"].type == "cuda"
   assert seen["stream"] != 0  # TF's stream, not torch's default one
   assert "GPU" in y.device
-
-
-# ---------------------------------------------------------------------------
-# Cost (printed, not asserted)
-
-
-def test_report_per_call_overhead(capsys):
-  x = tf.ones([16, 16])
-  native = tf.function(
-      lambda x: _native.call(_identity, [x], [tf.float32], [x.shape])[0])
-  native_noop = tf.function(lambda x: (
-      _native.call(lambda caps: [], [], [], []), x)[1])
-  py_function = tf.function(
-      lambda x: tf.py_function(lambda a: a, [x], tf.float32))
-  contenders = {"bare tf.function, tf.identity": tf.function(tf.identity),
-                "bare tf.function, x * 1": tf.function(lambda x: x * 1.0),
-                "native op, no tensors": native_noop,
-                "native op identity (torch round trip)": native,
-                "tf.py_function identity": py_function}
-  for fn in contenders.values():
-    for _ in range(30):
-      fn(x)
-  times = {name: [] for name in contenders}
-  for _ in range(1500):
-    for name, fn in contenders.items():
-      start = time.perf_counter()
-      fn(x)
-      times[name].append(time.perf_counter() - start)
-  with capsys.disabled():
-    print()
-    for name, values in times.items():
-      print(f"  {name:40s} median {statistics.median(values) * 1e6:7.1f} us")
