@@ -676,20 +676,35 @@ def test_registrations_end_with_their_graph():
 
 
 def test_torch_callback_copies_only_what_tf_cannot_view():
+  # The sources of the two outputs TF cannot view as they are: a view at an
+  # offset of 4 bytes (not 64-byte aligned) and a transposed (non-contiguous)
+  # view. The copies must hold exactly the sources' values.
+  misaligned_source = torch.arange(1025, dtype=torch.float32)
+  transposed_source = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+  seen = {}
+
+  def fn(ins, unused):
+    del unused
+    doubled = ins[0] * 2
+    seen["doubled"] = doubled.data_ptr()
+    return [doubled, misaligned_source[1:], transposed_source.t()]
+
   @tf.function
   def f(x):
     return _native.call(
-        _native.torch_callback(lambda ins, unused: [ins[0] * 2,
-                                            torch.randn(1025)[1:],
-                                            torch.zeros(8, 4).t()]),
+        _native.torch_callback(fn),
         [x], [tf.float32] * 3, [x.shape, [1024], [4, 8]])
 
   tb.reset_exchange_stats()
   a, b, c = f(tf.ones([5]))
   np.testing.assert_array_equal(a.numpy(), [2.0] * 5)
   assert b.shape == (1024,) and c.shape == (4, 8)
-  assert float(tf.reduce_sum(b + 0.0)) == pytest.approx(
-      float(tf.reduce_sum(b)))
+  np.testing.assert_array_equal(b.numpy(), misaligned_source[1:].numpy())
+  np.testing.assert_array_equal(c.numpy(), transposed_source.t().numpy())
+  # The first output is the very buffer torch wrote; the other two are copies.
+  assert _data_ptr(a) == seen["doubled"]
+  assert _data_ptr(b) != misaligned_source[1:].data_ptr()
+  assert _data_ptr(c) != transposed_source.data_ptr()
   stats = tb.exchange_stats()
   assert stats["zero_copy"] == 2  # the input and the first output
   assert stats["copied"] == 2

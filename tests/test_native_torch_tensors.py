@@ -81,10 +81,18 @@ def test_input_views_write_through_to_tf():
 
 
 def test_outputs_tf_cannot_view_are_copied_once_and_counted():
+  # The sources of the outputs TF cannot use as they are: a view 4 bytes
+  # into its storage (not 64-byte aligned), a transposed view, and a lazily
+  # conjugated one. Each copy must hold exactly its source's values.
+  misaligned_source = torch.arange(1025, dtype=torch.float32)
+  transposed_source = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+  conj_source = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j],
+                             dtype=torch.complex64)
+
   def callback(args, unused):
     del unused
-    return [args[0] * 2, torch.randn(1025)[1:], torch.zeros(8, 4).t(),
-            torch.ones(3, dtype=torch.complex64).conj()]
+    return [args[0] * 2, misaligned_source[1:], transposed_source.t(),
+            conj_source.conj()]
 
   @tf.function
   def f(x):
@@ -95,7 +103,10 @@ def test_outputs_tf_cannot_view_are_copied_once_and_counted():
   a, b, c, d = f(tf.ones([5]))
   np.testing.assert_array_equal(a.numpy(), [2.0] * 5)
   assert b.shape == (1024,) and c.shape == (4, 8)
-  np.testing.assert_array_equal(d.numpy(), np.full(3, 1 - 0j))
+  np.testing.assert_array_equal(b.numpy(), np.arange(1, 1025))
+  np.testing.assert_array_equal(c.numpy(), np.arange(32).reshape(8, 4).T)
+  np.testing.assert_array_equal(
+      d.numpy(), np.array([1 - 2j, 3 + 1j, -2 - 0.5j], np.complex64))
   stats = tb.exchange_stats()
   assert stats["zero_copy"] == 2  # the input and the first output
   assert stats["copied"] == 3
@@ -212,15 +223,26 @@ def test_unused_outputs_are_passed_and_may_be_none():
 
 
 def test_dtypes_round_trip_zero_copy():
+  seen = {}
+
+  def identity(args, unused):
+    del unused
+    seen["ptr"] = args[0].data_ptr()
+    return [args[0]]
+
   for dtype in (tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32,
                 tf.int64, tf.uint8, tf.bool, tf.complex128):
     x_tf = tf.cast(tf.reshape(tf.range(12), [3, 4]) % 2, dtype)
-    f = tf.function(lambda x: _op(lambda args, unused: [args[0]], [x],
-                                  [x.dtype], [x.shape])[0])
+    f = tf.function(lambda x: _op(identity, [x], [x.dtype], [x.shape])[0])
+    seen.clear()
     tb.reset_exchange_stats()
     y_tf = f(x_tf)
     assert y_tf.dtype == dtype
     np.testing.assert_array_equal(y_tf.numpy(), x_tf.numpy())
+    # Zero copy by memory identity: torch got TF's input buffer, and TF's
+    # output is that same buffer handed back.
+    assert seen["ptr"] == _data_ptr(x_tf), dtype
+    assert _data_ptr(y_tf) == _data_ptr(x_tf), dtype
     assert tb.exchange_stats() == {"zero_copy": 2, "copied": 0,
                                    "bytes_copied": 0}, dtype
 
