@@ -202,10 +202,22 @@ def test_all_shared_output_dtypes(in_mode):
                                    else 2.0])
 
 
+def _tf_buffer_address(x_tf):
+  """Address of a TF tensor's buffer, read through a DLPack view of it."""
+  return torch.utils.dlpack.from_dlpack(
+      tf.experimental.dlpack.to_dlpack(x_tf)).data_ptr()
+
+
 def test_activations_cross_without_copies():
+  seen = {}
+
   @tb.torch_function
   def fn(a, b):
-    return a + b, (a * b).t()  # the second output is transposed in torch
+    out, product = a + b, a * b
+    if not a.is_meta:  # shapes may be found on meta tensors first
+      seen.update(a=a.data_ptr(), b=b.data_ptr(), out=out,
+                  product=product.data_ptr())
+    return out, product.t()  # the second output is transposed in torch
 
   a = tf.ones([8, 16])
   out, transposed = fn(a, a)
@@ -213,6 +225,14 @@ def test_activations_cross_without_copies():
       "zero_copy": 3, "copied": 1, "bytes_copied": 8 * 16 * 4}
   np.testing.assert_array_equal(transposed.numpy(), np.ones([16, 8]))
   np.testing.assert_array_equal(out.numpy(), np.full([8, 16], 2.0))
+  # Zero copy by memory identity: torch saw TF's input buffer, and TF's
+  # first output is the buffer torch wrote; the transposed one is a copy.
+  assert seen["a"] == seen["b"] == _tf_buffer_address(a)
+  assert _tf_buffer_address(out) == seen["out"].data_ptr()
+  assert _tf_buffer_address(transposed) != seen["product"]
+  # Writing through torch's output shows in TF's: one buffer.
+  seen["out"].fill_(-3.0)
+  np.testing.assert_array_equal(out.numpy(), np.full([8, 16], -3.0))
 
 
 def test_inputs_are_views_of_tf_memory():
