@@ -142,14 +142,23 @@ def test_non_trainable_layer_keeps_its_weights_in_fit():
 
 def test_keras_get_and_set_weights_reach_the_torch_module():
   layer = TorchLayer(nn.Linear(2, 3))
-  new = [np.full(w.shape, k + 1.0, np.float32)
-         for k, w in enumerate(layer.get_weights())]
+  before = layer.get_weights()
+  # Distinct values in every element, so a transposed or swapped weight shows.
+  new = [np.arange(w.size, dtype=np.float32).reshape(w.shape) + 10.0 * (k + 1)
+         for k, w in enumerate(before)]
+  for old_value, new_value in zip(before, new):
+    assert not np.array_equal(old_value, new_value)
+  expected = {w.name: value for w, value in zip(layer.weights, new)}
+  assert sorted(expected) == ["bias", "weight"]
   layer.set_weights(new)
-  by_name = {w.name: w.numpy() for w in layer.weights}
+  for got, value in zip(layer.get_weights(), new):
+    np.testing.assert_array_equal(got, value)
+  for w in layer.weights:
+    np.testing.assert_array_equal(w.numpy(), expected[w.name], err_msg=w.name)
   np.testing.assert_array_equal(layer.torch_module.weight.detach().numpy(),
-                                by_name["weight"])
+                                expected["weight"])
   np.testing.assert_array_equal(layer.torch_module.bias.detach().numpy(),
-                                by_name["bias"])
+                                expected["bias"])
 
 
 # ------------------------------------------------------- models and modes
