@@ -255,11 +255,29 @@ def test_code_built_layers_skip_the_pickle(monkeypatch):
 
 def test_unpicklable_code_built_layer_saves_and_loads(tmp_path):
   model = keras.Sequential([keras.Input((4,)), UnpicklableMLP(name="u")])
+  # Loading rebuilds the layer from code (make_mlp's fixed seed) and then
+  # restores the saved values: move every value away from what that code
+  # builds, so a load that restored nothing cannot pass.
+  layer = model.get_layer("u")
+  saved = {n: (value + 1).astype(value.dtype)
+           for n, value in layer.get_weights_by_name().items()}
+  layer.set_weights_by_name(saved)
   x, _ = data()
   expected = model.predict(x, verbose=0)
   model.save(str(tmp_path / "u.keras"))
+
+  rebuilt = keras.Sequential([keras.Input((4,)), UnpicklableMLP(name="u")])
+  assert not np.array_equal(rebuilt.predict(x, verbose=0), expected)
+  for n, value in rebuilt.get_layer("u").get_weights_by_name().items():
+    assert not np.array_equal(value, saved[n]), n
+
   loaded = keras.models.load_model(str(tmp_path / "u.keras"))
   np.testing.assert_array_equal(loaded.predict(x, verbose=0), expected)
+  loaded_layer = loaded.get_layer("u")
+  for n, value in loaded_layer.get_weights_by_name().items():
+    np.testing.assert_array_equal(value, saved[n], err_msg=n)
+  for n, t in loaded_layer.torch_module.state_dict().items():
+    np.testing.assert_array_equal(t.numpy(), saved[n], err_msg=n)
 
 
 def test_code_built_models_load_in_safe_mode_in_a_fresh_process(tmp_path):
