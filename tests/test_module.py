@@ -1,12 +1,12 @@
 """`tb.TorchModule`: variables, calls, modes, buffers, randomness, zero copy."""
 
+import concurrent.futures
 import copy
 import gc
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -42,7 +42,7 @@ def test_one_variable_per_parameter_and_buffer_named_after_torch_path():
   for n, t in list(params.items()) + list(buffers.items()):
     v = var(actor, n)
     assert tuple(v.shape) == tuple(t.shape)
-    assert v.dtype == tb._exchange.tf_dtype(t.dtype)
+    assert v.dtype == tb._adopt.tf_dtype(t.dtype)
     np.testing.assert_array_equal(v.numpy(), t.detach().numpy())
     assert v.trainable == (n in params)
 
@@ -222,7 +222,7 @@ def test_positional_keyword_and_nested_inputs_and_outputs(mode):
   flat_out, flat_ref = tf.nest.flatten(out), tf.nest.flatten(ref)
   assert len(flat_out) == len(flat_ref) == 5
   for o, r in zip(flat_out, flat_ref):
-    assert o.dtype == tb._exchange.tf_dtype(r.dtype)
+    assert o.dtype == tb._adopt.tf_dtype(r.dtype)
     assert tuple(o.shape) == tuple(r.shape)
     np.testing.assert_allclose(o.numpy(), r.detach().numpy(), rtol=1e-6)
   # A Python static argument and a missing keyword reach torch as given.
@@ -882,16 +882,19 @@ def test_concurrent_calls_from_threads_are_correct(mode):
 
   def work(x):
     want = x.numpy() @ w.T + b
+    calls = 0
     for _ in range(15):
       got = call(x).numpy()
+      calls += 1
       if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
         errors.append(np.abs(got - want).max())
+    return calls
 
-  threads = [threading.Thread(target=work, args=(x,)) for x in xs]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
+  # .result() re-raises here whatever a worker raised (a bare Thread would
+  # only print it), and says every worker made all its calls.
+  with concurrent.futures.ThreadPoolExecutor(max_workers=len(xs)) as pool:
+    futures = [pool.submit(work, x) for x in xs]
+    assert [f.result(timeout=300) for f in futures] == [15] * len(xs)
   assert net.torn == 0
   assert not errors
 
