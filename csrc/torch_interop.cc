@@ -16,6 +16,8 @@
 
 #include "torch_interop.h"
 
+#include "adopt_rules.h"
+
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -28,7 +30,7 @@ namespace torchbridge {
 namespace torch_interop {
 namespace {
 
-constexpr uintptr_t kAlignment = 64;  // as torchbridge_op.cc
+
 
 // Owns what an exported DLManagedTensor points into: the storage (and the
 // tensor only when asked: torch would then keep its Python object alive)
@@ -69,20 +71,21 @@ DLManagedTensor* ExportAsIs(PyObject* object, int device_type, int device_id,
   if (!THPVariable_CheckExact(object)) return nullptr;
   try {
     const at::Tensor& t = THPVariable_Unpack(object);
-    if (!t.defined() || t.layout() != at::kStrided || !t.has_storage() ||
-        t.is_conj() || t.is_neg() || t.is_quantized() ||
-        !t.is_contiguous()) {
-      return nullptr;
-    }
+    if (!t.defined() || !t.has_storage()) return nullptr;
     const at::Device device = t.device();
     const bool device_ok =
         (device_type == kDLCPU && device.is_cpu()) ||
         (device_type == kDLCUDA && device.is_cuda() &&
          device.index() == device_id);
     if (!device_ok) return nullptr;
-    const int64_t numel = t.numel();
-    void* data = numel ? t.data_ptr() : nullptr;
-    if (reinterpret_cast<uintptr_t>(data) % kAlignment != 0) return nullptr;
+    const bool strided = t.layout() == at::kStrided;
+    const int64_t numel = strided ? t.numel() : 0;
+    void* data = strided && numel ? t.data_ptr() : nullptr;
+    if (!CanAdoptAsIs(strided, t.is_quantized(), t.is_conj() || t.is_neg(),
+                      strided && t.is_contiguous(),
+                      reinterpret_cast<uintptr_t>(data), numel)) {
+      return nullptr;
+    }
     DLDataType dtype = at::getDLDataType(t);  // throws for dtypes it lacks
 
     auto* ctx = new ExportContext{t.storage(),

@@ -8,8 +8,8 @@ from torchbridge import _load_order
 _load_order.load_before_tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from torchbridge._exchange import exchange_stats
-from torchbridge._exchange import reset_exchange_stats
+from torchbridge._stats import exchange_stats
+from torchbridge._stats import reset_exchange_stats
 from torchbridge._exchange import to_tf
 from torchbridge._exchange import to_torch
 from torchbridge._function import torch_function

@@ -34,6 +34,7 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 from tensorflow.python.eager import record as tf_record
 
+from torchbridge import _adopt
 from torchbridge import _exchange
 from torchbridge import _native
 from torchbridge import _thread_state
@@ -361,7 +362,7 @@ class _OutputCheck:
     # (torch dtype, whether the shape is fully known, its dims as a tuple
     # with None for unknown ones, or None for an unknown rank).
     self._expected = [
-        (_exchange.torch_dtype(s.dtype), s.shape.is_fully_defined(),
+        (_adopt.torch_dtype(s.dtype), s.shape.is_fully_defined(),
          None if s.shape.rank is None else tuple(s.shape.as_list()))
         for s in out_specs]
     # The common case, one output of a fully known shape: (dtype, dims).
@@ -404,7 +405,7 @@ def _check_outputs(outs_torch, out_specs, name):
   for k, (out, spec) in enumerate(zip(outs_torch, out_specs)):
     if out is None:  # left out because nothing consumes it
       continue
-    if out.dtype != _exchange.torch_dtype(spec.dtype):
+    if out.dtype != _adopt.torch_dtype(spec.dtype):
       raise TypeError(
           f"{name} output {k} has dtype {out.dtype}, but {spec.dtype.name} "
           "was declared when the tf.function was traced (by output_signature "

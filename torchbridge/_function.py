@@ -11,6 +11,7 @@ from tensorflow.core.function.trace_type import default_types
 from tensorflow.python.ops import control_flow_util
 
 from torchbridge import _bridge
+from torchbridge import _adopt
 from torchbridge import _exchange
 from torchbridge import _signature
 
@@ -171,7 +172,7 @@ def bind_arguments(name, structure):
     _exchange.check_tf_leaf(leaf, f"{name}()")
     if _exchange.is_tf_tensor(leaf):
       arg_tf = tf.convert_to_tensor(leaf)
-      if not _exchange.has_torch_dtype(arg_tf.dtype):
+      if not _adopt.has_torch_dtype(arg_tf.dtype):
         raise TypeError(
             f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
             f"{arg_tf.shape}), which torch has no dtype for. Convert it "

@@ -1,60 +1,48 @@
-"""The native TF op `TorchbridgeCall` (csrc/torchbridge_op.cc) and its loader.
+"""The native TF op `TorchbridgeCall` at run time: loading, callbacks, emission.
 
-Inside `tf.function`, `TorchbridgeCall` calls a Python callable with its inputs
-and adopts what it returns as outputs, without copies: DLPack capsules both
-ways, or (`torch_tensors=True`, what the bridge uses) torch tensors, which
-csrc/torch_interop.cc converts in C++. It replaces `tf.py_function` (no
-EagerTensor wrapping, static output shapes, TF's CUDA stream handed to torch
-on GPUs).
+Inside `tf.function`, `TorchbridgeCall` (csrc/) calls a Python callable with
+its inputs and adopts what it returns as outputs, without copies: torch
+tensors made in C++ (`torch_tensors=True`, what the bridge uses), or DLPack
+capsules both ways. It replaces `tf.py_function` (no EagerTensor wrapping,
+static output shapes, TF's CUDA stream handed to torch on GPUs).
 
-The library is built on first use (`load()`), with the compiler flags of the
-installed TensorFlow, into a cache directory (`$TORCHBRIDGE_CACHE_DIR`, else
-`~/.cache/torchbridge`) keyed by the Python, TF, torch and torchbridge
-versions and the source. Nothing happens at import. When the op cannot be
-had (`TORCHBRIDGE_DISABLE_NATIVE=1`, no compiler, a failed build or load),
-one line is logged to the "torchbridge" logger and `available()` is False;
+`load()` builds the library on first use (`_native_build`), loads it, and
+hands it the three Python functions it calls (`_dispatch`, `_registry`,
+`_export_output`), once, as TF's own py_func registers its trampoline.
+Nothing happens at import. When the op cannot be had
+(`TORCHBRIDGE_DISABLE_NATIVE=1`, no compiler, a failed build or load), one
+line is logged to the "torchbridge" logger and `available()` is False;
 callers then use the `tf.py_function` path.
 
 Callables are registered here under integer ids that the op carries as an
-attribute; `_dispatch` is the single entry point the kernel calls. A graph's
-registrations are dropped when the graph is garbage collected (as
-`tf.py_function` does for its functions).
+attribute. A graph's registrations are dropped when the graph is garbage
+collected (as `tf.py_function` does for its functions).
 """
 
 import contextlib
-import hashlib
 import itertools
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 import weakref
-from pathlib import Path
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 import torch.utils.dlpack as torch_dlpack
 
-from torchbridge import _exchange
+from torchbridge import _adopt
+from torchbridge import _native_build
+from torchbridge import _stats
 
 _LOG = logging.getLogger("torchbridge")
 
 DISABLE_ENV = "TORCHBRIDGE_DISABLE_NATIVE"
-CACHE_ENV = "TORCHBRIDGE_CACHE_DIR"
-_SOURCE_NAME = "torchbridge_op.cc"
-_INTEROP_SOURCE_NAME = "torch_interop.cc"
-_LIB_STEM = "torchbridge_op"
 
 _load_lock = threading.Lock()
 _library = None  # the loaded op module, once loaded
 _tried = False  # whether load() has run (successfully or not)
 _status = "not loaded"  # one line: what load() did
-# How many times this process compiled the library (tests read it).
-build_count = 0
+_interop = False  # whether the loaded library has csrc/torch_interop.cc
 
 
 # ---------------------------------------------------------------------------
@@ -82,9 +70,9 @@ def load():
       _LOG.info(_status)
     else:
       try:
-        path = _build_or_reuse()
+        path = _native_build.build_or_reuse()
         _library = tf.load_op_library(str(path))
-        _load_counters(path)
+        _connect(path)
         # The op has no gradient of its own: callers wrap it in
         # tf.custom_gradient. Declared non-differentiable, a tape around a
         # tf.function that holds it gives None gradients instead of failing
@@ -104,20 +92,29 @@ def load():
     return _library
 
 
-_interop = False  # whether the loaded library has csrc/torch_interop.cc
-
-
-def _load_counters(path):
-  """Reads the library's C entry points: interop flag and zero-copy count."""
+def _connect(path):
+  """Hands the library the Python functions it calls and reads its C entry
+  points; raises if its constants disagree with the Python side's."""
   global _interop
   import ctypes  # pylint: disable=import-outside-toplevel
-  # The op library is loaded already; this opens the same handle.
+  # The op library is loaded already; these open the same handle. PyDLL
+  # keeps the GIL during the call, as torchbridge_set_python_hooks needs.
   handle = ctypes.CDLL(str(path))
+  with_gil = ctypes.PyDLL(str(path))
+  alignment = handle.torchbridge_alignment
+  alignment.restype = ctypes.c_int64
+  dtype_table = handle.torchbridge_dtype_table
+  dtype_table.restype = ctypes.c_char_p
+  _adopt.check_native_constants(alignment(), dtype_table().decode())
+  set_hooks = with_gil.torchbridge_set_python_hooks
+  set_hooks.argtypes = [ctypes.py_object] * 3
+  set_hooks.restype = ctypes.c_int
+  set_hooks(_dispatch, _registry, _export_output)
   _interop = bool(handle.torchbridge_has_torch_interop())
   count = handle.torchbridge_zero_copy_count
   count.restype = ctypes.c_int64
   count.argtypes = []
-  _exchange.add_zero_copy_source(count)
+  _stats.add_zero_copy_source(count)
 
 
 def has_torch_interop():
@@ -161,190 +158,14 @@ def _one_line(err):
   return text if len(text) <= 400 else text[:397] + "..."
 
 
-class BuildError(RuntimeError):
-  """The library could not be built."""
-
-
-def _find_source():
-  here = Path(__file__).resolve().parent
-  for candidate in (here / "csrc" / _SOURCE_NAME,
-                    here.parent / "csrc" / _SOURCE_NAME):
-    if candidate.is_file():
-      return candidate
-  raise BuildError(f"{_SOURCE_NAME} not found next to the torchbridge package")
-
-
-def _torch_interop_flags():
-  """Sources and flags of the torch part (csrc/torch_interop.cc), or None.
-
-  None when torch's C++ headers or libraries are missing; the op is then
-  built from torchbridge_op.cc alone and trades DLPack capsules with Python.
-  """
-  source = _find_source().with_name(_INTEROP_SOURCE_NAME)
-  torch_dir = Path(torch.__file__).resolve().parent
-  include, lib = torch_dir / "include", torch_dir / "lib"
-  if not (source.is_file() and (include / "ATen" / "DLConvertor.h").is_file()
-          and (lib / "libtorch_python.so").is_file()):
-    return None
-  return [str(source), "-DTORCHBRIDGE_TORCH_INTEROP=1",
-          # torch's headers ask for C++20 in places where C++17 compilers
-          # accept an extension; TF's ask for C++17.
-          "-Wno-c++20-extensions",
-          "-D_GLIBCXX_USE_CXX11_ABI=%d" % torch._C._GLIBCXX_USE_CXX11_ABI,  # pylint: disable=protected-access
-          # After TF's include directory (from its flags, earlier on the
-          # command line), so that TF's files win where both ship one
-          # (google/protobuf); torch's own (ATen, c10, torch) exist only here.
-          "-I" + str(include),
-          "-I" + str(include / "torch" / "csrc" / "api" / "include"),
-          "-L" + str(lib), "-Wl,-rpath," + str(lib),
-          "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-
-
-def _find_compiler():
-  for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-    if name:
-      path = shutil.which(name)
-      if path:
-        return path
-  raise BuildError("no C++ compiler found (set CXX, or install g++)")
-
-
-def cache_dir():
-  """Where built libraries are kept."""
-  configured = os.environ.get(CACHE_ENV)
-  if configured:
-    return Path(configured).expanduser()
-  return Path("~/.cache/torchbridge").expanduser()
-
-
-def _gpu_build():
-  try:
-    return bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
-  except Exception:  # pylint: disable=broad-except
-    return False
-
-
-def _compile_command(compiler, source, output, interop=None):
-  cmd = [compiler, "-std=c++17", "-shared", "-fPIC", "-O2", str(source),
-         "-o", str(output), "-I" + sysconfig.get_paths()["include"]]
-  cmd += tf.sysconfig.get_compile_flags()
-  if _gpu_build():
-    cmd.append("-DTORCHBRIDGE_GPU=1")
-  cmd += tf.sysconfig.get_link_flags()
-  cmd += interop or []
-  # Python's symbols come from the running interpreter; linking libpython
-  # too is harmless where it is a shared library.
-  libdir = sysconfig.get_config_var("LIBDIR")
-  ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
-  if (sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and
-      ldlibrary.startswith("lib") and
-      (Path(libdir) / ldlibrary).exists()):
-    cmd += ["-L" + libdir, "-l" + ldlibrary[3:].split(".so")[0]]
-  return cmd
-
-
-def _versions():
-  package = sys.modules.get("torchbridge")
-  return "\n".join([
-      sys.version, sys.platform, sysconfig.get_platform(),
-      str(sys.implementation.cache_tag),
-      "tf " + tf.__version__, "torch " + torch.__version__,
-      "torchbridge " + str(getattr(package, "__version__", "?")),
-  ])
-
-
-def _build_or_reuse():
-  """The path of a built library for this set-up, building it if needed.
-
-  The library includes csrc/torch_interop.cc (torch's C++ API) when torch's
-  headers and libraries are at hand; if that build fails, it is built again
-  without it (the log of the failure stays in the cache directory).
-  """
-  global build_count
-  source = _find_source()
-  interop = _torch_interop_flags()
-  # The key leaves out which compiler builds it (any gives the same ABI), so
-  # a library built once serves a process that has no compiler.
-  placeholder = _compile_command("CXX", "SOURCE", "OUTPUT", interop)
-  digest = hashlib.sha256()
-  for part in (_versions(), "\0".join(placeholder)):
-    digest.update(part.encode())
-    digest.update(b"\0")
-  for path in sorted(source.parent.glob("*.[ch]*")):
-    digest.update(path.name.encode() + b"\0" + path.read_bytes())
-  key = digest.hexdigest()[:20]
-
-  directory = cache_dir()
-  target = directory / f"{_LIB_STEM}-{key}.so"
-  if target.is_file():
-    return target
-  compiler = _find_compiler()
-  directory.mkdir(parents=True, exist_ok=True)
-  with _file_lock(directory / f"{_LIB_STEM}-{key}.lock"):
-    if target.is_file():  # another process built it meanwhile
-      return target
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{_LIB_STEM}-",
-                               suffix=".so.tmp")
-    os.close(fd)
-    log_path = directory / f"{_LIB_STEM}-{key}.log"
-    try:
-      _LOG.debug("torchbridge: building the native TF op into %s", target)
-      build_count += 1
-      failure = _compile(_compile_command(compiler, source, tmp, interop),
-                         log_path)
-      if failure and interop:
-        _LOG.debug("torchbridge: building with torch_interop.cc failed (%s); "
-                   "building without it", failure)
-        failure = _compile(_compile_command(compiler, source, tmp),
-                           log_path.with_suffix(".plain.log"))
-      if failure:
-        raise BuildError(failure)
-      os.chmod(tmp, 0o755)  # mkstemp made it private; a shared cache reads it
-      os.replace(tmp, target)
-    finally:
-      if os.path.exists(tmp):
-        os.unlink(tmp)
-  return target
-
-
-def _compile(command, log_path):
-  """Runs one compiler command; None if it worked, else a one-line reason."""
-  try:
-    proc = subprocess.run(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        timeout=900, check=False)
-  except (OSError, subprocess.TimeoutExpired) as err:
-    return f"compiler failed to run: {err}"
-  if proc.returncode == 0:
-    return None
-  log_path.write_text(proc.stdout)
-  first = next((line for line in proc.stdout.splitlines() if "error" in line),
-               proc.stdout.strip()[:200])
-  return (f"compiling {_SOURCE_NAME} failed: {first.strip()} "
-          f"(full log: {log_path})")
-
-
-@contextlib.contextmanager
-def _file_lock(path):
-  try:
-    import fcntl  # pylint: disable=import-outside-toplevel
-  except ImportError:  # not POSIX: os.replace still keeps builds atomic
-    yield
-    return
-  with open(path, "a+") as handle:
-    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 # ---------------------------------------------------------------------------
 # Callbacks
 
 _registry = {}  # callback id -> callable
 _registry_lock = threading.Lock()
 _next_id = itertools.count(1)
+# graph -> the ids registered for it (weakly: the graph owns them).
+_ids_of_graph = weakref.WeakKeyDictionary()
 
 
 def _register(callback, graph):
@@ -353,10 +174,9 @@ def _register(callback, graph):
     callback_id = next(_next_id)
     _registry[callback_id] = callback
     if graph is not None:
-      ids = getattr(graph, "_torchbridge_native_ids", None)
+      ids = _ids_of_graph.get(graph)
       if ids is None:
-        ids = []
-        graph._torchbridge_native_ids = ids  # pylint: disable=protected-access
+        ids = _ids_of_graph[graph] = []
         # The finalizer holds the list, not the graph.
         weakref.finalize(graph, _release, ids)
       ids.append(callback_id)
@@ -532,7 +352,7 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
 
 
 # ---------------------------------------------------------------------------
-# Torch-side helper
+# Torch tensors and capsules
 
 
 # The capsule-level DLPack functions; torch.utils.dlpack.from_dlpack is a
@@ -562,25 +382,21 @@ def torch_callback(fn):
     outs = fn(args, getattr(_op_call, "unused", None))
     if getattr(_op_call, "device", None) is not None:
       capsules_out = [_to_capsule(o) for o in outs]
-      _exchange.count_zero_copy(len(args))
+      _stats.count_zero_copy(len(args))
       return capsules_out
-    # The CPU kernel: outputs that are dense, row-major, aligned and hold
-    # their own values (no lazy conjugation or negation) are exported as
-    # they are (DLPack ignores requires_grad); the kernel checks dtype,
-    # shape and device again, so nothing here can let a bad buffer through.
+    # The CPU kernel: outputs TF can adopt as they are go as they are
+    # (DLPack ignores requires_grad); the kernel checks dtype, shape and
+    # device again, so nothing here can let a bad buffer through.
     capsules_out = []
     as_they_are = 0
     for out in outs:
-      if (type(out) is torch.Tensor and  # pylint: disable=unidiomatic-typecheck
-          out.layout is torch.strided and out.is_cpu and
-          out.is_contiguous() and
-          out.data_ptr() % _exchange.TF_ALIGNMENT == 0 and
-          not (out.is_conj() or out.is_neg())):
+      if (type(out) is torch.Tensor and out.is_cpu and  # pylint: disable=unidiomatic-typecheck
+          _adopt.can_adopt_as_is(out)):
         capsules_out.append(_to_dlpack(out))
         as_they_are += 1
       else:
         capsules_out.append(_to_capsule(out))
-    _exchange.count_zero_copy(len(args) + as_they_are)
+    _stats.count_zero_copy(len(args) + as_they_are)
     return capsules_out
 
   return callback
@@ -598,7 +414,7 @@ def _export_output(out_torch, index, gpu):
         f"output {index} of the torch callback is a "
         f"{type(out_torch).__name__}, not a torch.Tensor; return it as a "
         "tensor, e.g. torch.tensor(value)")
-  return _viewable_capsule(out_torch, gpu)
+  return _adopt.viewable_capsule(out_torch, gpu)
 
 
 def _to_capsule(x_torch):
@@ -607,16 +423,4 @@ def _to_capsule(x_torch):
   if not isinstance(x_torch, torch.Tensor):
     raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
                     "torch.Tensor")
-  return _viewable_capsule(x_torch, current_gpu())
-
-
-def _viewable_capsule(x_torch, gpu):
-  """A capsule of `x_torch` as TF can adopt it (one counted copy if need
-  be), for the kernel running on CUDA device `gpu` (None: the CPU kernel)."""
-  device = None
-  if gpu is not None:
-    # The GPU kernel wants its outputs in GPU memory, except int32, which TF
-    # keeps in host memory on GPUs.
-    device = (torch.device("cpu") if x_torch.dtype == torch.int32 else
-              torch.device("cuda", gpu))
-  return _to_dlpack(_exchange.tf_viewable(x_torch, device=device))
+  return _adopt.viewable_capsule(x_torch, current_gpu())

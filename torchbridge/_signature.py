@@ -4,7 +4,7 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge import _compiled
-from torchbridge import _exchange
+from torchbridge import _adopt
 
 # Two stand-in sizes for the dimensions TF leaves unknown. An output dimension
 # that comes out the same for both is static; one that changes stays unknown.
@@ -74,7 +74,7 @@ def infer(run, args_specs, name):
   for size in probes:
     args_meta = [
         torch.empty([size if d is None else d for d in s.shape.as_list()],
-                    dtype=_exchange.torch_dtype(s.dtype), device="meta")
+                    dtype=_adopt.torch_dtype(s.dtype), device="meta")
         for s in args_specs
     ]
     try:
@@ -95,7 +95,7 @@ def infer(run, args_specs, name):
                            for s in args_specs))) from err
   specs = []
   for k, outs in enumerate(zip(*outs_by_probe)):
-    if not _exchange.has_tf_dtype(outs[0].dtype):
+    if not _adopt.has_tf_dtype(outs[0].dtype):
       raise ResultError(
           f"{name} returned a torch tensor of dtype {outs[0].dtype} as "
           f"output {k}, which TF lacks. Cast it to a dtype TF has first, "
@@ -106,5 +106,5 @@ def infer(run, args_specs, name):
     else:
       shape = [dims[0] if len(set(dims)) == 1 else None
                for dims in zip(*shapes)]
-    specs.append(tf.TensorSpec(shape, _exchange.tf_dtype(outs[0].dtype)))
+    specs.append(tf.TensorSpec(shape, _adopt.tf_dtype(outs[0].dtype)))
   return specs
