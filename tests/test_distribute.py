@@ -191,6 +191,41 @@ def test_buffers_written_by_replicas_stay_in_sync(strategy, in_mode):
                              expected, rtol=1e-9, atol=1e-12)
 
 
+class _ReplicaStamp(torch.nn.Module):
+  """Writes its shard's first value into an integer and a float buffer."""
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(3, 2).double()
+    self.register_buffer("stamp", torch.zeros(1, dtype=torch.int64))
+    self.register_buffer("stamp_float", torch.zeros(1, dtype=torch.float64))
+
+  def forward(self, x):
+    with torch.no_grad():
+      self.stamp.copy_(x[:1, 0].to(torch.int64))
+      self.stamp_float.copy_(x[:1, 0])
+    return self.lin(x)
+
+
+def test_integer_buffers_take_the_first_replica_and_floats_the_mean(
+    strategy, in_mode):
+  # Replica 0 writes 10 and replica 1 writes 30: the first replica's value
+  # (10) and the mean (20) differ, so the test tells the two rules apart.
+  x = np.zeros((GLOBAL_BATCH, 3))
+  x[0, 0], x[GLOBAL_BATCH // 2, 0] = 10.0, 30.0
+  with strategy.scope():
+    module = tb.TorchModule(_ReplicaStamp(), name="stamp")
+  step = in_mode(lambda x_tf: strategy.run(
+      lambda x_replica: module(x_replica, training=True), (x_tf,)))
+  step(_shards(strategy, x))
+  _assert_replicas_equal(module)
+  weights = module.get_weights()
+  # Documented: integer buffers take the first replica's value, floating
+  # buffers the mean.
+  np.testing.assert_array_equal(weights["stamp"], [10])
+  np.testing.assert_array_equal(weights["stamp_float"], [20.0])
+
+
 def test_checkpoint_moves_between_mirrored_and_plain(strategy, tmp_path):
   x, y = _data()
   trained, _ = _train_mirrored(strategy, _mlp(), x, y, 3, lambda fn: fn)
