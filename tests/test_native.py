@@ -1,18 +1,14 @@
-"""Tests for the native TF op `TorchbridgeCall` and its loader (_native.py).
+"""Tests for the native TF op `TorchbridgeCall` (_native.py).
 
 The whole module is skipped when the op cannot be built or loaded here (no
 compiler, TORCHBRIDGE_DISABLE_NATIVE=1): the package then runs on the
-tf.py_function path, which the other test modules cover.
+tf.py_function path, which the other test modules cover. The loader and its
+fallbacks are tested in test_native_loader.py, which runs everywhere.
 """
 
 import gc
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -30,8 +26,6 @@ if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
     not _native.available()):
   pytest.skip(f"native op not available: {_native.status()}",
               allow_module_level=True)
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _identity(capsules):
@@ -53,36 +47,6 @@ def _returning(make_outputs):
     return make_outputs()
 
   return callback
-
-
-def _run_subprocess(code, env_update, timeout=300):
-  env = dict(os.environ)
-  for key, value in env_update.items():
-    if value is None:
-      env.pop(key, None)
-    else:
-      env[key] = value
-  env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  prologue = textwrap.dedent("""\
-      import json, logging
-      records = []
-      class _Keep(logging.Handler):
-        def emit(self, record):  # what users see: INFO and above
-          if record.levelno >= logging.INFO:
-            records.append((record.levelname, record.getMessage()))
-      logging.getLogger("torchbridge").addHandler(_Keep())
-      logging.getLogger("torchbridge").setLevel(logging.DEBUG)
-      logging.getLogger("torchbridge").propagate = False
-      import torch
-      import tensorflow as tf
-      from torchbridge import _native
-      """)
-  proc = subprocess.run(
-      [sys.executable, "-c", prologue + textwrap.dedent(code)], env=env,
-      cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      timeout=timeout, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------
@@ -709,124 +673,6 @@ def test_torch_callback_copies_only_what_tf_cannot_view():
   assert stats["zero_copy"] == 2  # the input and the first output
   assert stats["copied"] == 2
   assert stats["bytes_copied"] == 1024 * 4 + 32 * 4
-
-
-# ---------------------------------------------------------------------------
-# Loader
-
-
-def test_disabled_by_environment_logs_one_line():
-  result = _run_subprocess("""
-      first = _native.available()
-      second = _native.available()
-      print(json.dumps({"available": [first, second], "records": records,
-                        "builds": _native.build_count}))
-      """, {_native.DISABLE_ENV: "1"})
-  assert result["available"] == [False, False]
-  assert result["builds"] == 0
-  assert len(result["records"]) == 1
-  level, message = result["records"][0]
-  assert level == "INFO"
-  assert _native.DISABLE_ENV in message
-
-
-def test_cache_is_reused_without_recompiling():
-  path = _native._build_or_reuse()  # pylint: disable=protected-access
-  mtime = os.stat(path).st_mtime_ns
-  result = _run_subprocess("""
-      ok = _native.available()
-      print(json.dumps({"available": ok, "builds": _native.build_count,
-                        "status": _native.status()}))
-      """, {_native.DISABLE_ENV: None,
-            _native.CACHE_ENV: str(_native.cache_dir())})
-  assert result["available"] is True
-  assert result["builds"] == 0
-  assert str(path) in result["status"]
-  assert os.stat(path).st_mtime_ns == mtime
-
-
-def test_failed_build_logs_one_warning_and_falls_back(tmp_path):
-  # A "compiler" that fails, and an empty cache: the build fails cleanly.
-  result = _run_subprocess("""
-      ok = _native.available()
-      print(json.dumps({"available": ok, "records": records,
-                        "builds": _native.build_count}))
-      """, {_native.DISABLE_ENV: None, _native.CACHE_ENV: str(tmp_path),
-            "CXX": "false"})
-  assert result["available"] is False
-  assert result["builds"] == 1
-  assert len(result["records"]) == 1
-  level, message = result["records"][0]
-  assert level == "WARNING"
-  assert "tf.py_function path" in message
-  assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob("*.tmp"))
-
-
-def test_concurrent_processes_build_once(tmp_path):
-  # A stand-in compiler that takes its time and "builds" by copying the
-  # library this process already has; two processes start their first
-  # load() together on an empty cache.
-  real = _native._build_or_reuse()  # pylint: disable=protected-access
-  compiler = tmp_path / "slow-cxx"
-  compiler.write_text(textwrap.dedent(f"""\
-      #!/bin/sh
-      while [ $# -gt 0 ]; do
-        if [ "$1" = "-o" ]; then out="$2"; fi
-        shift
-      done
-      echo build >> "{tmp_path / 'builds.txt'}"
-      sleep 2
-      cp "{real}" "$out"
-      """))
-  compiler.chmod(0o755)
-  go = tmp_path / "go"
-  code = textwrap.dedent(f"""\
-      import json, os, sys, time
-      import torch
-      import tensorflow as tf
-      from torchbridge import _native
-      open(sys.argv[1], "w").close()
-      while not os.path.exists({str(go)!r}):
-        time.sleep(0.01)
-      print(json.dumps([_native.available(), _native.build_count]))
-      """)
-  env = dict(os.environ, CXX=str(compiler),
-             **{_native.CACHE_ENV: str(tmp_path / "cache")})
-  env.pop(_native.DISABLE_ENV, None)
-  env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  procs = [subprocess.Popen(
-      [sys.executable, "-c", code, str(tmp_path / f"ready{i}")], env=env,
-      cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
-  deadline = time.time() + 240
-  while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
-    assert time.time() < deadline and all(p.poll() is None for p in procs)
-    time.sleep(0.05)
-  go.touch()
-  results = []
-  for proc in procs:
-    out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err[-3000:]
-    results.append(json.loads(out.strip().splitlines()[-1]))
-  assert [r[0] for r in results] == [True, True]
-  assert sorted(r[1] for r in results) == [0, 1]
-  assert (tmp_path / "builds.txt").read_text().count("build") == 1
-  assert len(list((tmp_path / "cache").glob("*.so"))) == 1
-  assert not list((tmp_path / "cache").glob("*.tmp"))
-
-
-def test_no_compiler_logs_one_warning(tmp_path):
-  empty_bin = tmp_path / "bin"
-  empty_bin.mkdir()
-  result = _run_subprocess("""
-      ok = _native.available()
-      print(json.dumps({"available": ok, "records": records}))
-      """, {_native.DISABLE_ENV: None,
-            _native.CACHE_ENV: str(tmp_path / "cache"),
-            "CXX": None, "PATH": str(empty_bin)})
-  assert result["available"] is False
-  assert len(result["records"]) == 1
-  assert "no C++ compiler" in result["records"][0][1]
 
 
 # ---------------------------------------------------------------------------

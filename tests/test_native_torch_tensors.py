@@ -21,8 +21,8 @@ from torchbridge import _native
 from torchbridge import _native_build
 
 from test_native import _data_ptr
-from test_native import _run_subprocess
 from test_native import check_from_eight_threads
+from test_native_loader import _run_subprocess
 
 if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
     not _native.available()):
