@@ -32,17 +32,19 @@ import weakref
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
-from tensorflow.python.eager import record as tf_record
 
 from torchbridge import _adopt
+from torchbridge import _compat
 from torchbridge import _exchange
 from torchbridge import _native
 from torchbridge import _thread_state
 from torchbridge import _torch_thread
 from torchbridge import _vjp
 
-# Handle data pointer -> `_Saved`. Weak: the handle tensor owns the record.
-_SAVED_BY_HANDLE = weakref.WeakValueDictionary()
+# Handle data pointer -> (`_Saved`, weak reference to the handle): the record
+# lives as long as the handle's Python object, which TF keeps alive while it
+# holds the handle (see `_own`).
+_SAVED_BY_HANDLE = {}
 
 
 class _Saved:
@@ -108,7 +110,7 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
   # On the calling thread, the user's own: no hand-over (see
   # README, "One torch thread": one costs 40-90 us here, more than an
   # eager call).
-  if not (tf_record.could_possibly_record() and any(differentiable)):
+  if not (_compat.tape_could_record() and any(differentiable)):
     with torch.no_grad():
       saved = compute(_views(args_tf[:n_used]), False)
     return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
@@ -170,7 +172,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     # then no autograd graph is recorded and no handle is made.
     inference = unused is not None and 0 in unused
     grad_mode = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(record and not inference)  # pylint: disable=protected-access
+    torch.set_grad_enabled(record and not inference)
     try:
       if inference:
         saved = None
@@ -180,18 +182,13 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
         saved = compute(py_args_torch, record)
         outs_torch = saved.outs_torch
     finally:
-      torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
+      torch.set_grad_enabled(grad_mode)
     check_outputs(outs_torch)
     if saved is None:
       return [None] + outs_torch
     handle_torch = torch.empty(1, dtype=torch.int8,
                                device=_handle_device(outs_torch))
-    # The handle owns the record: TF holds the handle's torch tensor whole
-    # (the native op's whole_tensor_outputs; torch's DLPack export on the
-    # tf.py_function path), and torch keeps its Python object, with this
-    # attribute, alive as long as TF does.
-    handle_torch._torchbridge_saved = saved
-    _SAVED_BY_HANDLE[handle_torch.data_ptr()] = saved
+    _own(handle_torch, saved)
     return [handle_torch] + outs_torch
 
   @tf.custom_gradient
@@ -230,7 +227,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
            for j in diff_args],
           # Build the double-backward graph only when a tape records this
           # backward; otherwise a later request recomputes it (regraph).
-          tf_record.could_possibly_record(),
+          _compat.tape_could_record(),
           name + "_grad",
           [True] * (len(sel_out) + len(diff_args)))
       return _scatter(grads_tf, diff_args, len(grad_args))
@@ -318,7 +315,7 @@ def _backward(saved, sel_out, diff_args, dys_torch, record, skip=()):
            saved.outs_torch[i].requires_grad]
   grads_torch = [None] * len(leaves)
   grad_mode = torch.is_grad_enabled()
-  torch._C._set_grad_enabled(True)  # pylint: disable=protected-access
+  torch.set_grad_enabled(True)
   try:
     if pairs and wanted:
       grads_wanted = _vjp.vjp([o for o, _ in pairs],
@@ -327,7 +324,7 @@ def _backward(saved, sel_out, diff_args, dys_torch, record, skip=()):
     else:
       grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
   finally:
-    torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
+    torch.set_grad_enabled(grad_mode)
   for k, grad in zip(wanted, grads_wanted):
     grads_torch[k] = grad
   # Made without a graph, the record can make itself again with one (and
@@ -338,8 +335,26 @@ def _backward(saved, sel_out, diff_args, dys_torch, record, skip=()):
                 regraph=regraph)
 
 
+def _own(handle_torch, saved):
+  """Makes `handle_torch` own `saved`.
+
+  TF holds the handle's torch tensor whole (the native op's
+  whole_tensor_outputs; torch's DLPack export on the tf.py_function path),
+  and torch keeps its Python object alive as long as TF does; when that
+  object dies, the weak reference's callback drops the record.
+  """
+  key = handle_torch.data_ptr()
+
+  def forget(ref):
+    # Only this handle's own entry (a later handle may reuse the address).
+    if _SAVED_BY_HANDLE.get(key, (None, None))[1] is ref:
+      _SAVED_BY_HANDLE.pop(key, None)
+
+  _SAVED_BY_HANDLE[key] = (saved, weakref.ref(handle_torch, forget))
+
+
 def _lookup(handle_torch):
-  saved = _SAVED_BY_HANDLE.get(handle_torch.data_ptr())
+  saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
   if saved is None:
     raise RuntimeError(
         "torchbridge lost the saved torch state of a forward call before its "

@@ -7,11 +7,10 @@ import weakref
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
-from tensorflow.core.function.trace_type import default_types
-from tensorflow.python.ops import control_flow_util
 
 from torchbridge import _bridge
 from torchbridge import _adopt
+from torchbridge import _compat
 from torchbridge import _exchange
 from torchbridge import _signature
 
@@ -118,7 +117,7 @@ class TorchFunction:
     # (set by functools.update_wrapper) is traced as the function it wraps,
     # so the tf.function would call the raw torch code on symbolic tensors.
     del context
-    return default_types.Weakref(weakref.ref(self))
+    return _compat.weakref_trace_type()(weakref.ref(self))
 
   # Not converted by autograph when called from a tf.function: the bridge's
   # own Python would otherwise run as converted code on every call.
@@ -185,7 +184,7 @@ def bind_arguments(name, structure):
 
 def check_not_xla(name):
   """Raises if the graph being traced is compiled by XLA."""
-  if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+  if _compat.in_xla_context():
     raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))
 
 

@@ -8,6 +8,8 @@ import torch  # before TensorFlow (and Keras, which imports it)
 import keras
 import tensorflow as tf
 
+from torchbridge import _compat
+from torchbridge import _module_checks
 from torchbridge import _torch_state
 
 _UNSAFE_LOAD = """\
@@ -78,7 +80,7 @@ class TorchLayer(keras.layers.Layer):
 
   def __init__(self, module, **kwargs):
     name = kwargs.get("name") or "torch_layer"
-    _torch_state.check_module(module, f"TorchLayer {name!r}")
+    _module_checks.check_module(module, f"TorchLayer {name!r}")
     if not any(True for _ in module.parameters()) and \
         not any(True for _ in module.buffers()):
       raise ValueError(_NO_STATE.format(
@@ -90,6 +92,15 @@ class TorchLayer(keras.layers.Layer):
     self.supports_jit = False
     self._torch_state = _torch_state.TorchState(
         module, self.name, self._make_weight)
+    # Tracked by torch name, in a trackable holder, so that
+    # tf.train.Checkpoint and tf.saved_model find them through the layer's
+    # attributes, as they find a Dense layer's kernel (Keras' own tracking,
+    # which `weights` and `save_weights` use, keeps them once, through
+    # add_weight, and ignores the holder).
+    holder = tf.Module()
+    for name, variable in self._torch_state.variables.items():
+      setattr(holder, name, variable)
+    self._torch_variables = holder
     self.built = True
 
   def _make_weight(self, name, value_tf, trainable, aggregation):
@@ -159,8 +170,7 @@ _KERAS_AGGREGATION = {
 
 
 def _in_safe_mode():
-  from keras.src.saving import serialization_lib  # no public accessor
-  return serialization_lib.in_safe_mode()
+  return _compat.keras_in_safe_mode()
 
 
 def _check_dtype(layer, module_dtype):

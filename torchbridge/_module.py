@@ -4,6 +4,8 @@ import re
 
 import tensorflow as tf
 
+from torchbridge import _compat
+from torchbridge import _module_checks
 from torchbridge import _torch_state
 
 class TorchModule(tf.Module):
@@ -51,7 +53,7 @@ class TorchModule(tf.Module):
   """
 
   def __init__(self, module, name=None):
-    _torch_state.check_is_module(module, "TorchModule(module)")
+    _module_checks.check_is_module(module, "TorchModule(module)")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(
@@ -65,7 +67,7 @@ class TorchModule(tf.Module):
   _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state",)).union(
       tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
-  @tf.__internal__.tracking.no_automatic_dependency_tracking
+  @_compat.no_dependency_tracking
   def _init_untracked(self, state):
     state.name = self.name  # errors raised by calls name the module
     self._state = state
@@ -100,6 +102,17 @@ class TorchModule(tf.Module):
     """
     return self._state.call(args, kwargs, training)
 
+  def __deepcopy__(self, memo):
+    """An independent TorchModule around a deep copy of the torch module,
+    starting from this one's current values (as a tf.Module copies)."""
+    import copy  # pylint: disable=import-outside-toplevel
+    module_copy = copy.deepcopy(self.torch_module, memo)
+    return _rebuild_torch_module(type(self), module_copy, self.name)
+
+  def __reduce__(self):
+    # Pickled as its torch module (holding the current values) and name.
+    return (_rebuild_torch_module, (type(self), self.torch_module, self.name))
+
   def get_weights(self):
     """The state as `{torch state_dict name: np.ndarray}`.
 
@@ -130,6 +143,12 @@ class TorchModule(tf.Module):
       ValueError: missing, unexpected or mis-shaped entries (all named).
     """
     self._state.set_weights(weights)
+
+
+def _rebuild_torch_module(cls, module, name):
+  wrapper = cls.__new__(cls)
+  TorchModule.__init__(wrapper, module, name=name)
+  return wrapper
 
 
 def _make_variable(name, value_tf, trainable, aggregation):

@@ -31,6 +31,7 @@ import tensorflow as tf
 import torch.utils.dlpack as torch_dlpack
 
 from torchbridge import _adopt
+from torchbridge import _compat
 from torchbridge import _native_build
 from torchbridge import _stats
 
@@ -344,9 +345,7 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
   if not out_dtypes:
     outs = []  # the wrapper returns the Operation
   if eager:
-    if not tf.config.experimental.get_synchronous_execution():
-      from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-      context.async_wait()
+    _compat.wait_for_async_eager()
     _release([callback_id])
   return list(outs)
 
@@ -357,7 +356,7 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
 
 # The capsule-level DLPack functions; torch.utils.dlpack.from_dlpack is a
 # Python wrapper that first asks whether its argument is a capsule.
-_from_dlpack = getattr(torch._C, "_from_dlpack", torch_dlpack.from_dlpack)  # pylint: disable=protected-access
+_from_dlpack = _compat.torch_from_capsule
 _to_dlpack = torch_dlpack.to_dlpack
 
 

@@ -7,6 +7,8 @@ dict entries in and out. functional_call finds them again on every call,
 which costs more than the forward of a small model.
 """
 
+from torchbridge import _compat
+
 
 class TensorSlots:
   """Where each parameter and buffer of a torch module is held.
@@ -38,7 +40,7 @@ class TensorSlots:
     # tensor gets every one of its places.
     self._slots = []
     for _, sub in module.named_modules(remove_duplicate=False):
-      for table in (sub._parameters, sub._buffers):  # pylint: disable=protected-access
+      for table in _compat.module_tensor_tables(sub):
         for key, t in table.items():
           if t is not None and by_id.get(id(t)) in wanted:
             self._slots.append((by_id[id(t)], table, key))

@@ -17,13 +17,15 @@ import contextvars
 import torch
 from torch.overrides import has_torch_function
 
-# torch's C++ autograd engine, as torch.autograd.grad reaches it.
-_ENGINE = getattr(getattr(torch.autograd, "Variable", None),
-                  "_execution_engine", None)
-# torch.autograd.grad stashes the Python context for the engine's device
-# threads (compiled autograd reads its configuration there); so does vjp.
-_STASH = getattr(torch._C, "_stash_obj_in_tls", None)  # pylint: disable=protected-access
-_UNSTASH = getattr(torch._C, "_remove_obj_from_tls", None)  # pylint: disable=protected-access
+from torchbridge import _compat
+
+# torch's C++ autograd engine, as torch.autograd.grad reaches it, and the
+# functions with which torch.autograd.grad stashes the Python context for the
+# engine's device threads (compiled autograd reads its configuration there);
+# vjp does the same. Optional (see _compat).
+_ENGINE = _compat.autograd_engine
+_STASH = _compat.stash_obj_in_tls
+_UNSTASH = _compat.remove_obj_from_tls
 
 
 def vjp(outputs, inputs, grad_outputs, create_graph):

@@ -1,0 +1,160 @@
+"""Every private TensorFlow, Keras and torch API torchbridge uses, in one place.
+
+Each is reached through a feature test, so that a framework release that
+moves or drops one fails here, at the first use, with an error that names
+the API, the versions found and the way out, rather than somewhere deep in a
+call. Where a public equivalent exists it is used instead (and listed here
+for the record): `torch.set_grad_enabled`, `torch.compiled_with_cxx11_abi`,
+`tf.distribute.has_strategy`, `Module.register_forward_pre_hook`.
+
+setup.py promises torch >= 2.3 and TensorFlow >= 2.16; everything below is
+tested on the pinned set (TF 2.21, torch 2.13) and the user-install set of
+`make test-user` (torch 2.14 from the package index).
+"""
+
+import functools
+import importlib
+
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+
+class MissingAPIError(RuntimeError):
+  """A private framework API torchbridge relies on is gone or moved."""
+
+
+def _missing(what, framework, detail=""):
+  versions = f"TensorFlow {tf.__version__}, torch {torch.__version__}"
+  return MissingAPIError(
+      f"torchbridge needs {what} from {framework}, which this installation "
+      f"({versions}) does not have{': ' + detail if detail else ''}. "
+      "Install the versions torchbridge supports (see setup.py: torch >= "
+      "2.3, tensorflow >= 2.16) or stay on a version this torchbridge "
+      "release was tested with, and report the versions that failed.")
+
+
+def _attribute(module_name, name, framework):
+  try:
+    return getattr(importlib.import_module(module_name), name)
+  except (ImportError, AttributeError) as err:
+    raise _missing(f"{module_name}.{name}", framework, str(err)) from err
+
+
+# ---------------------------------------------------------------------------
+# TensorFlow
+
+
+@functools.cache
+def _tf_record():
+  return _attribute("tensorflow.python.eager.record", "could_possibly_record",
+                    "TensorFlow")
+
+
+def tape_could_record():
+  """Whether a `tf.GradientTape` (or a backward function) may record now.
+
+  TF's own test before recording a custom gradient; no public API answers
+  it, and without it every eager call would build torch's autograd graph.
+  """
+  return _tf_record()()
+
+
+@functools.cache
+def _xla_context_test():
+  return _attribute("tensorflow.python.ops.control_flow_util",
+                    "GraphOrParentsInXlaContext", "TensorFlow")
+
+
+def in_xla_context():
+  """Whether the graph being traced (or a parent) is compiled by XLA."""
+  return _xla_context_test()(tf.compat.v1.get_default_graph())
+
+
+@functools.cache
+def weakref_trace_type():
+  """TF's trace type that makes a tf.function argument trace by identity."""
+  return _attribute("tensorflow.core.function.trace_type.default_types",
+                    "Weakref", "TensorFlow")
+
+
+def no_dependency_tracking(method):
+  """`tf.Module` method decorator: attributes set inside are not tracked
+  (tf.__internal__, TF's semi-public name for it)."""
+  try:
+    decorator = tf.__internal__.tracking.no_automatic_dependency_tracking
+  except AttributeError as err:
+    raise _missing("tf.__internal__.tracking.no_automatic_dependency_tracking",
+                   "TensorFlow", str(err)) from err
+  return decorator(method)
+
+
+def wait_for_async_eager():
+  """Waits for TF's asynchronous eager executor, if it is on."""
+  if tf.config.experimental.get_synchronous_execution():
+    return
+  _attribute("tensorflow.python.eager.context", "async_wait", "TensorFlow")()
+
+
+# ---------------------------------------------------------------------------
+# Keras
+
+
+def keras_in_safe_mode():
+  """Whether Keras deserializes in safe mode now (no public accessor)."""
+  return _attribute("keras.src.saving.serialization_lib", "in_safe_mode",
+                    "Keras")()
+
+
+# ---------------------------------------------------------------------------
+# torch
+
+
+@functools.cache
+def torch_dispatch_mode():
+  """torch's `TorchDispatchMode` base class (torch.utils._python_dispatch)."""
+  return _attribute("torch.utils._python_dispatch", "TorchDispatchMode",
+                    "torch")
+
+
+def disabled_torch_function_impl():
+  """What a torch.Tensor subclass sets as `__torch_function__` to behave as
+  a plain tensor (torch's own subclasses do the same)."""
+  impl = getattr(torch._C, "_disabled_torch_function_impl", None)  # pylint: disable=protected-access
+  if impl is None:
+    raise _missing("torch._C._disabled_torch_function_impl", "torch")
+  return impl
+
+
+def module_tensor_tables(module):
+  """The dicts in which `module` (not its children) holds its parameters and
+  buffers, to swap tensors in place without `setattr`'s checks."""
+  tables = (getattr(module, "_parameters", None),
+            getattr(module, "_buffers", None))
+  if not all(isinstance(t, dict) for t in tables):
+    raise _missing("torch.nn.Module._parameters / _buffers dicts", "torch")
+  return tables
+
+
+def forward_pre_hook_table(module):
+  """The dict of `module`'s forward pre-hooks, by handle id (to take a hook
+  out and put it back without re-registering it)."""
+  table = getattr(module, "_forward_pre_hooks", None)
+  if not isinstance(table, dict):
+    raise _missing("torch.nn.Module._forward_pre_hooks", "torch")
+  return table
+
+
+# The capsule-level DLPack import; torch.utils.dlpack.from_dlpack is a Python
+# wrapper that first asks whether its argument is a capsule. Optional: the
+# public function serves where it is gone.
+torch_from_capsule = getattr(torch._C, "_from_dlpack", None)  # pylint: disable=protected-access
+if torch_from_capsule is None:
+  import torch.utils.dlpack  # pylint: disable=g-import-not-at-top
+  torch_from_capsule = torch.utils.dlpack.from_dlpack
+
+# What torch.autograd.grad does around the engine call, for _vjp's fast
+# path. Optional: without them _vjp calls torch.autograd.grad.
+autograd_engine = getattr(getattr(torch.autograd, "Variable", None),
+                          "_execution_engine", None)
+stash_obj_in_tls = getattr(torch._C, "_stash_obj_in_tls", None)  # pylint: disable=protected-access
+remove_obj_from_tls = getattr(torch._C, "_remove_obj_from_tls", None)  # pylint: disable=protected-access
