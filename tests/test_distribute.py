@@ -278,6 +278,36 @@ def test_unsupported_strategy_is_refused_with_the_fix():
       tb.keras.TorchLayer(_mlp(), name="layer")
 
 
+@pytest.mark.parametrize("real_strategy, reason", [
+    (tf.distribute.TPUStrategy, "TPUs run compiled XLA programs"),
+    (tf.distribute.experimental.ParameterServerStrategy,
+     "remote worker processes"),
+], ids=["tpu", "parameter_server"])
+def test_tpu_and_parameter_server_strategies_are_refused(real_strategy,
+                                                         reason):
+  # README: TPUStrategy and ParameterServerStrategy are refused with an
+  # error saying why. Neither can be made here (no TPU, no cluster), so a
+  # stand-in carries the real class's name (which the check reads) and
+  # nothing else of it: the real classes are none of the supported ones.
+  assert not issubclass(real_strategy, (
+      tf.distribute.MirroredStrategy,
+      tf.distribute.MultiWorkerMirroredStrategy,
+      tf.distribute.OneDeviceStrategy))
+  stand_in = type(real_strategy.__name__,
+                  (tf.distribute.experimental.CentralStorageStrategy,), {})()
+  with stand_in.scope():
+    with pytest.raises(ValueError) as info:
+      tb.TorchModule(_mlp(), name="net")
+  message = str(info.value)
+  assert (f"TorchModule 'net' cannot run under {real_strategy.__name__}:"
+          in message)
+  assert reason in message
+  assert "MirroredStrategy" in message and "strategy.scope()" in message
+  with stand_in.scope():
+    with pytest.raises(ValueError, match=reason):
+      tb.keras.TorchLayer(_mlp(), name="layer")
+
+
 def test_keras_fit_under_mirrored_strategy_matches_single_process(strategy):
   import keras
 

@@ -191,6 +191,31 @@ def test_from_config_takes_safe_mode_as_keras_torch_wrapper_does():
         "safe_mode_saving", None)
 
 
+def test_load_model_unpickles_after_enable_unsafe_deserialization(tmp_path):
+  # README: load_model refuses the pickled module "unless safe_mode=False is
+  # given (or keras.config.enable_unsafe_deserialization())". The global
+  # switch is process-wide, so a fresh process flips it.
+  model = trained(pickled_model(seed=0), epochs=1)
+  x, _ = data(seed=1)
+  np.save(tmp_path / "x.npy", x)
+  np.save(tmp_path / "expected.npy", model.predict(x, verbose=0))
+  model.save(str(tmp_path / "m.keras"))
+
+  run_fresh_process(tmp_path, """
+      x = np.load(tmp + "/x.npy")
+      try:
+        keras.models.load_model(tmp + "/m.keras")
+        raise AssertionError("loaded in safe mode")
+      except ValueError as err:
+        assert "safe_mode=False" in str(err), err
+      keras.config.enable_unsafe_deserialization()
+      model = keras.models.load_model(tmp + "/m.keras")  # no safe_mode arg
+      np.save(tmp + "/loaded.npy", model.predict(x, verbose=0))
+      """)
+  np.testing.assert_array_equal(np.load(tmp_path / "loaded.npy"),
+                                np.load(tmp_path / "expected.npy"))
+
+
 def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
   model = trained(pickled_model(seed=0))
   x, y = data(seed=1)
