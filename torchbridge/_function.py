@@ -5,6 +5,7 @@ import inspect
 import re
 import weakref
 
+import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
@@ -271,19 +272,26 @@ def _check_unmodified(args_torch, name):
           "(`x = x + 1`, not `x.add_(1)`), or copy first (`x = x.clone()`).")
 
 
+def _output_tensor(leaf, name):
+  """One leaf of a torch result as the torch tensor that crosses (None for
+  None): the one place that says what a torch callable may return."""
+  if isinstance(leaf, torch.Tensor) or leaf is None:
+    return leaf
+  if isinstance(leaf, (bool, int, float, complex, np.number, np.bool_)):
+    # A Python or numpy number: a scalar of torch's dtype for it (int64,
+    # the default float dtype, complex64, bool).
+    return torch.tensor(leaf)
+  raise _signature.ResultError(
+      f"{name} returned a {type(leaf).__name__} ({leaf!r}) inside its "
+      "result; torchbridge passes back torch tensors, numbers (or None) "
+      "only. Return it as a tensor, e.g. `torch.tensor(value)`.")
+
+
 def _flatten_result(result, name, layout):
-  flat = tf.nest.flatten(result)
-  tensors = []
-  for leaf in flat:
-    if isinstance(leaf, torch.Tensor):
-      tensors.append(leaf)
-    elif leaf is not None:
-      raise _signature.ResultError(
-          f"{name} returned a {type(leaf).__name__} ({leaf!r}) inside its "
-          "result; torchbridge passes back torch tensors (or None) only. "
-          "Return it as a tensor, e.g. `torch.tensor(value)`.")
+  flat = [_output_tensor(leaf, name) for leaf in tf.nest.flatten(result)]
+  tensors = [leaf for leaf in flat if leaf is not None]
   layout.setdefault("structure", result)
-  layout.setdefault("is_tensor", [isinstance(l, torch.Tensor) for l in flat])
+  layout.setdefault("is_tensor", [leaf is not None for leaf in flat])
   layout.setdefault("n_tensors", len(tensors))
   layout.setdefault("single", isinstance(layout["structure"], torch.Tensor))
   return tensors
