@@ -21,6 +21,7 @@ import torchbridge as tb
 from torchbridge import _native
 
 from conftest import requires_gpu
+from test_native_loader import _run_subprocess
 
 if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
     not _native.available()):
@@ -701,3 +702,37 @@ def test_gpu_kernel_uses_tf_stream_and_stays_on_device():
   assert seen["device"].type == "cuda"
   assert seen["stream"] != 0  # TF's stream, not torch's default one
   assert "GPU" in y.device
+
+
+# ---------------------------------------------------------------------------
+# SavedModel
+
+
+def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
+  # README, "Limitations": SavedModel export of the bridged ops is not
+  # possible, since a SavedModel cannot carry the Python callables. What a
+  # user sees who saves one anyway and calls it in another process that has
+  # the op loaded: an error naming the cause, not a crash or an output.
+  gc.collect()  # earlier tests' garbage, not inside the saving graph
+  module = tb.TorchModule(torch.nn.Linear(3, 2), name="lin")
+  root = tf.Module()
+  root.module = module
+  root.serve = tf.function(
+      lambda x: module(x), input_signature=[tf.TensorSpec([None, 3])])
+  root.serve(tf.ones([2, 3]))
+  path = str(tmp_path / "saved")
+  tf.saved_model.save(root, path)
+  result = _run_subprocess(f"""
+      assert _native.available(), _native.status()
+      loaded = tf.saved_model.load({path!r})
+      try:
+        out = loaded.serve(tf.ones([2, 3]))
+        result = {{"ran": True, "out": out.numpy().tolist()}}
+      except Exception as err:  # pylint: disable=broad-except
+        result = {{"ran": False, "type": type(err).__name__,
+                   "message": str(err)}}
+      print(json.dumps(result))
+      """, {_native.DISABLE_ENV: None})
+  assert not result["ran"], result
+  assert "SavedModel" in result["message"], result
+  assert "cannot carry Python callables" in result["message"], result
