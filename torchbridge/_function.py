@@ -1,5 +1,6 @@
 """`torch_function`: a torch callable as a differentiable TF op."""
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -189,36 +190,58 @@ def check_not_xla(name):
     raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))
 
 
+@dataclasses.dataclass
+class Outputs:
+  """What a bridged forward may return besides a plain result.
+
+  `result` is the user's result (a nest of torch tensors, numbers, None);
+  `extra` maps names to torch tensors that cross as further outputs, outside
+  the result (a module's buffers that the forward wrote). The names must be
+  the same on every run of one call site (they are learnt on the first).
+  `call_bridged` returns an `Outputs` of TF tensors for it.
+  """
+  result: object
+  extra: dict = dataclasses.field(default_factory=dict)
+
+
 @tf.autograph.experimental.do_not_convert
-def call_bridged(run, args_tf, name, output_signature=None, extra=None,
+def call_bridged(run, args_tf, name, output_signature=None,
                  differentiable=None):
-  """Calls `run(args_torch) -> nest of torch tensors` through the bridge.
+  """Calls `run(args_torch) -> result` through the bridge.
 
   Args:
-    run: the torch computation, given torch views of `args_tf`.
+    run: the torch computation, given torch views of `args_tf`; returns a
+      nest of torch tensors (numbers and None allowed), or an `Outputs`.
     args_tf: flat list of TF tensors.
     name: for errors and graph op names.
     output_signature: optional nest of `tf.TensorSpec` of run's result.
-    extra: optional `extra(args_torch, result)` called in the forward after
-      `run` (e.g. to write back updated buffers); its return value is
-      appended to the outputs as a flat list of torch tensors.
     differentiable: optional list of bools, one per argument of `args_tf`:
       which get gradients (default: the floating ones).
 
   Returns:
-    The result of `run` as a nest of TF tensors (None leaves stay None), or
-    `(result, extra_outputs_tf)` when `extra` is given.
+    The result of `run` as a nest of TF tensors (None leaves stay None), or,
+    when `run` returns an `Outputs`, an `Outputs` of TF tensors.
   """
   layout = {}  # set by the first run: where the tensors sit in the result
 
   def flat_outputs(args_torch):
     result = run(args_torch)
+    extra = None
+    if isinstance(result, Outputs):
+      result, extra = result.result, result.extra
     if layout.get("single") and isinstance(result, torch.Tensor):
       outs_torch = [result]  # the common result, after the first call
     else:
       outs_torch = _flatten_result(result, name, layout)
+    names = layout.setdefault("extra_names",
+                              None if extra is None else list(extra))
     if extra is not None:
-      outs_torch = outs_torch + list(extra(args_torch, result))
+      if list(extra) != names:
+        raise RuntimeError(
+            f"{name}: the forward's extra outputs changed from {names} to "
+            f"{list(extra)} between runs of one traced call; this is a bug "
+            "in torchbridge, please report it.")
+      outs_torch = outs_torch + list(extra.values())
     return outs_torch
 
   if differentiable is None:
@@ -244,8 +267,6 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
   else:
     if output_signature is not None:
       out_specs = _flatten_signature(output_signature, layout)
-      if extra is not None:
-        raise ValueError("output_signature cannot be combined with extra")
     else:
       out_specs = _signature.infer(
           flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf],
@@ -254,8 +275,9 @@ def call_bridged(run, args_tf, name, output_signature=None, extra=None,
                            differentiable=differentiable, infer=infer)
   n_result = layout["n_tensors"]
   result = _pack_result(layout, outs_tf[:n_result])
-  if extra is not None:
-    return result, outs_tf[n_result:]
+  if layout.get("extra_names") is not None:
+    return Outputs(result, dict(zip(layout["extra_names"],
+                                    outs_tf[n_result:])))
   return result
 
 

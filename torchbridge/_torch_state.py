@@ -100,9 +100,6 @@ class TorchState:
     vars_tf = [tf.convert_to_tensor(self.variables[n]) for n in names]
     n_params, n_vars = len(self.param_names), len(names)
     mode_key = self._mode_key(training)
-    # (buffer name, torch tensor written by the forward), per thread: a traced
-    # function may run in several threads at once.
-    written = threading.local()
 
     def run(args_torch):
       with self._lock:
@@ -159,25 +156,20 @@ class TorchState:
       for n, t in reassigned.items():
         if n in buffers_torch:
           buffers_torch[n] = t
-      written.items = [(n, b) for n, b in buffers_torch.items()
-                       if n in known_mutated]
-      return result
-
-    def extra(args_torch, result):
-      del args_torch, result
-      return [b for _, b in written.items]
+      # The written buffers cross as extra outputs, to be assigned.
+      return _function.Outputs(result, {
+          n: b for n, b in buffers_torch.items() if n in known_mutated})
 
     differentiable = (
         [self.variables[n].trainable for n in self.param_names] +
         [False] * len(self.buffer_names) +
         [_bridge.is_differentiable(a.dtype) for a in call.args_tf])
-    result, written_tf = _function.call_bridged(
-        run, vars_tf + call.args_tf, self.name, extra=extra,
-        differentiable=differentiable)
-    self._mutated_buffers[mode_key] = frozenset(n for n, _ in written.items)
-    for (n, _), value_tf in zip(written.items, written_tf):
+    outputs = _function.call_bridged(
+        run, vars_tf + call.args_tf, self.name, differentiable=differentiable)
+    self._mutated_buffers[mode_key] = frozenset(outputs.extra)
+    for n, value_tf in outputs.extra.items():
       self.variables[n].assign(value_tf)
-    return result
+    return outputs.result
 
   def _mode_key(self, training):
     if isinstance(training, list):
