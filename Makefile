@@ -57,7 +57,7 @@ test-user:
 	cd tests && TORCHBRIDGE_USER_INSTALL=1 ../$(USER_PY) -P -m pytest -q \
 	  -p no:cacheprovider $(USER_TESTS)
 
-# QUICK=1: the under-a-minute smoke run (the test suite runs it too).
+# QUICK=1: the smoke run, 60-80 s here (the test suite runs it too).
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick --out benchmarks/results/quick)
 

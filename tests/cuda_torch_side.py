@@ -120,7 +120,7 @@ def main():
     seen.update(
         stream=torch.cuda.current_stream().cuda_stream,
         device=torch.cuda.current_device(),
-        gpu=native.current_gpu(),
+        gpu=native._placement.current_gpu(),
         input_ptr=a.data_ptr(), input_device=a.device)
     misaligned = torch.zeros(1025, device=gpu)[1:]
     return [a * 2, a.to(torch.int32), a.cpu(), a.reshape(32, 32).t(),
@@ -148,7 +148,7 @@ def _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu,
         f"the callback runs on the kernel's device (cuda:{device})")
   check(seen["input_ptr"] == x.data_ptr() and seen["input_device"] == gpu,
         "the input is a zero-copy view in GPU memory")
-  check(native.current_gpu() is None, "current_gpu() is None after the call")
+  check(native._placement.current_gpu() is None, "current_gpu() is None after the call")
   torch.cuda.synchronize(gpu)
   outs_torch = [torch_dlpack.from_dlpack(c) for c in outs]
   doubled, as_int, moved, strided, aligned, same = outs_torch

@@ -712,17 +712,50 @@ def nonzero_values(x):
   return x[x > 0][:count] * 2
 
 
-def test_code_that_cannot_run_on_meta_names_output_signature():
-  bridged = tb.torch_function(nonzero_values)
+def test_code_that_cannot_run_on_meta_runs_on_stand_ins():
+  # It reads values (.item()) and its output shape depends on them: the
+  # output specs come from real runs on stand-in values while tracing, and
+  # the data-dependent dimension stays unknown.
+  runs = []
+  bridged = tb.torch_function(lambda x: runs.append(x.is_meta) or
+                              nonzero_values(x), name="nonzero_values")
   x = tf.constant([1.0, -1.0, 3.0])
-  np.testing.assert_array_equal(bridged(x).numpy(), [2.0, 6.0])  # eager works
+  shapes = []
+
+  @tf.function
+  def traced(x):
+    y = bridged(x)
+    shapes.append(y.shape.as_list())
+    return y
+
+  np.testing.assert_array_equal(traced(x).numpy(), [2.0, 6.0])
+  np.testing.assert_array_equal(traced(tf.constant([-1.0, 5.0, 1.0]))
+                                .numpy(), [10.0, 2.0])
+  assert shapes == [[None]]
+  # Tracing: one meta run (failed), a run on ones, one on random values;
+  # then the two calls.
+  assert runs == [True, False, False, False, False]
+
+
+def picky(x):
+  """Reads a value (.item()) and fails on ones (a negative size)."""
+  return torch.zeros(int(x.sum().item()) - 100)
+
+
+def test_code_that_runs_neither_on_meta_nor_on_ones_names_output_signature():
+  bridged = tb.torch_function(picky)
   with pytest.raises(RuntimeError) as info:
-    tf.function(lambda x: bridged(x))(x)
-  message = str(info.value)
-  assert "nonzero_values" in message
-  assert "meta" in message
-  assert ".item()" in message
+    tf.function(lambda x: bridged(x))(tf.constant([1.0, 2.0]))
+  message = " ".join(str(info.value).split())
+  assert "picky" in message
+  assert "meta" in message and ".item()" in message
+  assert "stand-in values (ones)" in message and "negative" in message
   assert "output_signature" in message
+  # Declared, it runs.
+  declared = tb.torch_function(
+      picky, output_signature=tf.TensorSpec([None], tf.float32))
+  out = tf.function(lambda x: declared(x))(tf.constant([60.0, 50.0]))
+  assert out.shape == (10,)
 
 
 def test_output_signature(mode, in_mode):

@@ -15,8 +15,8 @@ import torchbridge as tb
 from conftest import random_tf
 from conftest import requires_gpu
 from conftest import rss_bytes
-from torchbridge import _bridge
 from torchbridge import _native
+from torchbridge import _saved
 
 
 # --- Calls that never get a backward keep nothing. ---
@@ -30,7 +30,7 @@ def test_ten_thousand_inference_calls_in_tf_function_leak_nothing():
     if not x.is_meta:
       # Records still alive while this call runs: its predecessors' would
       # pile up here if a forward without backward leaked.
-      live_records.append(len(_bridge._SAVED_BY_HANDLE))
+      live_records.append(len(_saved._SAVED_BY_HANDLE))
     return torch.tanh(x * scale + 1.0)
 
   # 64 KiB per output: 10,000 leaked outputs (and their autograd graphs)
@@ -56,7 +56,7 @@ def test_ten_thousand_inference_calls_in_tf_function_leak_nothing():
                              10000 * np.tanh(x.numpy() * 0.5 + 1.0), rtol=1e-9)
   assert len(live_records) == 10000
   assert max(live_records) <= 2
-  assert len(_bridge._SAVED_BY_HANDLE) == 0
+  assert len(_saved._SAVED_BY_HANDLE) == 0
   assert rss_growth < 64 * 2**20, f"RSS grew by {rss_growth / 2**20:.1f} MiB"
 
 
@@ -76,7 +76,7 @@ def test_tape_without_gradient_in_tf_function_keeps_nothing():
   for want_gradient in (False, True, False):
     y, grad = step(a, want_gradient)
     gc.collect()
-    assert len(_bridge._SAVED_BY_HANDLE) == 0
+    assert len(_saved._SAVED_BY_HANDLE) == 0
   np.testing.assert_allclose(y.numpy(), 3 * (1 + np.e), rtol=1e-6)
   np.testing.assert_allclose(step(a, True)[1].numpy(), 3 * np.exp([0.0, 1.0]),
                              rtol=1e-6)

@@ -470,7 +470,7 @@ def test_unregistered_callback_gives_clear_error():
     return _native.call(_identity, [x], [tf.float32])[0]
 
   graph = f.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
-  ids = list(graph._torchbridge_native_ids)  # pylint: disable=protected-access
+  ids = list(_native._ids_of_graph[graph])  # pylint: disable=protected-access
   saved = {i: _native._registry[i] for i in ids}  # pylint: disable=protected-access
   _native._release(ids)  # pylint: disable=protected-access
   try:

@@ -146,6 +146,22 @@ def _dtype_names(dtype_map):
                    .strip(">'") for d in dtype_map)
 
 
+def export_output(out_torch, index, gpu):
+  """Output `index` of a native op's torch callback as a DLPack capsule TF
+  can adopt (see `viewable_capsule`); the C++ kernel calls it for outputs it
+  cannot adopt as they are. Raises the error that says what is wrong."""
+  where = "the torch callback" if index is None else (
+      f"output {index} of the torch callback")
+  if out_torch is None:
+    raise TypeError(
+        f"{where} is None, but the graph uses it; return a torch.Tensor")
+  if not isinstance(out_torch, torch.Tensor):
+    raise TypeError(
+        f"{where} is a {type(out_torch).__name__}, not a torch.Tensor; "
+        "return it as a tensor, e.g. torch.tensor(value)")
+  return viewable_capsule(out_torch, gpu)
+
+
 def viewable_capsule(x_torch, gpu):
   """A DLPack capsule of `x_torch` as TF can adopt it (one counted copy if
   need be), for the native op's kernel on CUDA device `gpu` (None: the CPU

@@ -5,20 +5,20 @@ General strategy:
    arguments. Its floating arguments become torch leaves that require grad,
    so torch records the autograd graph while computing the outputs.
 2. The outputs go back to TF zero-copy. The torch outputs, leaves and graph
-   are kept in a `_Saved` record for the backward, which never re-runs the
-   forward: it computes a vector-Jacobian product on the saved graph
-   (`_vjp.vjp`, which is `torch.autograd.grad` with less overhead).
+   are kept in a `_saved.Saved` record for the backward, which never re-runs
+   the forward: it computes a vector-Jacobian product on the saved graph
+   (`_saved.backward`).
 3. The backward is itself a bridged call (its arguments: the upstream
    gradients and the forward's floating arguments; its torch leaves: fresh
    leaves for the upstream gradients and the forward's own leaves), so nested
    `GradientTape`s compose to any order.
-4. Eagerly, the `_Saved` record lives in the closure of the gradient function
-   that `tf.custom_gradient` hands to the tape, and dies with the tape. When no
+4. Eagerly, the `_saved.Saved` record lives in the closure of the gradient
+   function that `tf.custom_gradient` hands to the tape, and dies with the tape. When no
    tape is recording, no graph is built at all.
 5. Inside `tf.function`, the call is one stateful op (the native
    `TorchbridgeCall` op of csrc/, or a `tf.py_function`) that returns, besides
    the outputs, a one-byte handle tensor: a DLPack view of a torch tensor that
-   owns the `_Saved` record. TF keeps the handle exactly as long as a gradient
+   owns the `_saved.Saved` record. TF keeps the handle exactly as long as a gradient
    may still need it (not at all in an inference call, until the backward in a
    training call) and then frees it, which frees the record: no leak and no
    guessing whether a tape is active. The native op also tells the callback
@@ -28,7 +28,6 @@ General strategy:
 """
 
 import functools
-import weakref
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
@@ -37,44 +36,45 @@ from torchbridge import _adopt
 from torchbridge import _compat
 from torchbridge import _exchange
 from torchbridge import _native
+from torchbridge import _placement
+from torchbridge import _saved
+from torchbridge import _signature
 from torchbridge import _thread_state
-from torchbridge import _torch_thread
-from torchbridge import _vjp
-
-# Handle data pointer -> (`_Saved`, weak reference to the handle): the record
-# lives as long as the handle's Python object, which TF keeps alive while it
-# holds the handle (see `_own`).
-_SAVED_BY_HANDLE = {}
-
-
-class _Saved:
-  """Torch-side state of one bridged call, kept for its backward."""
-
-  __slots__ = ("outs_torch", "leaves_torch", "has_graph", "regraph",
-               "__weakref__")
-
-  def __init__(self, outs_torch, leaves_torch, has_graph, regraph=None):
-    # Flat torch outputs, and for each TF argument of the call the torch leaf
-    # that stands for it (None where the argument gets no gradient).
-    self.outs_torch = outs_torch
-    self.leaves_torch = leaves_torch
-    self.has_graph = has_graph
-    # Recomputes this record with an autograd graph, for the rare case (a
-    # second-order gradient inside tf.function) where it was made without.
-    self.regraph = regraph
-
 
 def is_differentiable(dtype):
   """Whether gradients flow through values of this TF dtype."""
   return tf.as_dtype(dtype).is_floating
 
 
+# Graph ops whose output no gradient reaches.
+_GRADIENT_STOPPERS = frozenset(("StopGradient", "PreventGradient"))
+
+
+def can_get_gradients(args_tf, differentiable):
+  """`differentiable`, narrowed to the arguments a gradient can be asked for.
+
+  Eagerly, the ones a tape watches (when no tape records, none: the call
+  builds no autograd graph); in a graph, those that are not the output of
+  `tf.stop_gradient`. torch then makes leaves only of those, so code that
+  torch cannot differentiate with respect to an unwatched argument (a
+  loss's target) runs under a tape too.
+  """
+  if tf.executing_eagerly():
+    if not _compat.tape_could_record():
+      return [False] * len(differentiable)
+    return [diff and _compat.tape_watches(a)
+            for a, diff in zip(args_tf, differentiable)]
+  return [diff and a.op.type not in _GRADIENT_STOPPERS
+          for a, diff in zip(args_tf, differentiable)]
+
+
 def call(compute, args_tf, out_specs=None, name="torch_call",
-         differentiable=None, infer=None):
+         differentiable=None, infer=None, specs_found=_signature.DECLARED):
   """Runs `compute` as one differentiable TF op on `args_tf`.
 
   Args:
-    compute: `compute(args_torch, record, unused=None) -> _Saved`, given
+    compute: `compute(args_torch, record, unused=None) -> _saved.Saved`,
+      given
       zero-copy torch views of the arguments; with `record` it must make the
       differentiable arguments torch leaves that require grad and build the
       autograd graph. In an inference call inside a graph (nothing consumes
@@ -88,19 +88,21 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
       gradients. Defaults to the floating ones.
     infer: optional `infer(args_torch) -> list of torch outputs`, the lean
       form of `compute` for inference calls inside a graph (no recording,
-      no `_Saved`; it runs with grad mode off). Defaults to `compute`'s
+      no `_saved.Saved`; it runs with grad mode off). Defaults to `compute`'s
       outputs.
+    specs_found: how `out_specs` were found, for the error of a call whose
+      outputs do not match them.
 
   Returns:
     Flat list of TF tensors.
   """
   if differentiable is None:
     differentiable = [is_differentiable(a.dtype) for a in args_tf]
-  _torch_thread.remember_threads()  # on the user's thread
+  _placement.remember_user_threads()  # on the user's thread
   if tf.executing_eagerly():
     return _call_eager(compute, args_tf, differentiable)
   return _call_graph(compute, args_tf, args_tf, out_specs, True, name,
-                     differentiable, infer)
+                     differentiable, infer, specs_found)
 
 
 def _call_eager(compute, args_tf, differentiable, n_used=None):
@@ -113,13 +115,13 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
   if not (_compat.tape_could_record() and any(differentiable)):
     with torch.no_grad():
       saved = compute(_views(args_tf[:n_used]), False)
-    return [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
+    return [_to_tf_or_none(o) for o in saved.outs_torch]
 
   @tf.custom_gradient
   def bridged(*args):
     with torch.enable_grad():
       saved = compute(_views(args[:n_used]), True)
-    outs_tf = [_exchange.tensor_to_tf(o) for o in saved.outs_torch]
+    outs_tf = [_to_tf_or_none(o) for o in saved.outs_torch]
 
     def grad(*dys_tf):
       # Gradients are themselves bridged calls, so an outer tape that
@@ -130,7 +132,8 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
       # forward's arguments, which only connect the tape (their torch leaves
       # live in `saved`).
       grads_tf = _call_eager(
-          functools.partial(_backward, saved, sel_out, diff_args),
+          functools.partial(_saved.backward, saved, sel_out, diff_args,
+                            none_ok=True),
           [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args],
           [True] * (len(sel_out) + len(diff_args)), n_used=len(sel_out))
       return _scatter(grads_tf, diff_args, len(args))
@@ -141,28 +144,27 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
 
 
 def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
-                differentiable, infer=None):
+                differentiable, infer=None, specs_found=_signature.DECLARED):
   """`compute` inside a graph, as one stateful op returning a handle too.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
   tensors the Python body receives (for a backward: the handle of the
   forward and the upstream gradients, not the forward's arguments, which
-  live on in its `_Saved` record).
+  live on in its `_saved.Saved` record).
   """
 
-  check_outputs = _OutputCheck(out_specs, name)
+  check_outputs = _OutputCheck(out_specs, name, specs_found)
 
   def run(py_args_torch, unused=None):
     # The tf.py_function path: handed to the torch thread from here.
-    return _torch_thread.run(run_here, py_args_torch, unused)
+    return _placement.run_graph_call(run_here, py_args_torch, unused)
 
   def run_native(py_args_torch, unused=None):
     # The native op's CPU kernel runs this on its torch thread already
     # (csrc/torch_thread.h); the GPU kernel's calls stay on TF's thread,
     # which holds TF's CUDA stream as torch's current stream (CUDA kernels
     # do not use torch's OpenMP teams).
-    if _native.current_gpu() is None:
-      _torch_thread.apply_threads()
+    _placement.prepare_native_call()
     return run_here(py_args_torch, unused)
 
   def run_here(py_args_torch, unused=None):
@@ -188,7 +190,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
       return [None] + outs_torch
     handle_torch = torch.empty(1, dtype=torch.int8,
                                device=_handle_device(outs_torch))
-    _own(handle_torch, saved)
+    _saved.own(handle_torch, saved)
     return [handle_torch] + outs_torch
 
   @tf.custom_gradient
@@ -202,7 +204,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
       sel_out, diff_args = _grad_positions(out_specs, differentiable, dys_tf)
 
       def compute_bwd(py_args_torch, rec, unused=None):
-        saved = _lookup(py_args_torch[0])
+        saved = _saved.lookup(py_args_torch[0])
         # Output k + 1 of this op is the gradient of argument diff_args[k];
         # the native op says which ones nothing consumes (e.g. those of
         # inputs no tape watches): those are not computed, unless a
@@ -210,7 +212,8 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
         # consumes the handle, output 0, and `unused` is not passed), which
         # reaches them through torch's graph rather than through TF's edges.
         skip = [k - 1 for k in unused or () if k > 0]
-        return _backward(saved, sel_out, diff_args, py_args_torch[1:], rec,
+        return _saved.backward(saved, sel_out, diff_args, py_args_torch[1:],
+                               rec,
                          skip)
 
       dys_sel_tf = [dys_tf[i] for i in sel_out]
@@ -246,7 +249,8 @@ def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
   tensors, both through DLPack, and calls `run`.
   """
   if _native.available():
-    # Output 0 is the handle, whose Python object owns the `_Saved` record.
+    # Output 0 is the handle, whose Python object owns the `_saved.Saved`
+    # record.
     return _native.call(run_native, inputs_tf, out_dtypes, out_shapes, name=name,
                         torch_tensors=True, whole_tensor_outputs=[0])
 
@@ -261,13 +265,18 @@ def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
   return outs_tf
 
 
+def _to_tf_or_none(out_torch):
+  # None: a gradient torch cannot give (see _saved.backward).
+  return None if out_torch is None else _exchange.tensor_to_tf(out_torch)
+
+
 def _views(tensors_tf):
   return [_exchange.tensor_to_torch(t) for t in tensors_tf]
 
 
 def _handle_device(outs_torch):
   """Where the handle lives: on the op's device, so TF never moves it."""
-  gpu = _native.current_gpu()
+  gpu = _placement.current_gpu()
   if gpu is not None:
     return torch.device("cuda", gpu)
   return next((o.device for o in outs_torch if o is not None and o.is_cuda),
@@ -295,75 +304,6 @@ def _scatter(grads_tf, positions, n):
   return result
 
 
-def _backward(saved, sel_out, diff_args, dys_torch, record, skip=()):
-  """The vector-Jacobian product of a saved call, as a new `_Saved`.
-
-  `dys_torch` are torch views of the upstream gradients of the outputs
-  `sel_out`; the result holds the gradients of the arguments `diff_args`,
-  None at the positions `skip` (gradients nothing consumes).
-  """
-  if not saved.has_graph:
-    saved = saved.regraph()
-  if record:
-    dys_torch = [dy.requires_grad_() for dy in dys_torch]
-  leaves = [saved.leaves_torch[j] for j in diff_args]
-  wanted = [k for k in range(len(leaves)) if k not in skip]
-  # Outputs torch computed without a graph (detached, integer-valued paths)
-  # contribute nothing, nor do outputs a backward left out (None).
-  pairs = [(saved.outs_torch[i], dy) for i, dy in zip(sel_out, dys_torch)
-           if saved.outs_torch[i] is not None and
-           saved.outs_torch[i].requires_grad]
-  grads_torch = [None] * len(leaves)
-  grad_mode = torch.is_grad_enabled()
-  torch.set_grad_enabled(True)
-  try:
-    if pairs and wanted:
-      grads_wanted = _vjp.vjp([o for o, _ in pairs],
-                              [leaves[k] for k in wanted],
-                              [dy for _, dy in pairs], create_graph=record)
-    else:
-      grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
-  finally:
-    torch.set_grad_enabled(grad_mode)
-  for k, grad in zip(wanted, grads_wanted):
-    grads_torch[k] = grad
-  # Made without a graph, the record can make itself again with one (and
-  # every gradient), should a second-order gradient ask for it.
-  regraph = None if record else functools.partial(
-      _backward, saved, sel_out, diff_args, dys_torch, True)
-  return _Saved(grads_torch, dys_torch + leaves, has_graph=record,
-                regraph=regraph)
-
-
-def _own(handle_torch, saved):
-  """Makes `handle_torch` own `saved`.
-
-  TF holds the handle's torch tensor whole (the native op's
-  whole_tensor_outputs; torch's DLPack export on the tf.py_function path),
-  and torch keeps its Python object alive as long as TF does; when that
-  object dies, the weak reference's callback drops the record.
-  """
-  key = handle_torch.data_ptr()
-
-  def forget(ref):
-    # Only this handle's own entry (a later handle may reuse the address).
-    if _SAVED_BY_HANDLE.get(key, (None, None))[1] is ref:
-      _SAVED_BY_HANDLE.pop(key, None)
-
-  _SAVED_BY_HANDLE[key] = (saved, weakref.ref(handle_torch, forget))
-
-
-def _lookup(handle_torch):
-  saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
-  if saved is None:
-    raise RuntimeError(
-        "torchbridge lost the saved torch state of a forward call before its "
-        "backward ran (the handle tensor was copied or freed early). This is "
-        "a bug in torchbridge; please report it with the code that "
-        "triggered it.")
-  return saved
-
-
 class _OutputCheck:
   """Checks a call's torch outputs against the specs declared at trace time.
 
@@ -371,9 +311,10 @@ class _OutputCheck:
   every run.
   """
 
-  def __init__(self, out_specs, name):
+  def __init__(self, out_specs, name, specs_found):
     self._specs = out_specs
     self._name = name
+    self._found = specs_found
     # (torch dtype, whether the shape is fully known, its dims as a tuple
     # with None for unknown ones, or None for an unknown rank).
     self._expected = [
@@ -400,7 +341,7 @@ class _OutputCheck:
           break
       else:
         return
-    _check_outputs(outs_torch, self._specs, self._name)
+    _check_outputs(outs_torch, self._specs, self._name, self._found)
 
 
 def _dims_match(dims, shape):
@@ -410,7 +351,7 @@ def _dims_match(dims, shape):
       d is None or d == n for d, n in zip(dims, shape))
 
 
-def _check_outputs(outs_torch, out_specs, name):
+def _check_outputs(outs_torch, out_specs, name, found):
   """Raises the error that says how the outputs differ from the specs."""
   if len(outs_torch) != len(out_specs):
     raise ValueError(
@@ -423,12 +364,29 @@ def _check_outputs(outs_torch, out_specs, name):
     if out.dtype != _adopt.torch_dtype(spec.dtype):
       raise TypeError(
           f"{name} output {k} has dtype {out.dtype}, but {spec.dtype.name} "
-          "was declared when the tf.function was traced (by output_signature "
-          "or by running the code on meta tensors). Return the declared "
-          "dtype, or fix output_signature.")
+          f"was declared when the tf.function was traced ({found}). "
+          f"{_WAY_OUT[found]}")
     if not spec.shape.is_compatible_with(out.shape):
       raise ValueError(
           f"{name} output {k} has shape {tuple(out.shape)}, but "
-          f"{spec.shape} was declared when the tf.function was traced (by "
-          "output_signature or by running the code on meta tensors). Fix "
-          "output_signature, or mark data-dependent dimensions as None.")
+          f"{spec.shape} was declared when the tf.function was traced "
+          f"({found}). {_WAY_OUT[found]}")
+
+
+# What to do when a call's outputs differ from the specs, by how the specs
+# were found.
+_WAY_OUT = {
+    _signature.META: (
+        "Torch's meta kernel of an op in this code gives another shape or "
+        "dtype than its CPU/CUDA kernel, or the shape depends on the values. "
+        "Declare the outputs: pass output_signature= (None for dimensions "
+        "that vary) to tb.torch_function / tb.TorchModule / TorchLayer."),
+    _signature.REAL: (
+        "The shape depends on the values, which the stand-in run could not "
+        "know. Declare the outputs: pass output_signature= (None for "
+        "dimensions that vary) to tb.torch_function / tb.TorchModule / "
+        "TorchLayer."),
+    _signature.DECLARED: (
+        "Return what output_signature declares, or fix output_signature "
+        "(None for dimensions that vary)."),
+}

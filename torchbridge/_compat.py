@@ -60,6 +60,18 @@ def tape_could_record():
 
 
 @functools.cache
+def _should_record():
+  return _attribute("tensorflow.python.eager.record", "should_record_backprop",
+                    "TensorFlow")
+
+
+def tape_watches(tensor_tf):
+  """Whether a recording tape watches `tensor_tf` (eagerly), so that a
+  gradient with respect to it can be asked for."""
+  return _should_record()([tensor_tf])
+
+
+@functools.cache
 def _xla_context_test():
   return _attribute("tensorflow.python.ops.control_flow_util",
                     "GraphOrParentsInXlaContext", "TensorFlow")

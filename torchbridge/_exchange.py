@@ -6,6 +6,7 @@ import torch.utils.dlpack as torch_dlpack
 import tensorflow as tf
 
 from torchbridge import _adopt
+from torchbridge import _placement
 from torchbridge import _stats
 
 _UNSUPPORTED_TF_KINDS = (
@@ -170,10 +171,7 @@ def tensor_to_tf(x_torch, copied=False):
   here, so the exchange is counted as a copy even when TF can view it.
   """
   x_torch = _adopt.tf_viewable(x_torch, copied)
-  if x_torch.is_cuda:
-    # TF's DLPack import does no synchronization: make sure the kernels that
-    # wrote this buffer on torch's stream are done before TF reads it.
-    torch.cuda.current_stream(x_torch.device).synchronize()
+  _placement.ready_for_tf(x_torch)  # TF's DLPack import does not wait
   return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(x_torch))
 
 

@@ -14,6 +14,7 @@ from torchbridge import _bridge
 from torchbridge import _adopt
 from torchbridge import _compat
 from torchbridge import _exchange
+from torchbridge import _saved
 from torchbridge import _signature
 
 _XLA_UNSUPPORTED = """\
@@ -98,15 +99,8 @@ class TorchFunction:
           inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
           inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
     self._fn = fn
-    self._output_signature = output_signature
-    if output_signature is not None:
-      for spec in tf.nest.flatten(output_signature):
-        if not isinstance(spec, tf.TensorSpec):
-          raise TypeError(
-              f"torch_function() output_signature must hold tf.TensorSpec "
-              f"leaves, got {spec!r}. Example: output_signature="
-              "(tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([], "
-              "tf.int64)).")
+    self._output_signature = check_output_signature(output_signature,
+                                                    "torch_function()")
     self._name = name or getattr(fn, "__name__", None) or type(fn).__name__
 
   def __get__(self, instance, owner=None):
@@ -184,6 +178,19 @@ def bind_arguments(name, structure):
   return _BoundCall(structure, flat, positions, args_tf)
 
 
+def check_output_signature(output_signature, owner):
+  """Returns `output_signature` if it is None or a nest of tf.TensorSpec;
+  raises a TypeError that shows the form otherwise."""
+  if output_signature is not None:
+    for spec in tf.nest.flatten(output_signature):
+      if not isinstance(spec, tf.TensorSpec):
+        raise TypeError(
+            f"{owner} output_signature must hold tf.TensorSpec leaves, got "
+            f"{spec!r}. Example: output_signature=(tf.TensorSpec([None, 4], "
+            "tf.float32), tf.TensorSpec([], tf.int64)).")
+  return output_signature
+
+
 def check_not_xla(name):
   """Raises if the graph being traced is compiled by XLA."""
   if _compat.in_xla_context():
@@ -206,7 +213,7 @@ class Outputs:
 
 @tf.autograph.experimental.do_not_convert
 def call_bridged(run, args_tf, name, output_signature=None,
-                 differentiable=None):
+                 differentiable=None, extra_signature=None, stand_ins=None):
   """Calls `run(args_torch) -> result` through the bridge.
 
   Args:
@@ -216,7 +223,15 @@ def call_bridged(run, args_tf, name, output_signature=None,
     name: for errors and graph op names.
     output_signature: optional nest of `tf.TensorSpec` of run's result.
     differentiable: optional list of bools, one per argument of `args_tf`:
-      which get gradients (default: the floating ones).
+      which may get gradients (default: the floating ones). Of those, only
+      the ones a gradient can be asked for become torch leaves: eagerly, the
+      arguments a tape watches; in a graph, those not under
+      `tf.stop_gradient`.
+    extra_signature: with `output_signature`, the `tf.TensorSpec`s of the
+      `Outputs.extra` that `run` returns, by name.
+    stand_ins: optional list, one per argument: None, or a callable giving
+      the torch tensor to use for it if the output specs must be found by
+      running `run` for real while tracing (see `_signature`).
 
   Returns:
     The result of `run` as a nest of TF tensors (None leaves stay None), or,
@@ -246,14 +261,35 @@ def call_bridged(run, args_tf, name, output_signature=None,
 
   if differentiable is None:
     differentiable = [_bridge.is_differentiable(a.dtype) for a in args_tf]
+  differentiable = _bridge.can_get_gradients(args_tf, differentiable)
 
   no_leaves = [None] * len(args_tf)
 
+  # Positions of arguments torch refused to record a gradient for (a loss's
+  # target: "not differentiable with respect to argument 'target'"),
+  # learnt on a first failing call; they get no gradient (None eagerly,
+  # zeros from a graph).
+  refused = set()
+
   def compute(args_torch, record, unused=None):  # pylint: disable=unused-argument
-    leaves = ([a.requires_grad_() if diff else None
-               for a, diff in zip(args_torch, differentiable)] if record else
-              no_leaves)
-    return _bridge._Saved(infer(args_torch), leaves, has_graph=record)
+    if not record:
+      return _saved.Saved(infer(args_torch), no_leaves, has_graph=False)
+    leaves = [a.requires_grad_(k not in refused) if diff else None
+              for k, (a, diff) in enumerate(zip(args_torch, differentiable))]
+    while True:
+      try:
+        return _saved.Saved(infer(args_torch), leaves, has_graph=True)
+      except RuntimeError as err:
+        # The message names the argument, not its position: take the
+        # differentiable arguments out from the last (targets come last)
+        # until torch accepts the call.
+        left = [k for k, leaf in enumerate(leaves)
+                if leaf is not None and leaf.requires_grad]
+        if "is not differentiable with respect to" not in str(err) or \
+            not left:
+          raise
+        refused.add(left[-1])
+        leaves[left[-1]].requires_grad_(False)
 
   def infer(args_torch):  # compute's outputs alone (inference in a graph)
     outs_torch = flat_outputs(args_torch)
@@ -267,12 +303,17 @@ def call_bridged(run, args_tf, name, output_signature=None,
   else:
     if output_signature is not None:
       out_specs = _flatten_signature(output_signature, layout)
+      how = _signature.DECLARED
+      if extra_signature is not None:
+        layout["extra_names"] = list(extra_signature)
+        out_specs = out_specs + list(extra_signature.values())
     else:
-      out_specs = _signature.infer(
+      out_specs, how = _signature.infer(
           flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf],
-          name)
+          name, stand_ins)
     outs_tf = _bridge.call(compute, args_tf, out_specs, name=op_name,
-                           differentiable=differentiable, infer=infer)
+                           differentiable=differentiable, infer=infer,
+                           specs_found=how)
   n_result = layout["n_tensors"]
   result = _pack_result(layout, outs_tf[:n_result])
   if layout.get("extra_names") is not None:

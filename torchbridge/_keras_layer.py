@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from torchbridge import _compat
+from torchbridge import _function
 from torchbridge import _module_checks
 from torchbridge import _torch_state
 
@@ -64,6 +65,10 @@ class TorchLayer(keras.layers.Layer):
 
   Args:
     module: the torch module, with all parameters initialized.
+    output_signature: optional `tf.TensorSpec` or nest of them, the
+      forward's result (None for unknown dimensions): declared, nothing is
+      inferred while tracing (see `tb.TorchModule`); every buffer is then
+      written back after each call. Not part of the layer's config.
     **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
       defaults to the dtype of the module's floating parameters, and must
       match it when given (Keras casts floating inputs to it).
@@ -78,7 +83,7 @@ class TorchLayer(keras.layers.Layer):
     ['linear/weight', 'linear/bias']
   """
 
-  def __init__(self, module, **kwargs):
+  def __init__(self, module, output_signature=None, **kwargs):
     name = kwargs.get("name") or "torch_layer"
     _module_checks.check_module(module, f"TorchLayer {name!r}")
     if not any(True for _ in module.parameters()) and \
@@ -90,6 +95,8 @@ class TorchLayer(keras.layers.Layer):
     super().__init__(**kwargs)
     _check_dtype(self, module_dtype)
     self.supports_jit = False
+    self._output_signature = _function.check_output_signature(
+        output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(
         module, self.name, self._make_weight)
     # Tracked by torch name, in a trackable holder, so that
@@ -119,7 +126,8 @@ class TorchLayer(keras.layers.Layer):
     return self._torch_state.sync_torch()
 
   def call(self, *args, training=None, **kwargs):
-    return self._torch_state.call(args, kwargs, training)
+    return self._torch_state.call(args, kwargs, training,
+                                  self._output_signature)
 
   def get_weights_by_name(self):
     """The weights as `{torch state_dict name: np.ndarray}`."""

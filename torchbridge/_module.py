@@ -5,6 +5,7 @@ import re
 import tensorflow as tf
 
 from torchbridge import _compat
+from torchbridge import _function
 from torchbridge import _module_checks
 from torchbridge import _torch_state
 
@@ -33,6 +34,13 @@ class TorchModule(tf.Module):
   The weights are held once: the torch module's own tensors become views
   of the variables between calls (see `torch_module`).
 
+  Inside `tf.function`, the output shapes are found while tracing: on meta
+  tensors (nothing computed), else, for code that meta tensors cannot run
+  (it reads values, as Hugging Face models' masking does), by running the
+  forward on stand-in values of the traced shapes; or they are declared,
+  `output_signature=` (a `tf.TensorSpec` or nest of them as the forward
+  returns; every buffer is then written back after each call).
+
   `torch_module` gives back the torch module holding the current TF values;
   `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
 
@@ -52,25 +60,28 @@ class TorchModule(tf.Module):
     True
   """
 
-  def __init__(self, module, name=None):
+  def __init__(self, module, name=None, output_signature=None):
     _module_checks.check_is_module(module, "TorchModule(module)")
+    _function.check_output_signature(output_signature, "TorchModule()")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(
           module, f"TorchModule {self.name!r}", _make_variable)
-    self._init_untracked(state)
+    self._init_untracked(state, output_signature)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
-  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state",)).union(
-      tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
+      ("_state", "_output_signature")).union(
+          tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   @_compat.no_dependency_tracking
-  def _init_untracked(self, state):
+  def _init_untracked(self, state, output_signature):
     state.name = self.name  # errors raised by calls name the module
     self._state = state
+    self._output_signature = output_signature
 
   @property
   def torch_module(self):
@@ -100,18 +111,20 @@ class TorchModule(tf.Module):
     Returns:
       The forward's result with TF tensors in place of torch tensors.
     """
-    return self._state.call(args, kwargs, training)
+    return self._state.call(args, kwargs, training, self._output_signature)
 
   def __deepcopy__(self, memo):
     """An independent TorchModule around a deep copy of the torch module,
     starting from this one's current values (as a tf.Module copies)."""
     import copy  # pylint: disable=import-outside-toplevel
     module_copy = copy.deepcopy(self.torch_module, memo)
-    return _rebuild_torch_module(type(self), module_copy, self.name)
+    return _rebuild_torch_module(type(self), module_copy, self.name,
+                                 self._output_signature)
 
   def __reduce__(self):
     # Pickled as its torch module (holding the current values) and name.
-    return (_rebuild_torch_module, (type(self), self.torch_module, self.name))
+    return (_rebuild_torch_module, (type(self), self.torch_module, self.name,
+                                    self._output_signature))
 
   def get_weights(self):
     """The state as `{torch state_dict name: np.ndarray}`.
@@ -145,9 +158,10 @@ class TorchModule(tf.Module):
     self._state.set_weights(weights)
 
 
-def _rebuild_torch_module(cls, module, name):
+def _rebuild_torch_module(cls, module, name, output_signature=None):
   wrapper = cls.__new__(cls)
-  TorchModule.__init__(wrapper, module, name=name)
+  TorchModule.__init__(wrapper, module, name=name,
+                       output_signature=output_signature)
   return wrapper
 
 

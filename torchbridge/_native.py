@@ -33,6 +33,7 @@ import torch.utils.dlpack as torch_dlpack
 from torchbridge import _adopt
 from torchbridge import _compat
 from torchbridge import _native_build
+from torchbridge import _placement
 from torchbridge import _stats
 
 _LOG = logging.getLogger("torchbridge")
@@ -59,7 +60,7 @@ def load():
   Thread-safe; the build also holds a file lock, so concurrent processes
   build once.
   """
-  global _library, _tried, _status
+  global _library, _tried, _status, _interop
   if _tried:
     return _library
   with _load_lock:
@@ -73,7 +74,9 @@ def load():
       try:
         path = _native_build.build_or_reuse()
         _library = tf.load_op_library(str(path))
-        _connect(path)
+        _interop = _native_build.connect(
+            path, dispatch=_dispatch, registry=_registry,
+            export_output=_adopt.export_output)
         # The op has no gradient of its own: callers wrap it in
         # tf.custom_gradient. Declared non-differentiable, a tape around a
         # tf.function that holds it gives None gradients instead of failing
@@ -91,31 +94,6 @@ def load():
         _LOG.warning(_status)
     _tried = True
     return _library
-
-
-def _connect(path):
-  """Hands the library the Python functions it calls and reads its C entry
-  points; raises if its constants disagree with the Python side's."""
-  global _interop
-  import ctypes  # pylint: disable=import-outside-toplevel
-  # The op library is loaded already; these open the same handle. PyDLL
-  # keeps the GIL during the call, as torchbridge_set_python_hooks needs.
-  handle = ctypes.CDLL(str(path))
-  with_gil = ctypes.PyDLL(str(path))
-  alignment = handle.torchbridge_alignment
-  alignment.restype = ctypes.c_int64
-  dtype_table = handle.torchbridge_dtype_table
-  dtype_table.restype = ctypes.c_char_p
-  _adopt.check_native_constants(alignment(), dtype_table().decode())
-  set_hooks = with_gil.torchbridge_set_python_hooks
-  set_hooks.argtypes = [ctypes.py_object] * 3
-  set_hooks.restype = ctypes.c_int
-  set_hooks(_dispatch, _registry, _export_output)
-  _interop = bool(handle.torchbridge_has_torch_interop())
-  count = handle.torchbridge_zero_copy_count
-  count.restype = ctypes.c_int64
-  count.argtypes = []
-  _stats.add_zero_copy_source(count)
 
 
 def has_torch_interop():
@@ -223,30 +201,19 @@ def _dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
   try:
     if cuda_stream is None:
       return callback(*args)
-    stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
-    outer = getattr(_op_call, "device", None)
-    _op_call.device = cuda_device
-    try:
-      with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
-        outs = callback(*args)
-        # Torch tensors (the torch_tensors op) become capsules here, where
-        # any copy this takes is queued on TF's stream.
-        return [_to_capsule(o) if isinstance(o, torch.Tensor) else o
-                for o in outs]
-    finally:
-      _op_call.device = outer
+    with _placement.on_tf_stream(cuda_stream, cuda_device):
+      outs = callback(*args)
+      # Torch tensors (the torch_tensors op) become capsules here, where
+      # any copy this takes is queued on TF's stream.
+      return [_to_capsule(o) if isinstance(o, torch.Tensor) else o
+              for o in outs]
   finally:
     _op_call.unused = outer_unused
 
 
-# Set while a kernel's callback runs on this thread: the op's unused outputs,
-# and for the GPU kernel its CUDA device.
+# Set while a kernel's callback runs on this thread: the op's unused outputs
+# (the GPU kernel's device is `_placement.current_gpu()`).
 _op_call = threading.local()
-
-
-def current_gpu():
-  """The CUDA device index of the GPU kernel calling back on this thread."""
-  return getattr(_op_call, "device", None)
 
 
 def unused_outputs():
@@ -379,7 +346,7 @@ def torch_callback(fn):
   def callback(capsules):
     args = [_from_dlpack(c) for c in capsules]
     outs = fn(args, getattr(_op_call, "unused", None))
-    if getattr(_op_call, "device", None) is not None:
+    if _placement.current_gpu() is not None:
       capsules_out = [_to_capsule(o) for o in outs]
       _stats.count_zero_copy(len(args))
       return capsules_out
@@ -401,25 +368,7 @@ def torch_callback(fn):
   return callback
 
 
-def _export_output(out_torch, index, gpu):
-  """Called by the CPU kernel of a torch_tensors op for an output it cannot
-  adopt as it is: a DLPack capsule TF can adopt (see `_to_capsule`)."""
-  if out_torch is None:
-    raise TypeError(
-        f"output {index} of the torch callback is None, but the graph uses "
-        "it; return a torch.Tensor")
-  if not isinstance(out_torch, torch.Tensor):
-    raise TypeError(
-        f"output {index} of the torch callback is a "
-        f"{type(out_torch).__name__}, not a torch.Tensor; return it as a "
-        "tensor, e.g. torch.tensor(value)")
-  return _adopt.viewable_capsule(out_torch, gpu)
-
-
 def _to_capsule(x_torch):
   if x_torch is None:
     return None  # the kernel accepts it only for an unused output
-  if not isinstance(x_torch, torch.Tensor):
-    raise TypeError(f"torch code returned a {type(x_torch).__name__}, not a "
-                    "torch.Tensor")
-  return _adopt.viewable_capsule(x_torch, current_gpu())
+  return _adopt.export_output(x_torch, None, _placement.current_gpu())

@@ -14,6 +14,7 @@ runs at import.
 """
 
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
@@ -26,6 +27,9 @@ from pathlib import Path
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
+
+from torchbridge import _adopt
+from torchbridge import _stats
 
 _LOG = logging.getLogger("torchbridge")
 
@@ -105,6 +109,36 @@ def build_or_reuse():
       os.chmod(output, 0o755)  # a shared cache reads it
       os.replace(output, target)
   return target
+
+
+def connect(path, *, dispatch, registry, export_output):
+  """Links the loaded library at `path` to Python; whether it has
+  csrc/torch_interop.cc.
+
+  Checks that its constants (csrc/adopt_rules.h) agree with
+  torchbridge/_adopt.py, hands it the Python functions it calls (once, as
+  TF's py_func registers its trampoline) and adds its zero-copy counter to
+  `exchange_stats()`. Raises RuntimeError on a disagreement.
+  """
+  # The op library is loaded already (tf.load_op_library); these open the
+  # same handle. PyDLL keeps the GIL during the call, as
+  # torchbridge_set_python_hooks needs.
+  handle = ctypes.CDLL(str(path))
+  with_gil = ctypes.PyDLL(str(path))
+  alignment = handle.torchbridge_alignment
+  alignment.restype = ctypes.c_int64
+  dtype_table = handle.torchbridge_dtype_table
+  dtype_table.restype = ctypes.c_char_p
+  _adopt.check_native_constants(alignment(), dtype_table().decode())
+  set_hooks = with_gil.torchbridge_set_python_hooks
+  set_hooks.argtypes = [ctypes.py_object] * 3
+  set_hooks.restype = ctypes.c_int
+  set_hooks(dispatch, registry, export_output)
+  count = handle.torchbridge_zero_copy_count
+  count.restype = ctypes.c_int64
+  count.argtypes = []
+  _stats.add_zero_copy_source(count)
+  return bool(handle.torchbridge_has_torch_interop())
 
 
 def _torch_interop_flags(sources):

@@ -1,4 +1,24 @@
-"""Output signatures of torch code, found without computing anything."""
+"""Output signatures of torch code, found while a tf.function traces it.
+
+First on torch's "meta" tensors (shape-only: nothing is computed). Code that
+meta tensors cannot run (it reads values with `.item()` or `.tolist()`,
+checks values, has data-dependent shapes, or uses an op without a meta
+kernel) is then run for real on stand-in values of the traced shapes:
+ones for the arguments (every integer 1: valid token ids, lengths, HF
+attention masks and class indices; every bool False: torch's boolean masks
+mask nothing) and the current values of a module's
+parameters and buffers (`stand_ins`); then once more with random floating
+arguments (integers stay 1), so that an output dimension that depends on
+floating values (`x[x > 0]`) comes out unknown rather than wrong. The real
+runs happen under `torch.no_grad()`, with torch's random state saved and
+restored, so the traced calls draw the same random numbers as without them.
+
+Unknown TF dimensions are tried at two sizes; an output dimension that
+comes out the same for every run is static, one that changes stays unknown.
+A dimension that depends on integer values can still come out wrong; such a
+mismatch at run time fails the call with an error that names the way out
+(`output_signature`).
+"""
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
@@ -10,21 +30,26 @@ from torchbridge import _adopt
 # that comes out the same for both is static; one that changes stays unknown.
 _PROBE_SIZES = (2, 3)
 
-_META_FAILED = """\
-torchbridge could not find the output shapes of {name} by running it on
-"meta" tensors (torch's shape-only device) while tracing the tf.function:
-  {error_type}: {error}
-Code that reads tensor values (`.item()`, `.tolist()`, numpy), or whose output
-shapes depend on the data, cannot run on meta tensors. Declare the outputs
-instead, with TensorSpecs in the structure the function returns and None for
-unknown dimensions, e.g.:
-  tb.torch_function(fn, output_signature=tf.TensorSpec([None, 4], tf.float32))"""
+# How the specs were found (for the errors of later calls).
+META = "by running it on meta tensors"
+REAL = "by running it on stand-in values (ones) of the traced shapes"
+DECLARED = "by output_signature"
 
+_BOTH_FAILED = """\
+torchbridge could not find the output shapes of {name} while tracing the
+tf.function. On "meta" tensors (torch's shape-only device) it failed with
+  {meta_type}: {meta_error}
+and on stand-in values (ones) of the traced shapes with
+  {real_type}: {real_error}
+Declare the outputs instead, with TensorSpecs in the structure the function
+returns and None for unknown dimensions, e.g.
+  tb.torch_function(fn, output_signature=tf.TensorSpec([None, 4], tf.float32))
+  tb.TorchModule(module, output_signature=tf.TensorSpec([None, 4], tf.float32))"""
 
 _TRACE_FAILED = """\
-{name} failed while tf.function traced it (torchbridge runs the torch code on
-shape-only "meta" tensors to learn its output shapes), on arguments of shapes
-and dtypes {inputs}:
+{name} failed while tf.function traced it (torchbridge runs the torch code
+{how} to learn its output shapes), on arguments of shapes and dtypes
+{inputs}:
   {error_type}: {error}"""
 
 
@@ -49,17 +74,20 @@ class ResultError(TypeError):
   __init__ = Exception.__init__
 
 
-def infer(run, args_specs, name):
-  """Runs `run(args_meta)` on meta tensors, returns its outputs' TensorSpecs.
+def infer(run, args_specs, name, stand_ins=None):
+  """Runs `run` on stand-ins of `args_specs`; its outputs' TensorSpecs.
 
   Args:
     run: `run(args_torch) -> list of torch tensors`.
     args_specs: `tf.TensorSpec`s of the arguments, possibly with unknown
       dimensions.
     name: the function's name, for errors.
+    stand_ins: optional list, one per argument: None, or a callable
+      returning the real torch tensor to use for it (a module's weights)
+      when the code must run for real.
 
   Returns:
-    One `tf.TensorSpec` per output.
+    (one `tf.TensorSpec` per output, how they were found: META or REAL).
   """
   unknown_rank = [s for s in args_specs if s.shape.rank is None]
   if unknown_rank:
@@ -70,29 +98,83 @@ def infer(run, args_specs, name):
         "output_signature= to tb.torch_function.")
   dynamic = any(None in s.shape.as_list() for s in args_specs)
   probes = _PROBE_SIZES if dynamic else _PROBE_SIZES[:1]
-  outs_by_probe = []
-  for size in probes:
-    args_meta = [
-        torch.empty([size if d is None else d for d in s.shape.as_list()],
-                    dtype=_adopt.torch_dtype(s.dtype), device="meta")
-        for s in args_specs
-    ]
+  try:
+    outs = [_run_meta(run, args_specs, size) for size in probes]
+    how = META
+  except ResultError:
+    raise  # the result itself is wrong: output_signature would not help
+  except Exception as meta_err:  # any failure of user code on meta tensors
     try:
-      with torch.no_grad(), _compiled.run_uncompiled():
-        outs_by_probe.append(run(args_meta))
+      with torch.random.fork_rng(devices=[]):
+        outs = [_run_real(run, args_specs, size, stand_ins)
+                for size in probes]
+        try:
+          outs.append(_run_real(run, args_specs, probes[0], stand_ins,
+                                random_floats=True))
+        except Exception:  # pylint: disable=broad-except
+          # The code wants its floating values as they were: the shapes
+          # seen so far stand.
+          pass
+      how = REAL
     except ResultError:
-      raise  # the result itself is wrong: output_signature would not help
-    except Exception as err:  # any failure of user code on meta tensors
-      if _is_meta_limitation(err):
-        raise RuntimeError(_META_FAILED.format(
-            name=name, error_type=type(err).__name__, error=err)) from err
-      # An error the inputs would cause on real tensors too (a wrong shape
-      # or dtype): the user's error, in its own type, said to come from
-      # tracing.
-      raise _same_type(err, _TRACE_FAILED.format(
-          name=name, error_type=type(err).__name__, error=err,
-          inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}"
-                           for s in args_specs))) from err
+      raise
+    except Exception as real_err:  # pylint: disable=broad-except
+      if not _is_meta_limitation(meta_err):
+        # The inputs' own error (a wrong shape or dtype), in its own type.
+        raise _trace_error(meta_err, name, args_specs, META) from meta_err
+      raise RuntimeError(_BOTH_FAILED.format(
+          name=name, meta_type=type(meta_err).__name__,
+          meta_error=_one_line(meta_err),
+          real_type=type(real_err).__name__,
+          real_error=_one_line(real_err))) from real_err
+  return _specs(outs, name), how
+
+
+def _shape(spec, size):
+  return [size if d is None else d for d in spec.shape.as_list()]
+
+
+def _run_meta(run, args_specs, size):
+  args_meta = [torch.empty(_shape(s, size), dtype=_adopt.torch_dtype(s.dtype),
+                           device="meta") for s in args_specs]
+  with torch.no_grad(), _compiled.run_uncompiled():
+    return run(args_meta)
+
+
+def _run_real(run, args_specs, size, stand_ins, random_floats=False):
+  args = []
+  generator = torch.Generator().manual_seed(0)
+  for k, spec in enumerate(args_specs):
+    make = stand_ins[k] if stand_ins else None
+    dtype = _adopt.torch_dtype(spec.dtype)
+    if make is not None:
+      args.append(make())
+    elif random_floats and dtype.is_floating_point:
+      args.append(torch.randn(_shape(spec, size), generator=generator,
+                              dtype=dtype))
+    elif dtype is torch.bool:
+      args.append(torch.zeros(_shape(spec, size), dtype=dtype))
+    else:
+      args.append(torch.ones(_shape(spec, size), dtype=dtype))
+  with torch.no_grad(), _compiled.run_uncompiled():
+    return run(args)
+
+
+def _trace_error(err, name, args_specs, how):
+  # An error the inputs would cause on real tensors too (a wrong shape or
+  # dtype): the user's error, in its own type, said to come from tracing.
+  return _same_type(err, _TRACE_FAILED.format(
+      name=name, how=how, error_type=type(err).__name__, error=err,
+      inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}"
+                       for s in args_specs)))
+
+
+def _one_line(err):
+  text = " ".join(str(err).split())
+  return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _specs(outs_by_probe, name):
   specs = []
   for k, outs in enumerate(zip(*outs_by_probe)):
     if not _adopt.has_tf_dtype(outs[0].dtype):

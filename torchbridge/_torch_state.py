@@ -6,6 +6,7 @@ the torch module on their current values.
 """
 
 import collections.abc
+import functools
 import threading
 
 import numpy as np
@@ -83,8 +84,13 @@ class TorchState:
     return self.module
 
   @tf.autograph.experimental.do_not_convert
-  def call(self, args, kwargs, training):
-    """Runs the forward on TF tensors; see `TorchModule.__call__`."""
+  def call(self, args, kwargs, training, output_signature=None):
+    """Runs the forward on TF tensors; see `TorchModule.__call__`.
+
+    With `output_signature` (the result's `tf.TensorSpec`s), nothing is
+    inferred while tracing, and every buffer is written back after each
+    call (which buffers the forward writes is not learnt either).
+    """
     if training is not None:
       training = _module_checks.as_python_bool(training, self.name)
     elif not tf.executing_eagerly():
@@ -116,7 +122,8 @@ class TorchState:
             views.resume_hooks()
 
     def locked_run(args_torch):
-      known_mutated = self._mutated_buffers.get(mode_key)
+      known_mutated = (frozenset(self.buffer_names) if output_signature
+                       is not None else self._mutated_buffers.get(mode_key))
       buffers_torch = {}
       for n, b in zip(self.buffer_names, args_torch[n_params:n_vars]):
         if b.is_meta and b.dim() == 0:
@@ -164,12 +171,28 @@ class TorchState:
         [self.variables[n].trainable for n in self.param_names] +
         [False] * len(self.buffer_names) +
         [_bridge.is_differentiable(a.dtype) for a in call.args_tf])
+    extra_signature = None
+    if output_signature is not None:
+      extra_signature = {n: tf.TensorSpec(self.variables[n].shape,
+                                          self.variables[n].dtype)
+                         for n in self.buffer_names}
+    # Should the output specs have to be found by a real run while tracing,
+    # the weights are the variables' current values.
+    stand_ins = [functools.partial(self._current_value, n) for n in names]
     outputs = _function.call_bridged(
-        run, vars_tf + call.args_tf, self.name, differentiable=differentiable)
+        run, vars_tf + call.args_tf, self.name,
+        output_signature=output_signature, differentiable=differentiable,
+        extra_signature=extra_signature,
+        stand_ins=stand_ins + [None] * len(call.args_tf))
     self._mutated_buffers[mode_key] = frozenset(outputs.extra)
     for n, value_tf in outputs.extra.items():
       self.variables[n].assign(value_tf)
     return outputs.result
+
+  def _current_value(self, name):
+    with tf.init_scope():
+      return _exchange.tensor_to_torch(
+          tf.convert_to_tensor(self.variables[name]))
 
   def _mode_key(self, training):
     if isinstance(training, list):
