@@ -8,7 +8,7 @@ static output shapes, TF's CUDA stream handed to torch on GPUs).
 
 `load()` builds the library on first use (`_native_build`), loads it, and
 hands it the three Python functions it calls (`_dispatch`, `_registry`,
-`_export_output`), once, as TF's own py_func registers its trampoline.
+`_adopt.export_output`), once, as TF's own py_func registers its trampoline.
 Nothing happens at import. When the op cannot be had
 (`TORCHBRIDGE_DISABLE_NATIVE=1`, no compiler, a failed build or load), one
 line is logged to the "torchbridge" logger and `available()` is False;
