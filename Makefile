@@ -22,11 +22,14 @@ $(STAMP): requirements-dev.txt setup.py
 	touch $(STAMP)
 
 # The main job: TD3 on Pendulum with a torch actor-critic in a TF loop,
-# a short budget (about 5 minutes on 2 cores). Starts afresh each time.
+# a short budget (about 5 minutes on 2 cores). Starts afresh each time. Ends
+# by serving the trained actor without torch: translated to TF ops
+# (tb.translate), saved as a SavedModel, run in a process where torch
+# cannot be imported, its actions compared with the bridge's.
 DEMO_STEPS ?= 20000
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo
+	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export
 
 # The whole suite twice: with the native TF op (csrc/, built on first use
 # and cached) and with the tf.py_function path forced.

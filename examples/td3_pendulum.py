@@ -33,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchbridge as tb  # noqa: E402
 from td3 import agents  # noqa: E402
+from td3 import export  # noqa: E402
 from td3 import replay  # noqa: E402
 from td3 import reporting  # noqa: E402
 
@@ -52,6 +53,10 @@ def parse_args(argv=None):
   p.add_argument("--checkpoint-every", type=int, default=2000)
   p.add_argument("--threads", type=int, default=2,
                  help="threads for each framework's kernels")
+  p.add_argument("--export", action="store_true",
+                 help="torchbridge backend: at the end, translate the actor to "
+                      "TF ops (tb.translate), save it as a SavedModel and serve "
+                      "it in a process without torch (DIR/actor_savedmodel)")
   return p.parse_args(argv)
 
 
@@ -218,7 +223,7 @@ def train(args):
   results["curve"] = reporting.plot_learning_curves(
       os.path.dirname(os.path.abspath(args.out)),
       os.path.join(args.out, "learning_curve.png"))
-  return results
+  return results, run.agent
 
 
 def main(argv=None):
@@ -227,8 +232,15 @@ def main(argv=None):
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   tf.config.threading.set_inter_op_parallelism_threads(1)
   os.makedirs(args.out, exist_ok=True)
-  results = train(args)
+  results, agent = train(args)
   print(reporting.summary(results, args.out))
+  if args.export and args.backend == "torchbridge":
+    # Serve what was trained: the actor as TF ops, in a process without torch.
+    results["export"] = export.export_actor(
+        agent.actor, agent.actor.torch_module.l1.in_features, args.out, args.seed)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+      json.dump({k: v for k, v in results.items() if k != "curve"}, f, indent=1)
+    print(export.summary(results["export"]))
   return 0
 
 

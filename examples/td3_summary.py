@@ -8,24 +8,18 @@ reached -250 or better, and the wall time per train step, then the per
 backend summary, and writes DIR/learning_curve.png.
 """
 
-import glob
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from td3 import reporting  # noqa: E402
+from td3.reporting import load_runs  # noqa: E402
 
 THRESHOLD = -250.0
 
 
 def main(run_dir):
-  runs = []
-  for path in sorted(glob.glob(os.path.join(run_dir, "*", "results.json"))):
-    with open(path) as f:
-      runs.append(json.load(f))
-  if not runs:
-    raise SystemExit(f"no */results.json under {run_dir}")
+  runs = load_runs(run_dir)
   print("| backend | seed | return at last eval | first step >= -250 | ms per train step |")
   print("|---|---|---|---|---|")
   by_backend = {}

@@ -138,3 +138,23 @@ def test_zero_length_sequence_is_refused_with_torchs_message(mode):
   out, _ = call(tf.constant(x), tf.constant([3, 1, 2, 1], tf.int64),
                 tf.constant(h0), tf.constant(c0))
   assert out.shape == (B, T, H)
+
+
+def test_int32_lengths_reach_torch_as_int32_cpu_and_pack_the_same(mode):
+  # int32 is the lengths dtype to use when the model runs on a GPU: TF keeps
+  # int32 tensors in host memory there, so they reach torch on the CPU, where
+  # packing wants them (it converts them to int64 itself; README, "Recurrent
+  # policies"). On this CPU machine: same dtype and device path, same result.
+  record = []
+  module, reference = _pair(record)
+  bridged = tb.TorchModule(module, name="lstm")
+  x, seq_lens, h0, c0 = _data()
+  call = _maybe_function(lambda x, n, h, c: bridged(x, n, (h, c)), mode)
+  out, (h, c) = call(tf.constant(x), tf.constant(seq_lens, tf.int32),
+                     tf.constant(h0), tf.constant(c0))
+  want_out, (want_h, _) = reference(
+      torch.from_numpy(x), torch.from_numpy(seq_lens),
+      (torch.from_numpy(h0), torch.from_numpy(c0)))
+  np.testing.assert_allclose(out.numpy(), want_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(h.numpy(), want_h.detach().numpy(), rtol=1e-5, atol=1e-6)
+  assert record and set(record) == {(torch.int32, torch.device("cpu"))}

@@ -174,3 +174,21 @@ def test_bridged_process_has_no_more_threads_than_torch_plus_tf(tmp_path):
     counts[backend] = json.loads(
         (out / "results.json").read_text())["threads_at_end"]
   assert counts["torchbridge"] <= counts["torch"] + counts["tf"] - 1, counts
+
+
+def test_trained_actor_is_served_without_torch(tmp_path):
+  # make demo's last step: the bridged actor translated to TF ops, saved,
+  # and run in a process where torch cannot be imported.
+  from td3 import export  # pylint: disable=import-outside-toplevel
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed=0, hyper=agents.Hyper())
+  for v in agent.actor.trainable_variables:  # as if trained: not the init
+    v.assign_add(tf.random.normal(v.shape, stddev=0.05, seed=1))
+  exported = export.export_actor(agent.actor, 3, str(tmp_path))
+  assert exported["torch_importable_in_server"] is False
+  assert exported["equal"], exported
+  assert exported["max_abs_diff_served_vs_bridge"] < 1e-5
+  assert os.path.isdir(os.path.join(tmp_path, "actor_savedmodel"))
+  # The served model reads the trained values: a different actor differs.
+  agent.actor.trainable_variables[-1].assign_add(tf.ones_like(agent.actor.trainable_variables[-1]))
+  actions = tf.saved_model.load(exported["savedmodel"])(tf.zeros([1, 3]))
+  assert not np.allclose(actions.numpy(), agent.actor(tf.zeros([1, 3])).numpy())

@@ -17,21 +17,31 @@ from torchbridge._module import TorchModule
 from torchbridge._native import native_available
 
 __all__ = [
+    "ParityError",
     "TorchModule",
+    "Translated",
+    "UntranslatedOpsError",
     "exchange_stats",
     "native_available",
     "reset_exchange_stats",
     "to_tf",
     "to_torch",
     "torch_function",
+    "translate",
 ]
 
 __version__ = "0.1.0"
 
 
+# Imported when first used: `tb.translate` brings torch.export (0.8 s).
+_TRANSLATE_NAMES = ("ParityError", "Translated", "UntranslatedOpsError", "translate")
+
+
 def __getattr__(name):
   # `tb.keras` and `tb.ray` import Keras / Ray only when first used.
+  import importlib
   if name in ("keras", "ray"):
-    import importlib
     return importlib.import_module(f"torchbridge.{name}")
+  if name in _TRANSLATE_NAMES:
+    return getattr(importlib.import_module("torchbridge._translate"), name)
   raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")

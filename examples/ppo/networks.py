@@ -22,19 +22,23 @@ from torch.nn.utils import rnn
 
 HIDDEN = 64
 VISIBLE = (0, 2)  # cart position, pole angle: CartPole without its velocities
+# CartPole's termination bounds on those two (2.4 m, 12 degrees): the
+# observation is divided by them, so both lie in [-1, 1].
+BOUNDS = np.array([2.4, 12 * np.pi / 180], np.float32)
 
 
 class VelocityFree(gym.ObservationWrapper):
-  """CartPole-v1 observing position and angle only (not their velocities)."""
+  """CartPole-v1 observing position and angle only (not their velocities).
+
+  Scaled by `BOUNDS` into [-1, 1] (the angle alone spans +-0.21 rad).
+  """
 
   def __init__(self, env):
     super().__init__(env)
-    low, high = env.observation_space.low, env.observation_space.high
-    self.observation_space = gym.spaces.Box(
-        low[list(VISIBLE)], high[list(VISIBLE)], dtype=np.float32)
+    self.observation_space = gym.spaces.Box(-1.0, 1.0, (len(VISIBLE),), np.float32)
 
   def observation(self, observation):
-    return observation[list(VISIBLE)].astype(np.float32)
+    return (observation[list(VISIBLE)] / BOUNDS).astype(np.float32)
 
 
 def make_env(full_observation=False):

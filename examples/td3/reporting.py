@@ -45,6 +45,17 @@ class ProgressBar:
       self.stream.write("\n")
 
 
+def load_runs(run_dir):
+  """Every `run_dir/*/results.json`, in path order; exits if there is none."""
+  runs = []
+  for path in sorted(glob.glob(os.path.join(run_dir, "*", "results.json"))):
+    with open(path) as f:
+      runs.append(json.load(f))
+  if not runs:
+    raise SystemExit(f"no */results.json under {run_dir}")
+  return runs
+
+
 def plot_learning_curves(runs_dir, path):
   """Plots every run found in `runs_dir/*/results.json` into `path`."""
   paths = sorted(glob.glob(os.path.join(runs_dir, "*", "results.json")))

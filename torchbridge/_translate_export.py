@@ -1,0 +1,193 @@
+"""The torch side of `translate`: input signatures, example inputs, and
+`torch.export` down to the ATen ops `_aten_table` translates."""
+
+import collections
+import warnings
+
+import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
+from torch.fx.experimental import symbolic_shapes
+import tensorflow as tf
+
+# Ops TF has whole: kept instead of decomposed into many small ATen ops.
+_KEEP_WHOLE = (
+    "linear.default", "convolution.default", "layer_norm.default",
+    "native_layer_norm.default", "embedding.default", "gelu.default",
+    "_native_batch_norm_legit_no_training.default", "lstm.input", "gru.input",
+    "rnn_tanh.input", "rnn_relu.input", "_softmax.default",
+    "_log_softmax.default", "addmm.default", "silu.default", "hardtanh.default",
+    "hardswish.default", "hardsigmoid.default", "leaky_relu.default",
+    "elu.default", "softplus.default", "native_group_norm.default",
+    "max_pool2d_with_indices.default", "avg_pool2d.default",
+    "_adaptive_avg_pool2d.default", "adaptive_max_pool2d.default",
+    "max_pool3d_with_indices.default", "avg_pool3d.default",
+    "_adaptive_avg_pool3d.default", "clamp.default", "tril.default",
+    "triu.default", "cumsum.default", "var.correction",
+    # Also a workaround: torch 2.13's decomposition of it makes a view of
+    # the wrong strides when the batch size is dynamic (GPT-2 fails).
+    "scaled_dot_product_attention.default",
+)
+
+Program = collections.namedtuple(
+    "Program", ["graph", "user_inputs", "state_inputs", "constants",
+                "structure"])
+
+
+def check_signature(input_signature):
+  """The specs as a list of `tf.TensorSpec`, or a precise error."""
+  if isinstance(input_signature, tf.TensorSpec):
+    input_signature = [input_signature]
+  if not isinstance(input_signature, (list, tuple)) or not all(
+      isinstance(s, tf.TensorSpec) for s in input_signature):
+    raise TypeError(
+        "translate(input_signature): expected a list of tf.TensorSpec, one "
+        f"per positional input of the forward; got {input_signature!r}. "
+        "Example: input_signature=[tf.TensorSpec([None, 3], tf.float32)].")
+  for k, spec in enumerate(input_signature):
+    if spec.shape.rank is None:
+      raise ValueError(
+          f"translate(input_signature): spec {k} ({spec}) has an unknown "
+          "rank; give every dimension, with None for a dynamic size, e.g. "
+          "tf.TensorSpec([None, 3], tf.float32).")
+  return list(input_signature)
+
+
+def example_inputs(specs, given):
+  """torch tensors for export and the parity check: `given`, or random
+  values with 2 for dynamic batch sizes and 3 for other dynamic sizes."""
+  if given is not None:
+    if len(given) != len(specs):
+      raise ValueError(
+          f"translate(example_inputs): expected {len(specs)} inputs, one per "
+          f"spec of input_signature, got {len(given)}.")
+    tensors = []
+    for k, (value, spec) in enumerate(zip(given, specs)):
+      array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+      if not spec.shape.is_compatible_with(array.shape):
+        raise ValueError(
+            f"translate(example_inputs): input {k} has shape "
+            f"{list(array.shape)}, which does not fit input_signature "
+            f"{spec.shape}.")
+      tensors.append(torch.from_numpy(array.astype(spec.dtype.as_numpy_dtype)))
+    return tensors
+  rng = np.random.default_rng(0)
+  tensors = []
+  for spec in specs:
+    shape = [(2 if a == 0 else 3) if d is None else d
+             for a, d in enumerate(spec.shape.as_list())]
+    dtype = spec.dtype.as_numpy_dtype
+    if spec.dtype.is_floating:
+      array = rng.standard_normal(shape).astype(dtype)
+    elif spec.dtype == tf.bool:
+      array = rng.integers(0, 2, shape).astype(bool)
+    else:
+      array = rng.integers(0, 2, shape).astype(dtype)
+    tensors.append(torch.from_numpy(array))
+  return tensors
+
+
+def export(torch_module, specs, examples_torch, name):
+  """`torch.export` of the module, decomposed; returns a `Program`."""
+  dynamic = tuple({a: _dynamic_dim(k, a) for a, d in
+                   enumerate(spec.shape.as_list()) if d is None}
+                  or None for k, spec in enumerate(specs))
+  try:
+    with warnings.catch_warnings():
+      # nn.LSTM / nn.GRU keep their weights in a plain list; torch warns
+      # that it was assigned during export, which changes nothing here.
+      warnings.filterwarnings("ignore", "The tensor attributes .* were "
+                              "assigned during export", UserWarning)
+      # torch.export's own pytree code (torch 2.13) trips its deprecation.
+      warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` "
+                              "is deprecated", FutureWarning)
+      program = torch.export.export(torch_module, tuple(examples_torch),
+                                    dynamic_shapes=dynamic)
+      program = program.run_decompositions(_decompositions())
+  except Exception as err:  # torch.export's errors are many and unrelated
+    raise ValueError(
+        f"translate({name!r}): torch.export could not export the module with "
+        f"input_signature {specs}: {type(err).__name__}: {err}\nFixed sizes "
+        "in place of None, or example_inputs closer to real data, may help; "
+        "else keep calling the module through the bridge.") from err
+  _check_dynamic_dims(program, specs, name)
+  return _program(program, name)
+
+
+def _dynamic_dim(k, axis):
+  auto = getattr(torch.export.Dim, "AUTO", None)
+  return auto if auto is not None else torch.export.Dim(f"input{k}_dim{axis}")
+
+
+def _decompositions():
+  table = torch.export.default_decompositions()
+  keep = {f"aten.{name}" for name in _KEEP_WHOLE}
+  for op in list(table):
+    if str(op) in keep:
+      del table[op]
+  return table
+
+
+def _check_dynamic_dims(program, specs, name):
+  placeholders = {n.name: n for n in program.graph.nodes
+                  if n.op == "placeholder"}
+  user = program.graph_signature.user_inputs
+  for k, (input_name, spec) in enumerate(zip(user, specs)):
+    shape = placeholders[input_name].meta["val"].shape
+    for axis, d in enumerate(spec.shape.as_list()):
+      if d is None and symbolic_shapes.is_concrete_int(shape[axis]):
+        raise ValueError(
+            f"translate({name!r}): input_signature says input {k} has a "
+            f"dynamic size in dimension {axis}, but torch.export specialized "
+            f"it to {int(shape[axis])}: the model's code needs that size "
+            f"fixed. Give it in the spec (tf.TensorSpec with "
+            f"{int(shape[axis])} there), or pass example_inputs with sizes "
+            ">= 2 there.")
+
+
+def _program(program, name):
+  signature = program.graph_signature
+  kinds = torch.export.graph_signature.InputKind
+  state_inputs, constants = {}, {}
+  for spec in signature.input_specs:
+    if spec.kind in (kinds.PARAMETER, kinds.BUFFER):
+      state_inputs[spec.arg.name] = spec.target
+    elif spec.kind == kinds.CONSTANT_TENSOR:
+      constants[spec.arg.name] = program.constants[spec.target].detach(
+          ).cpu().numpy()
+    elif spec.kind != kinds.USER_INPUT:
+      raise ValueError(f"translate({name!r}): the exported graph takes a "
+                       f"{spec.kind.name} input ({spec.target}), which has no "
+                       "TF translation; keep calling it through the bridge.")
+  if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+    raise ValueError(
+        f"translate({name!r}): the forward writes tensors in eval mode "
+        f"({sorted(signature.buffers_to_mutate.values())}); a translation "
+        "computes outputs only: keep calling the module through the bridge.")
+  outputs = [s.arg.name for s in signature.output_specs]
+  count = len(outputs)
+  structure = program.call_spec.out_spec.unflatten(list(range(count)))
+  return Program(program.graph, list(signature.user_inputs), state_inputs,
+                 constants, _plain(structure))
+
+
+def _plain(structure):
+  """Torch's output structure with indices as leaves, as TF nests it."""
+  if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+    return type(structure)(*[_plain(s) for s in structure])
+  if isinstance(structure, (list, tuple)):
+    return type(structure)(_plain(s) for s in structure)
+  if isinstance(structure, dict):
+    return {k: _plain(v) for k, v in structure.items()}
+  return structure
+
+
+def flatten_like(structure, value):
+  """`{index: torch tensor}` of `value`, walked along `structure`."""
+  if isinstance(structure, int):
+    return {structure: value}
+  flat = {}
+  items = structure.items() if isinstance(structure, dict) else enumerate(
+      structure)
+  for key, sub in items:
+    flat.update(flatten_like(sub, value[key]))
+  return flat
