@@ -52,6 +52,10 @@ def parse_args(argv=None):
                  help="environment steps between evaluations")
   p.add_argument("--eval-episodes", type=int, default=10)
   p.add_argument("--checkpoint-every", type=int, default=10240)
+  p.add_argument("--n-steps", type=int, default=agents.Hyper.n_steps,
+                 help="steps per environment and rollout")
+  p.add_argument("--max-seq-len", type=int, default=agents.Hyper.max_seq_len,
+                 help="the padded length T of the training sequences")
   p.add_argument("--threads", type=int, default=1,
                  help="threads for each framework's kernels")
   return p.parse_args(argv)
@@ -75,7 +79,8 @@ class Run:
   """One training run: environments, agent, counters, checkpoints."""
 
   def __init__(self, args):
-    self.args, self.hyper = args, agents.Hyper()
+    self.args = args
+    self.hyper = agents.Hyper(n_steps=args.n_steps, max_seq_len=args.max_seq_len)
     self.envs = [networks.make_env() for _ in range(self.hyper.n_envs)]
     obs_dim = self.envs[0].observation_space.shape[0]
     self.n_actions = int(self.envs[0].action_space.n)
@@ -192,6 +197,9 @@ class Run:
     lr, clip_range = hyper.lr * progress_left, hyper.clip_range * progress_left
     advantages, returns = self.rollout.advantages(last_values, hyper.gamma, hyper.gae_lambda)
     pieces = self.rollout.sequences(hyper.max_seq_len)
+    # The share of the padded batch that is padding (what the mask removes).
+    self.progress.setdefault("padded_fractions", []).append(
+        1.0 - pieces[:, 2].sum() / (len(pieces) * hyper.max_seq_len))
     stats = None
     for _ in range(hyper.epochs):
       order = self.rng.permutation(len(pieces))

@@ -3,8 +3,10 @@
   python examples/ppo_summary.py runs/ppo
 
 reads every DIR/*/results.json written by ppo_lstm_cartpole.py and prints,
-per run, the evaluation return at the end of the budget, the best one, the
-first step at which it reached 400 (of 500) and the time per PPO update;
+per run, the evaluation return at the end of the budget, the mean of all
+its evaluations (the area under its curve), the first step at which it
+reached 400 (of 500), the share of padding in its training batches and the
+time per PPO update;
 then, per variant (policy, loss, backend), how many seeds reached 400 within
 the budget. Writes DIR/learning_curve.png with every run.
 """
@@ -19,16 +21,18 @@ from td3.reporting import load_runs  # noqa: E402
 
 def main(run_dir):
   runs = load_runs(run_dir)
-  print("| policy, loss (backend) | seed | eval return at the end | best eval | "
-        "first step >= 400 | ms per update |")
-  print("|---|---|---|---|---|---|")
+  print("| policy, loss (backend) | seed | eval return at the end | mean of all evals | "
+        "first step >= 400 | padding in the batches | ms per update |")
+  print("|---|---|---|---|---|---|---|")
   variants = {}
   for r in sorted(runs, key=lambda r: (reporting.label(r), r["seed"])):
     last_step, last = r["eval_returns"][-1]
-    best = max(ret for _, ret in r["eval_returns"])
+    area = sum(ret for _, ret in r["eval_returns"]) / len(r["eval_returns"])
     reached = r["first_step_at_or_above_400"]
+    padded = r.get("mean_padded_fraction")
     print(f"| {reporting.label(r)} | {r['seed']} | {last:.1f} (step {last_step}) | "
-          f"{best:.1f} | {reached if reached is not None else 'not reached'} | "
+          f"{area:.1f} | {reached if reached is not None else 'not reached'} | "
+          f"{'n/a' if padded is None else f'{100 * padded:.0f}%'} | "
           f"{r['ms_per_update']:.1f} |")
     variants.setdefault(reporting.label(r), []).append(r)
   print()
@@ -36,8 +40,10 @@ def main(run_dir):
     reached = sum(r["first_step_at_or_above_400"] is not None for r in group)
     ended = sum(r["eval_returns"][-1][1] >= reporting.SOLVED for r in group)
     budget = max(r["steps"] for r in group)
+    area = [sum(ret for _, ret in r["eval_returns"]) / len(r["eval_returns"]) for r in group]
     print(f"{name}: {reached} of {len(group)} seeds reached 400 within {budget:,} "
-          f"steps; {ended} of {len(group)} end at 400 or more")
+          f"steps; {ended} of {len(group)} end at 400 or more; mean of all "
+          f"evaluations {sum(area) / len(area):.1f}")
   curve = reporting.plot_learning_curves(run_dir, os.path.join(run_dir, "learning_curve.png"))
   print(f"\nlearning curve: {curve}")
 

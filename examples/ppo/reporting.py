@@ -6,6 +6,7 @@ import os
 
 import gymnasium as gym
 import matplotlib
+import numpy as np
 import tensorflow as tf
 import torch
 
@@ -19,7 +20,10 @@ SOLVED = 400.0
 
 
 def label(r):
-  return f"{r['policy']} {r['loss']} ({r['backend']})"
+  hyper = r["hyperparameters"]
+  cut = ("" if hyper["max_seq_len"] == 32 and hyper["n_steps"] == 32 else
+         f", {hyper['n_steps']}-step rollouts, T={hyper['max_seq_len']}")
+  return f"{r['policy']} {r['loss']} ({r['backend']}{cut})"
 
 
 def results(run, args, wall_seconds):
@@ -32,6 +36,7 @@ def results(run, args, wall_seconds):
           (s for s, r in progress["eval_returns"] if r >= SOLVED), None),
       "final_eval_return": progress["eval_returns"][-1][1] if progress["eval_returns"] else None,
       "ms_per_update": 1e3 * progress["update_seconds"] / max(progress["updates"], 1),
+      "mean_padded_fraction": float(np.mean(progress.get("padded_fractions") or [np.nan])),
       "updates": progress["updates"],
       "rollout_seconds": progress["rollout_seconds"],
       "episodes": progress["episodes"],
@@ -50,7 +55,9 @@ def plot_learning_curves(runs_dir, path):
   colors = {"lstm masked (torchbridge)": "tab:blue",
             "lstm masked (torch)": "tab:orange",
             "lstm unmasked (torchbridge)": "tab:red",
-            "mlp masked (torchbridge)": "tab:gray"}
+            "mlp masked (torchbridge)": "tab:gray",
+            "lstm masked (torchbridge, 128-step rollouts, T=128)": "tab:green",
+            "lstm unmasked (torchbridge, 128-step rollouts, T=128)": "tab:purple"}
   fig, ax = plt.subplots(figsize=(7, 4.5))
   labelled = set()
   for results_path in sorted(glob.glob(os.path.join(runs_dir, "*", "results.json"))):
