@@ -379,6 +379,62 @@ def test_untranslated_ops_are_listed_in_one_error():
   assert "aten.cumprod.default" in message and "aten.sort.default" in message
   assert "relu" not in message
   assert "through the bridge" in message
+  assert set(err.value.ops) == {"aten.cumprod.default", "aten.sort.default"}
+
+
+def test_a_translation_that_raises_is_reported_as_a_bug_not_a_missing_op(
+    monkeypatch):
+  def broken(out, x):
+    raise ValueError("boom")
+  _, layout, refuse = _aten_table.OPS["aten.relu.default"]
+  monkeypatch.setitem(_aten_table.OPS, "aten.relu.default", (broken, layout, refuse))
+  actor = tb.TorchModule(torch.nn.Sequential(torch.nn.ReLU()), name="buggy")
+  with pytest.raises(RuntimeError) as err:
+    translate(actor, [tf.TensorSpec([None, 3])])
+  assert not isinstance(err.value, UntranslatedOpsError)
+  message = str(err.value)
+  assert "aten.relu.default (node 'relu')" in message and "ValueError: boom" in message
+  assert "bug" in message and "not a missing op" in message
+
+
+def test_a_refusal_met_while_running_names_the_op():
+  pool = torch.nn.MaxPool2d(2, return_indices=True)
+
+  class Indices(torch.nn.Module):
+    def forward(self, x):
+      return pool(x)[1].float()
+
+  with pytest.raises(UntranslatedOpsError) as err:
+    translate(tb.TorchModule(Indices(), name="indices"), [tf.TensorSpec([None, 1, 4, 4])])
+  [(where, why)] = err.value.ops.items()
+  assert where == "operator.getitem (node 'getitem_1')", where
+  assert "max_pool2d's indices" in why
+  assert where in str(err.value)
+
+
+class _FlattenThenLinear(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(8, 4)
+
+  def forward(self, x):  # TF cannot know the -1 dimension statically
+    return self.lin(x.reshape(x.shape[0], x.shape[1], -1))
+
+
+@pytest.mark.parametrize("module, spec", [
+    (_FlattenThenLinear, [None, 3, 2, 4]),
+    (lambda: torch.nn.Softmax(0), []),
+    (lambda: torch.nn.LogSoftmax(0), []),
+], ids=["linear_after_reshape", "softmax_0d", "log_softmax_0d"])
+def test_shapes_the_coverage_run_found(module, spec):
+  torch.manual_seed(0)
+  actor = tb.TorchModule(module().eval(), name="found")
+  served = translate(actor, [tf.TensorSpec(spec)])
+  x = np.random.default_rng(0).standard_normal([2 if d is None else d for d in spec])
+  x = x.astype(np.float32)
+  with torch.no_grad():
+    want = actor.torch_module(torch.from_numpy(x)).numpy()
+  np.testing.assert_allclose(served(tf.constant(x)).numpy(), want, **F32)
 
 
 def test_parity_error_names_the_difference(monkeypatch):

@@ -18,7 +18,10 @@ def _matmul_2d(x, w_t):
   if x.shape.rank == 2:
     return tf.matmul(x, w_t)
   lead = tf.shape(x)[:-1]
-  y = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), w_t)
+  # The inner size from the weight: x's last dimension may be unknown in
+  # the graph (after a reshape with -1) while the weight's never is.
+  inner = w_t.shape[0] if w_t.shape[0] is not None else tf.shape(x)[-1]
+  y = tf.matmul(tf.reshape(x, [-1, inner]), w_t)
   return tf.reshape(y, tf.concat([lead, tf.shape(y)[-1:]], 0))
 
 
@@ -79,11 +82,15 @@ def _attention(out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 @translates("aten._softmax.default", "aten.softmax.int")
 def _softmax(out, x, dim, *unused):
+  if x.shape.rank == 0:  # torch: a 0-d tensor is one class
+    return tf.reshape(tf.nn.softmax(tf.reshape(x, [1])), [])
   return tf.nn.softmax(x, axis=dim)
 
 
 @translates("aten._log_softmax.default", "aten.log_softmax.int")
 def _log_softmax(out, x, dim, *unused):
+  if x.shape.rank == 0:
+    return tf.reshape(tf.nn.log_softmax(tf.reshape(x, [1])), [])
   return tf.nn.log_softmax(x, axis=dim)
 
 

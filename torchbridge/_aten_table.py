@@ -31,6 +31,10 @@ class Refused(NotImplementedError):
   """An op this translation cannot express, with the reason."""
 
 
+class Failed(RuntimeError):
+  """An op's translation raised: a bug of the translation, not a limit."""
+
+
 def translates(*names, channels_last=False, refuse=None):
   """Registers the decorated function as the translation of `names`."""
   def register(fn):

@@ -67,14 +67,14 @@ def _call(node, env):
     args = _channels_last.to_torch_layout(args)
     kwargs = _channels_last.to_torch_layout(kwargs)
   out = node.meta.get("val")
+  where = f"{_aten_table.op_key(node.target)} (node {node.name!r})"
   try:
     result = fn(out, *args, **kwargs)
-  except _aten_table.Refused:
-    raise
-  except Exception as err:
-    raise _aten_table.Refused(
-        f"{_aten_table.op_key(node.target)} (node {node.name!r}) failed to "
-        f"translate: {type(err).__name__}: {err}") from err
+  except _aten_table.Refused as err:  # a limit of the translation: say where
+    raise _aten_table.Refused(f"{where}: {err}") from err
+  except Exception as err:  # a bug: not to be mistaken for a missing op
+    raise _aten_table.Failed(
+        f"{where}: its translation raised {type(err).__name__}: {err}") from err
   return _with_recorded_dtype(result, out)
 
 

@@ -30,8 +30,24 @@ _DEFAULT_TOLERANCES = {tf.float64: (1e-10, 1e-10), tf.float32: (1e-5, 1e-6),
                        tf.float16: (1e-2, 1e-3), tf.bfloat16: (2e-2, 1e-2)}
 
 
+_FAILED = """\
+translate({name!r}): the translation of an op raised on this model:
+  {error}
+This is a bug of torchbridge's translation, not a missing op: please report
+it with the model. Until then, keep calling the module through the bridge
+(`tb.TorchModule` / `tb.keras.TorchLayer`)."""
+
+
 class UntranslatedOpsError(NotImplementedError):
-  """Some ops of a model have no TF translation (all are listed)."""
+  """Some ops of a model have no TF translation (all are listed).
+
+  `ops` maps each op (`aten.<name>.<overload>`, with the node where it was
+  met when known) to the reason.
+  """
+
+  def __init__(self, message, ops=None):
+    super().__init__(message)
+    self.ops = dict(ops or {})
 
 
 class ParityError(ValueError):
@@ -143,7 +159,7 @@ def translate(module, input_signature, *, example_inputs=None, rtol=None,
     if missing:
       ops = "\n".join(f"  {op}: {why}" for op, why in sorted(missing.items()))
       raise UntranslatedOpsError(_UNTRANSLATED.format(
-          name=module_name, count=len(missing), ops=ops))
+          name=module_name, count=len(missing), ops=ops), missing)
     variables = {target: _variable(state, target, module_name)
                  for target in program.state_inputs.values()}
     served = Translated(program, variables, specs,
@@ -155,9 +171,12 @@ def translate(module, input_signature, *, example_inputs=None, rtol=None,
       m.train(training)
   try:
     result_tf = served(*[tf.constant(e.numpy()) for e in examples_torch])
-  except _aten_table.Refused as err:
+  except _aten_table.Refused as err:  # "<op> (node ...): <reason>"
+    op, _, why = str(err).partition(": ")
     raise UntranslatedOpsError(_UNTRANSLATED.format(
-        name=module_name, count=1, ops=f"  {err}")) from err
+        name=module_name, count=1, ops=f"  {err}"), {op: why}) from err
+  except _aten_table.Failed as err:
+    raise RuntimeError(_FAILED.format(name=module_name, error=err)) from err
   served.parity = _check_parity(program.structure, result_tf, expected_torch,
                                 rtol, atol, module_name)
   return served
