@@ -50,31 +50,48 @@ def results(run, args, wall_seconds):
   }
 
 
+_PANELS = (
+    ("LSTM vs MLP, bridge vs pure torch", {
+        "lstm masked (torchbridge)": "tab:blue",
+        "lstm masked (torch)": "tab:orange",
+        "mlp masked (torchbridge)": "tab:gray"}),
+    ("masked vs unmasked loss (bridge)", {
+        "lstm masked (torchbridge)": "tab:blue",
+        "lstm unmasked (torchbridge)": "tab:red",
+        "lstm masked (torchbridge, 128-step rollouts, T=128)": "tab:green",
+        "lstm unmasked (torchbridge, 128-step rollouts, T=128)": "tab:purple"}),
+)
+
+
 def plot_learning_curves(runs_dir, path):
-  """Plots every PPO run found in `runs_dir/*/results.json` into `path`."""
-  colors = {"lstm masked (torchbridge)": "tab:blue",
-            "lstm masked (torch)": "tab:orange",
-            "lstm unmasked (torchbridge)": "tab:red",
-            "mlp masked (torchbridge)": "tab:gray",
-            "lstm masked (torchbridge, 128-step rollouts, T=128)": "tab:green",
-            "lstm unmasked (torchbridge, 128-step rollouts, T=128)": "tab:purple"}
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  labelled = set()
+  """Plots every PPO run found in `runs_dir/*/results.json` into `path`:
+  thin lines per seed, a thick line for the mean over seeds; variants not in
+  the two panels' legends go to the first panel."""
+  runs = {}
   for results_path in sorted(glob.glob(os.path.join(runs_dir, "*", "results.json"))):
     with open(results_path) as f:
       r = json.load(f)
-    if "policy" not in r or not r.get("eval_returns"):
-      continue
-    steps, returns = zip(*r["eval_returns"])
-    name = label(r)
-    ax.plot(steps, returns, color=colors.get(name), alpha=0.8,
-            label=None if name in labelled else name)
-    labelled.add(name)
-  ax.axhline(SOLVED, color="gray", linestyle="--", linewidth=1)
-  ax.set_xlabel("environment steps")
-  ax.set_ylabel("mean evaluation return (greedy)")
-  ax.set_title("PPO on CartPole-v1 without velocities (one line per seed)")
-  ax.legend()
+    if "policy" in r and r.get("eval_returns"):
+      runs.setdefault(label(r), []).append(np.asarray(r["eval_returns"], float))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+  known = {name for _, colors in _PANELS for name in colors}
+  for ax, (title, colors) in zip(axes, _PANELS):
+    names = [n for n in runs if n in colors or (ax is axes[0] and n not in known)]
+    for name in names:
+      color = colors.get(name)
+      curves = runs[name]
+      for curve in curves:
+        ax.plot(curve[:, 0], curve[:, 1], color=color, alpha=0.25, linewidth=1)
+      length = min(len(c) for c in curves)
+      mean = np.mean([c[:length, 1] for c in curves], axis=0)
+      ax.plot(curves[0][:length, 0], mean, color=color, linewidth=2.2,
+              label=f"{name}, mean of {len(curves)}")
+    ax.axhline(SOLVED, color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("environment steps")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+  axes[0].set_ylabel("mean evaluation return (greedy)")
+  fig.suptitle("PPO on CartPole-v1 without velocities (thin: one seed)")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
