@@ -12,22 +12,26 @@ from torchbridge._aten_table import translates
 from torchbridge._channels_last import ChannelsLast
 
 
-def _matmul_2d(x, w_t):
-  """`x @ w_t` for x of any rank >= 2, as one 2-D matmul (TFLite's
-  FULLY_CONNECTED, XLA's dot)."""
+def _matmul_2d(x, w, transpose_w=False):
+  """`x @ w` (`x @ w.T` with `transpose_w`) for x of any rank >= 2, as one
+  2-D matmul (TFLite's FULLY_CONNECTED, XLA's dot)."""
   if x.shape.rank == 2:
-    return tf.matmul(x, w_t)
+    return tf.matmul(x, w, transpose_b=transpose_w)
   lead = tf.shape(x)[:-1]
   # The inner size from the weight: x's last dimension may be unknown in
   # the graph (after a reshape with -1) while the weight's never is.
-  inner = w_t.shape[0] if w_t.shape[0] is not None else tf.shape(x)[-1]
-  y = tf.matmul(tf.reshape(x, [-1, inner]), w_t)
+  inner = w.shape[-1 if transpose_w else 0]
+  inner = inner if inner is not None else tf.shape(x)[-1]
+  y = tf.matmul(tf.reshape(x, [-1, inner]), w, transpose_b=transpose_w)
   return tf.reshape(y, tf.concat([lead, tf.shape(y)[-1:]], 0))
 
 
 @translates("aten.linear.default")
 def _linear(out, x, weight, bias=None):
-  y = _matmul_2d(x, tf.transpose(weight))
+  # transpose_b, not tf.transpose(weight): a transposed variable inside a
+  # nested function makes XLA recompile a jit-compiled training step on
+  # every call (TF 2.21), and the matmul reads the weight as it is anyway.
+  y = _matmul_2d(x, weight, transpose_w=True)
   return y if bias is None else y + bias
 
 

@@ -66,7 +66,7 @@ class Translated(tf.Module):
 
   _TF_MODULE_IGNORED_PROPERTIES = frozenset(
       ("_graph", "_structure", "_user_inputs", "_constants", "_state_inputs",
-       "parity")).union(
+       "_input_signature", "_jit_compile", "parity")).union(
           tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   def __init__(self, program, variables, input_signature, name, jit_compile):
@@ -80,13 +80,35 @@ class Translated(tf.Module):
     # are: a checkpoint of either has the same keys.
     self._tf_variables = variables
     self.parity = ()
+    self._input_signature, self._jit_compile = tuple(input_signature), jit_compile
     def call(*inputs_tf):  # one Python function per module: TF's retracing
       return self._run(*inputs_tf)  # warning counts traces per function
     self.__call__ = tf.function(call, input_signature=input_signature,
                                 jit_compile=jit_compile, autograph=False)
 
   def __call__(self, *args):  # pylint: disable=method-hidden
+    if tf.inside_function() and not self._jit_compile:
+      # In the caller's graph the ops go in directly, not as a nested
+      # function call: a nested function that transposes a variable (every
+      # convolution's weight) makes XLA recompile a jit-compiled training
+      # step on every call (TF 2.21).
+      return self._run(*self._checked(args))
     return self.__dict__["__call__"](*args)
+
+  def _checked(self, args):
+    """`args` as tensors of the input signature, as the tf.function does."""
+    if len(args) != len(self._input_signature):
+      raise TypeError(f"{self.name}: expected {len(self._input_signature)} "
+                      f"input(s) ({self._input_signature}), got {len(args)}")
+    inputs_tf = []
+    for k, (arg, spec) in enumerate(zip(args, self._input_signature)):
+      x_tf = tf.convert_to_tensor(arg, dtype_hint=spec.dtype)
+      if not spec.is_compatible_with(x_tf):
+        raise TypeError(f"{self.name}: input {k} is {x_tf.dtype.name} "
+                        f"{x_tf.shape}, which does not match its input_signature "
+                        f"{spec}; cast or reshape it to match.")
+      inputs_tf.append(x_tf)
+    return inputs_tf
 
   def _run(self, *inputs_tf):
     values = dict(zip(self._user_inputs, inputs_tf))

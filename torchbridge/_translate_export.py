@@ -135,13 +135,16 @@ def _check_dynamic_dims(program, specs, name):
     shape = placeholders[input_name].meta["val"].shape
     for axis, d in enumerate(spec.shape.as_list()):
       if d is None and symbolic_shapes.is_concrete_int(shape[axis]):
+        size = int(shape[axis])
+        why = (f"torch.export fixes every dimension of size {size} in the "
+               f"example inputs, so pass example_inputs with a size >= 2 "
+               f"there" if size < 2 else
+               f"the model's code needs that size fixed; give it in the spec "
+               f"(tf.TensorSpec with {size} there)")
         raise ValueError(
             f"translate({name!r}): input_signature says input {k} has a "
             f"dynamic size in dimension {axis}, but torch.export specialized "
-            f"it to {int(shape[axis])}: the model's code needs that size "
-            f"fixed. Give it in the spec (tf.TensorSpec with "
-            f"{int(shape[axis])} there), or pass example_inputs with sizes "
-            ">= 2 there.")
+            f"it to {size}: {why}.")
 
 
 def _program(program, name):
