@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-user bench venv clean
+.PHONY: demo ppo test test-user bench venv clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,12 @@ DEMO_STEPS ?= 20000
 demo: $(STAMP)
 	rm -rf runs/demo
 	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export
+
+# The recurrent job: PPO with a torch LSTM actor-critic on CartPole without
+# velocities, one seed, the README's budget (about 6 minutes on 2 cores).
+ppo: $(STAMP)
+	rm -rf runs/ppo_demo
+	$(PY) examples/ppo_lstm_cartpole.py --steps 150000 --seed 0 --out runs/ppo_demo/lstm_masked_torchbridge_s0
 
 # The whole suite twice: with the native TF op (csrc/, built on first use
 # and cached) and with the tf.py_function path forced.

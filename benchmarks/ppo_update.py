@@ -10,7 +10,9 @@ rollout, 20 updates per rollout over the padded sequences) in a process of
 its own, for `--iterations` rollouts; every `agent.update` call (one
 `tf.function` PPO update: the bridged forward and backward of both LSTMs,
 the masked loss, gradient clipping, Keras Adam; or the same in torch) is
-timed, the first `WARM_UPDATES` (the trace) left out. Rounds alternate the
+timed, the first `WARM_UPDATES` (the trace) left out; then, on the last
+batch, the update's first part alone (forward, masked loss, gradients; the
+rest is clipping and the optimizer). Rounds alternate the
 backends, as the main job's benchmark does (`benchmarks.suite.td3`), and
 the figure is the median over processes. Writes
 benchmarks/results/ppo_update.json and prints the ratio.
@@ -47,10 +49,12 @@ def time_updates(backend, iterations, threads, seed=0):
       "--steps", str(iterations * 256)])
   run = ppo_lstm_cartpole.Run(args)
   durations, update = [], run.agent.update
+  batches = []
 
-  def timed(*a):
+  def timed(batch, *a):
+    batches[:] = [batch]
     start = time.perf_counter()
-    stats = update(*a)
+    stats = update(batch, *a)
     durations.append(time.perf_counter() - start)
     return stats
 
@@ -61,14 +65,46 @@ def time_updates(backend, iterations, threads, seed=0):
     obs, state, starts, last_values, _ = run.collect(obs, state, starts, episode_returns)
     run.learn(last_values)
     run.progress["env_step"] += run.hyper.n_steps * run.hyper.n_envs
-  return durations
+  return durations, _loss_and_gradients_ms(run.agent, batches[0])
+
+
+def _loss_and_gradients_ms(agent, batch, calls=60):
+  """Median ms of the update's first part alone, on the last batch: the
+  forward, the masked loss and the gradients (the rest of an update is
+  the clipping and the optimizer)."""
+  if isinstance(agent.model, torch.nn.Module):  # the pure-torch twin
+    batch_torch = tf.nest.map_structure(torch.from_numpy, batch)
+
+    def part():
+      agent.model.zero_grad()
+      agent.loss(batch_torch, 0.1)[0].backward()
+  else:
+    variables = agent.model.trainable_variables
+
+    @tf.function
+    def gradients(batch_tf):
+      with tf.GradientTape() as tape:
+        loss, _ = agent.loss(batch_tf, tf.constant(0.1))
+      return tape.gradient(loss, variables)
+
+    batch_tf = tf.nest.map_structure(tf.constant, batch)
+    part = lambda: [g.numpy() for g in gradients(batch_tf)]  # noqa: E731
+  part()
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    part()
+    times.append(time.perf_counter() - start)
+  return float(np.median(times) * 1e3)
 
 
 def process_main(args):
-  durations = time_updates(args.process, args.iterations, args.threads)
+  durations, loss_and_gradients_ms = time_updates(args.process, args.iterations,
+                                                 args.threads)
   timed = np.asarray(durations[WARM_UPDATES:]) * 1e3
   print(json.dumps({"backend": args.process, "pid": os.getpid(),
                     "ms_per_update": float(np.median(timed)),
+                    "ms_loss_and_gradients": loss_and_gradients_ms,
                     "mean_ms_per_update": float(timed.mean()),
                     "updates_timed": int(timed.size)}))
 
@@ -81,6 +117,9 @@ def driver_main(args):
   runs = harness.alternated(jobs, rounds=args.rounds, log=print)
   results = {name: harness.over_processes(records, "ms_per_update")
              for name, records in runs.items()}
+  for name, records in runs.items():  # the update's first part, alone
+    results[name]["ms_loss_and_gradients"] = float(
+        np.median([r["ms_loss_and_gradients"] for r in records]))
   ratio = results["torchbridge"]["ms_per_update"] / results["pure torch"]["ms_per_update"]
   out = {"ppo_update": results, "ratio_torchbridge_over_torch": ratio,
          "environment": harness.environment(args.threads, "cpu")}
@@ -89,7 +128,8 @@ def driver_main(args):
     json.dump(out, f, indent=1)
   for name, r in results.items():
     print(f"{name:12s} {r['ms_per_update']:7.2f} ms per PPO update "
-          f"(processes {r['min']:.2f}-{r['max']:.2f})")
+          f"(processes {r['min']:.2f}-{r['max']:.2f}); forward, loss and "
+          f"gradients alone {r['ms_loss_and_gradients']:.2f} ms")
   print(f"torchbridge / pure torch: {ratio:.2f}x  -> {args.results}")
 
 

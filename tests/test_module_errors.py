@@ -1,6 +1,7 @@
 """`tb.TorchModule` error paths: a clear error, nothing lost, the next call
 works."""
 
+import re
 import numpy as np
 import pytest
 import torch
@@ -240,8 +241,9 @@ def test_training_as_a_tensor_works_eagerly_but_not_inside_tf_function():
 def test_xla_compilation_is_refused_with_the_alternative():
   actor = tb.TorchModule(seeded(0, BNNet), name="actor")
   call = tf.function(lambda x: actor(x, training=False), jit_compile=True)
-  with pytest.raises(NotImplementedError, match=r"jit_compile=False"):
+  with pytest.raises(NotImplementedError, match=r"jit_compile=False") as info:
     call(tf.constant(data([4, 3])))
+  assert re.search(r"tb\.translate\(module,\s+input_signature\)", str(info.value))
 
 
 def test_wrong_shape_found_while_tracing_keeps_torch_error_type_and_names_inputs():

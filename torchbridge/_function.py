@@ -23,7 +23,9 @@ XLA compiles the whole function to device code, which cannot call back into
 Python and PyTorch. Compile without XLA instead: `tf.function(fn)` or
 `tf.function(fn, jit_compile=False)`, and in Keras `model.compile(...,
 jit_compile=False)`. The rest of the model can stay compiled if it lives in a
-separate tf.function."""
+separate tf.function. To run a trained `tb.TorchModule` under XLA, translate
+it into TF ops that read the same variables: `tb.translate(module,
+input_signature)` (README, "Serving without torch")."""
 
 
 def torch_function(fn=None, *, output_signature=None, name=None):
