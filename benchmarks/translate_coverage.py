@@ -149,29 +149,15 @@ def signature_of(tensors, dynamic_batch):
   return specs
 
 
-def _listed(err):
-  """The `  op: reason` lines of an `UntranslatedOpsError`, stripped."""
-  return [line.strip() for line in str(err).splitlines()
-          if line.startswith("  ")]
-
-
 def untranslated_ops(err):
-  """The ops an `UntranslatedOpsError` lists as having no translation (or
-  refusing their arguments), not the ops whose translation crashed."""
+  """The ops a `tb.UntranslatedOpsError` lists (its `ops`): an op without a
+  translation by its name; one whose translation refused these arguments
+  as `refused: <op>: <reason>`."""
   ops = []
-  for line in _listed(err):
-    if " failed to translate: " in line:
-      continue
-    op, sep, _ = line.partition(": ")
-    # An op refused while the graph runs is listed by its reason only.
-    ops.append(op if sep and " " not in op else "refused: " + op)
+  for where, why in err.ops.items():
+    op = where.split(" (node ")[0]
+    ops.append(op if why == "no TensorFlow translation" else f"refused: {op}: {why}")
   return ops
-
-
-def translation_crashes(err):
-  """The lines of an `UntranslatedOpsError` for ops whose translation
-  raised (`<op> (node ...) failed to translate: <exception>`): bugs."""
-  return [line for line in _listed(err) if " failed to translate: " in line]
 
 
 def _short(text, limit=300):
@@ -182,10 +168,10 @@ def _short(text, limit=300):
 def classify(err):
   """(kind, detail, ops) of an exception `tb.translate` raised."""
   if isinstance(err, tb.UntranslatedOpsError):
-    ops, crashes = untranslated_ops(err), translation_crashes(err)
-    if crashes and not ops:  # translate's own bug, reported as a refusal
-      return "error", _short("; ".join(crashes), 400), []
-    return "untranslated", _short(err, 400), ops
+    return "untranslated", _short(err, 400), untranslated_ops(err)
+  if isinstance(err, RuntimeError) and "the translation of an op raised" in str(err):
+    # translate's own bug: the op and the exception, from the message.
+    return "error", _short(str(err).splitlines()[1], 400), []
   if isinstance(err, tb.ParityError):
     diffs = re.findall(r"output (\d+): (\S+) .*<- over tolerance", str(err))
     detail = ", ".join(f"output {i}: {d}" for i, d in diffs)

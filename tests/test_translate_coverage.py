@@ -62,22 +62,19 @@ def test_markdown_lists_failures_and_missing_ops():
   assert "Translate and match on every sample: `nn.Linear`." in text
 
 
-def test_untranslated_ops_parses_the_error_message():
-  message = ("translate('m'): 2 op(s) of this model have no TensorFlow\n"
-             "translation:\n  aten.a.default: no TensorFlow translation\n"
-             "  aten.b.out: some reason\nThe way out: ...")
-  assert coverage.untranslated_ops(message) == ["aten.a.default",
-                                                "aten.b.out"]
-  assert coverage.untranslated_ops("...translation:\n  an LSTM with "
-                                   "proj_size\nThe way out") == [
-                                       "refused: an LSTM with proj_size"]
+def test_untranslated_ops_come_from_the_errors_op_list():
+  err = coverage.tb.UntranslatedOpsError("...", {
+      "aten.a.default": "no TensorFlow translation",
+      "aten.lstm.input (node 'lstm')": "an LSTM with proj_size"})
+  assert coverage.untranslated_ops(err) == [
+      "aten.a.default", "refused: aten.lstm.input: an LSTM with proj_size"]
 
 
 def test_a_crashing_op_translation_is_an_error_not_a_missing_op():
-  err = coverage.tb.UntranslatedOpsError(
-      "translate('m'): 1 op(s) of this model have no TensorFlow\n"
-      "translation:\n  aten._softmax.default (node '_softmax') failed to "
-      "translate: InvalidArgumentError: bad dim\nThe way out: ...")
+  err = RuntimeError(
+      "translate('m'): the translation of an op raised on this model:\n"
+      "  aten._softmax.default (node '_softmax'): its translation raised "
+      "InvalidArgumentError: bad dim\nThis is a bug ...")
   kind, detail, ops = coverage.classify(err)
   assert (kind, ops) == ("error", [])
-  assert detail.startswith("aten._softmax.default (node '_softmax') failed")
+  assert detail.startswith("aten._softmax.default (node '_softmax'): its")
