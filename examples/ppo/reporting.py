@@ -12,6 +12,7 @@ import torch
 
 import torchbridge as tb
 from td3.reporting import ProgressBar  # noqa: F401  (the same bar as TD3's)
+from td3.reporting import closing_lines
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
@@ -108,13 +109,4 @@ def summary(results, out_dir):
     lines.append(f"    step {step:7d}: {ret:6.1f}")
   lines.append(f"  PPO update: {results['ms_per_update']:.2f} ms on average over "
                f"{results['updates']} updates")
-  stats = results["exchange_stats"]
-  if results["backend"] == "torchbridge":
-    lines.append(
-        f"  crossed the TF/torch boundary: {stats['zero_copy']} tensors "
-        f"zero-copy, {stats['copied']} copied ({stats['bytes_copied']} bytes)")
-  lines.append(f"  results:        {os.path.join(out_dir, 'results.json')}")
-  lines.append(f"  learning curve: {results['curve']}")
-  lines.append(f"  checkpoints:    {os.path.join(out_dir, 'checkpoints')}")
-  lines.append(f"  TensorBoard:    tensorboard --logdir {os.path.join(out_dir, 'tensorboard')}")
-  return "\n".join(lines)
+  return "\n".join(lines + closing_lines(results, out_dir))

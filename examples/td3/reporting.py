@@ -93,6 +93,13 @@ def summary(results, out_dir):
     lines.append(f"    step {step:6d}: {ret:8.1f}")
   lines.append(f"  train step: {results['sec_per_train_step'] * 1e3:.2f} ms on "
                f"average over {results['train_steps']} steps")
+  return "\n".join(lines + closing_lines(results, out_dir))
+
+
+def closing_lines(results, out_dir):
+  """The end of a run's summary (TD3's and PPO's): what crossed the bridge
+  and where the run's files are."""
+  lines = []
   stats = results["exchange_stats"]
   if results["backend"] == "torchbridge":
     lines.append(
@@ -102,4 +109,4 @@ def summary(results, out_dir):
   lines.append(f"  learning curve: {results['curve']}")
   lines.append(f"  checkpoints:    {os.path.join(out_dir, 'checkpoints')}")
   lines.append(f"  TensorBoard:    tensorboard --logdir {os.path.join(out_dir, 'tensorboard')}")
-  return "\n".join(lines)
+  return lines
