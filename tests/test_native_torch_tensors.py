@@ -309,8 +309,14 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
       timeout=600)
   assert result["available"] is True
   assert result["interop"] is False
-  assert "DLPack capsules only" in result["status"]
-  assert result["records"] == []  # a working op is not worth a warning
+  assert "without its torch side" in result["status"]
+  # The fallback says so once, at WARNING, with the reason and the log.
+  warnings = [r for r in result["records"] if r[0] == "WARNING"]
+  assert len(warnings) == 1, result["records"]
+  message = warnings[0][1]
+  assert "torch_interop.cc" in message and "nonexistent/header.h" in message
+  assert str(tmp_path) in message and ".log" in message
+  assert "python -m torchbridge build --force" in message
   assert result["f"] == [3.0, 6.0]
   np.testing.assert_allclose(result["g"], np.sin([1.0, 2.0]), rtol=1e-6)
   assert list(tmp_path.glob("*.log"))  # the failed attempt's log stays

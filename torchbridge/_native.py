@@ -45,6 +45,7 @@ _library = None  # the loaded op module, once loaded
 _tried = False  # whether load() has run (successfully or not)
 _status = "not loaded"  # one line: what load() did
 _interop = False  # whether the loaded library has csrc/torch_interop.cc
+_library_path = None  # the file it was loaded from
 
 
 # ---------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def load():
   Thread-safe; the build also holds a file lock, so concurrent processes
   build once.
   """
-  global _library, _tried, _status, _interop
+  global _library, _tried, _status, _interop, _library_path
   if _tried:
     return _library
   with _load_lock:
@@ -82,10 +83,18 @@ def load():
         # tf.function that holds it gives None gradients instead of failing
         # the call with a LookupError.
         tf.no_gradient("TorchbridgeCall")
-        _status = (f"torchbridge: native TF op loaded from {path} ("
-                   + ("torch tensors made in C++" if _interop else
-                      "DLPack capsules only: torch_interop.cc did not build")
-                   + ")")
+        _library_path = path
+        if _interop:
+          _status = (f"torchbridge: native TF op loaded from {path} "
+                     "(complete: torch tensors made in C++)")
+        else:
+          reason = _native_build.build_record(path).get("reason") or (
+              "built without csrc/torch_interop.cc")
+          _status = (f"torchbridge: native TF op loaded from {path} without "
+                     f"its torch side, trading DLPack capsules with Python "
+                     f"(slower per call): {reason}. After fixing that, "
+                     "rebuild with `python -m torchbridge build --force`")
+          _LOG.warning(_status)
       except Exception as err:  # pylint: disable=broad-except
         _library = None
         _status = (f"torchbridge: native TF op unavailable ({_one_line(err)})"
@@ -130,6 +139,11 @@ native_available = available
 def status():
   """One line saying what `load()` did (or "not loaded")."""
   return _status
+
+
+def loaded_from():
+  """The file the op was loaded from, or None (not loaded, or not had)."""
+  return _library_path
 
 
 def _one_line(err):
