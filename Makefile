@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test test-user bench venv clean
+.PHONY: demo ppo test test-user user-venv bench bench-user bench-build venv clean
 
 venv: $(STAMP)
 
@@ -43,32 +43,58 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
 
-# What a user gets, as a second environment: a fresh venv, torch from the
-# package index (the CUDA build every Linux x86_64 user gets from PyPI; it
-# brings triton and the CUDA libraries, and runs on the CPU here), and
-# torchbridge installed non-editable the README's way (`pip install .[cpu]`).
-# The tests run from tests/ with `python -P`, so they import the installed
-# package, not the source tree: the import-order matrix, the README's code
-# blocks, the quick-start example, torch's lazily loaded native code.
+# What a user gets, as a second environment: a fresh venv, the torch that
+# `pip install torch` gives today (requirements-user.txt: the CUDA build
+# every Linux x86_64 user gets from PyPI; it brings triton and the CUDA
+# libraries, and runs on the CPU here), and torchbridge installed
+# non-editable the README's way (`pip install .[cpu]`). PIP_CONSTRAINT is
+# emptied for it: a user has no local cap on torch's version (these
+# machines' pip configuration has one). The tests run from tests/ with
+# `python -P`, so they import the installed package, not the source tree:
+# the import-order matrix, the README's code blocks, the quick-start
+# example, torch's lazily loaded native code, and the native op a user gets
+# (complete, built and reported by `python -m torchbridge`). Then what a
+# user sees: `python -m torchbridge info`, and the README example's first
+# graph call timed with an empty cache (the build included) and a warm one.
 USER_VENV := .venv-user
 USER_PY := $(USER_VENV)/bin/python
-USER_TORCH ?= torch==2.14.1
+USER_REQUIREMENTS ?= requirements-user.txt
 USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
-	test_torch_lazy_native.py
-test-user:
+	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py
+user-venv:
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
 	$(USER_PY) -m pip install --quiet --upgrade pip
-	$(USER_PY) -m pip install --quiet "$(USER_TORCH)" ".[cpu]" pytest
+	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet \
+	  -r $(USER_REQUIREMENTS) ".[cpu]" pytest
 	$(USER_PY) -c "import importlib.util as u, sys; \
 	  sys.exit('triton missing: not a user install' if u.find_spec('triton') is None else 0)"
 	$(USER_PY) -m pip list 2>/dev/null | grep -E -i "^(torch|triton|tensorflow[-_a-z]*|keras|torchbridge) "
+
+test-user: user-venv
 	cd tests && TORCHBRIDGE_USER_INSTALL=1 ../$(USER_PY) -P -m pytest -q \
 	  -p no:cacheprovider $(USER_TESTS)
+	cd tests && ../$(USER_PY) -P -m torchbridge info
+	cache=$$(mktemp -d) && cd tests && for run in cold warm; do \
+	  printf "README example, first graph call, $$run cache: "; \
+	  TORCHBRIDGE_CACHE_DIR=$$cache TF_CPP_MIN_LOG_LEVEL=3 \
+	    ../$(USER_PY) -P ../benchmarks/first_call.py || exit 1; \
+	done; rm -rf $$cache
 
 # QUICK=1: the smoke run, 60-80 s here (the test suite runs it too).
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick --out benchmarks/results/quick)
+
+# The per-call figures in the development venv and in the user-install venv
+# (made by `make test-user` if missing), side by side; and the native op's
+# build, before and after issue 25, with the README example's first call.
+bench-user: $(STAMP)
+	test -x $(USER_PY) || $(MAKE) user-venv
+	$(PY) -m benchmarks.per_call_venvs --python $(PY) --python $(USER_PY)
+
+bench-build: $(STAMP)
+	$(PY) -m benchmarks.build_time
+	test ! -x $(USER_PY) || $(USER_PY) -m benchmarks.build_time
 
 clean:
 	rm -rf $(VENV) $(USER_VENV) build *.egg-info

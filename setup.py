@@ -45,9 +45,9 @@ setup(
     # `tensorflow-cpu`, `tensorflow[and-cuda]`) and pip cannot tell that one
     # satisfies another; pick one with the extras below. The pinned CPU set
     # used for development and CI is requirements-dev.txt. The floors are
-    # the oldest releases CI tests: torch 2.13 (the development venv; the
-    # user-install venv of `make test-user` has the index's torch 2.14.1)
-    # and TensorFlow 2.21 (both).
+    # the oldest releases CI tests: torch 2.13 (the development venv)
+    # and TensorFlow 2.21 (both); `make test-user` runs what `pip install
+    # torch` gives today (requirements-user.txt).
     install_requires=[
         "numpy",
         "torch>=2.13",
@@ -58,6 +58,8 @@ setup(
         "tf_keras": ["tf_keras"],
         "ray": ["ray>=2.10"],
     },
+    # `torchbridge info|build`, the same as `python -m torchbridge info|build`.
+    entry_points={"console_scripts": ["torchbridge = torchbridge._cli:main"]},
     cmdclass={"build_py": _BuildPyWithOpSource},
     license="Apache-2.0",
 )

@@ -10,9 +10,11 @@
 // the callback, and releasing the TF buffer is a reference-count decrement
 // on the storage.
 //
-// Compiled with torch's headers (torch.utils.cpp_extension.include_paths())
-// and linked against torch's libraries; the loader (torchbridge/_native.py)
-// builds without this file when that fails.
+// Compiled on its own, with torch's headers (torch.utils.cpp_extension's
+// include paths) and the standard they require (-std=c++20 since torch
+// 2.14), and none of TF's; linked against torch's libraries. The builder
+// (torchbridge/_native_build.py) builds without this file when that fails,
+// and says why.
 
 #include "torch_interop.h"
 

@@ -92,39 +92,8 @@ def links(tmp_path):
 
 
 # The README's first example in TF-first order, timing its first graph call.
-FIRST_CALL = """
-import time
-started = time.perf_counter()
-import tensorflow as tf
-import torchbridge as tb
-import torch
-from torchbridge import _native, _native_build
-imported = time.perf_counter()
-
-actor = tb.TorchModule(torch.nn.Sequential(
-    torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)),
-    name="actor")
-opt = tf.keras.optimizers.Adam(1e-3)
-
-@tf.function
-def train_step(obs):
-  with tf.GradientTape() as tape:
-    loss = tf.reduce_mean(actor(obs) ** 2)
-  grads = tape.gradient(loss, actor.trainable_variables)
-  opt.apply_gradients(zip(grads, actor.trainable_variables))
-  return loss
-
-before = time.perf_counter()
-loss = float(train_step(tf.random.normal([32, 3])))
-first_call = time.perf_counter() - before
-import json
-print(json.dumps({"loss": loss, "first_call_s": round(first_call, 2),
-                  "import_s": round(imported - started, 2),
-                  "builds": _native_build.build_count,
-                  "native": _native.available(),
-                  "complete": _native.has_torch_interop(),
-                  "status": _native.status()}))
-"""
+FIRST_CALL = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "benchmarks", "first_call.py")
 
 
 def last_json(out):
@@ -213,7 +182,7 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(
   record = _native_build.build_record(libraries[0])
   assert record["complete"] is True and record["seconds"] > 0
 
-  first = run(["-c", FIRST_CALL], tmp_path, env)
+  first = run([FIRST_CALL], tmp_path, env)
   result = last_json(first)
   assert result["builds"] == 0 and "building" not in first.stderr
   assert result["native"] and result["complete"], result["status"]
@@ -229,7 +198,7 @@ def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
   compiler = stand_in_compiler(tmp_path)
   env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
          _native.DISABLE_ENV: None, "CXX": str(compiler)}
-  out = run(["-c", FIRST_CALL], tmp_path, env)
+  out = run([FIRST_CALL], tmp_path, env)
   result = last_json(out)
   assert result["builds"] == 1 and links(tmp_path) == 1
   # No logging configured, as in the README's example: the lines reach
@@ -246,15 +215,16 @@ def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
   compiler = stand_in_compiler(tmp_path)
   env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
          _native.DISABLE_ENV: None, "CXX": str(compiler)}
-  silenced = run(["-c", "import logging\n"
+  silenced = run(["-c", "import logging, runpy\n"
                   "logging.getLogger('torchbridge').setLevel(logging.WARNING)\n"
-                  + FIRST_CALL], tmp_path, env)
+                  f"runpy.run_path({FIRST_CALL!r})"], tmp_path, env)
   assert last_json(silenced)["builds"] == 1
   assert "building the native TF op" not in silenced.stderr
   # A user's own configuration (here: INFO to stdout) gets the lines.
-  configured = run(["-c", "import logging, sys\nlogging.basicConfig("
+  configured = run(["-c", "import logging, runpy, sys\nlogging.basicConfig("
                     "stream=sys.stdout, level=logging.INFO, "
-                    "format='LOG %(name)s %(message)s')\n" + FIRST_CALL],
+                    "format='LOG %(name)s %(message)s')\n"
+                    f"runpy.run_path({FIRST_CALL!r})"],
                    tmp_path, dict(env, **{
                        _native_build.CACHE_ENV: str(tmp_path / "cache2")}))
   last_json(configured)

@@ -317,6 +317,18 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   assert "torch_interop.cc" in message and "nonexistent/header.h" in message
   assert str(tmp_path) in message and ".log" in message
   assert "python -m torchbridge build --force" in message
+  # A later process loads the cached fallback without building, and says
+  # why again (once): nothing about the op it gets is silent.
+  later = _run_subprocess("""
+      from torchbridge import _native_build
+      _native_build._torch_interop_flags = lambda sources: (
+          ["-include", "/nonexistent/header.h"], [])
+      ok = _native.available() and _native.available()
+      print(json.dumps({"available": ok, "records": records,
+                        "builds": _native_build.build_count}))
+      """, {_native.DISABLE_ENV: None, _native_build.CACHE_ENV: str(tmp_path)})
+  assert later["available"] is True and later["builds"] == 0
+  assert later["records"] == warnings, later["records"]
   assert result["f"] == [3.0, 6.0]
   np.testing.assert_allclose(result["g"], np.sin([1.0, 2.0]), rtol=1e-6)
   assert list(tmp_path.glob("*.log"))  # the failed attempt's log stays

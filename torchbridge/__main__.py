@@ -4,4 +4,5 @@ import sys
 
 from torchbridge import _cli
 
-sys.exit(_cli.main())
+if __name__ == "__main__":
+  sys.exit(_cli.main())

@@ -1,5 +1,7 @@
 """The command line: `python -m torchbridge info` and `... build`.
 
+Installed as the `torchbridge` command too (setup.py's console script).
+
   python -m torchbridge info [--json] [--no-build]
       versions, the native op (loaded or not, from which file, complete or
       fallback and why), the import-order fix, threads, GPUs. Exit 0
@@ -26,7 +28,8 @@ def main(argv=None):
   """Runs the command line with `argv` (default: sys.argv[1:]); the exit
   status."""
   parser = argparse.ArgumentParser(
-      prog="python -m torchbridge",
+      prog="python -m torchbridge" if argv is None and sys.argv[0].endswith(
+          "__main__.py") else "torchbridge",
       description="torchbridge's set-up: what is installed and active, and "
                   "the native TF op built ahead of time.")
   commands = parser.add_subparsers(dest="command", required=True)
