@@ -51,6 +51,8 @@ def main(argv=None):
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--out", default=str(_ROOT / "benchmarks" / "results"))
   args = parser.parse_args(argv)
+  # Absolute, not resolved: a venv's python is a symlink to the base one.
+  args.python = [os.path.abspath(p) for p in args.python]
   runs = {python: [] for python in args.python}
   with tempfile.TemporaryDirectory(prefix="tb_bench_path_") as path_dir:
     # Only benchmarks/ on the path: torchbridge comes from the venv.
