@@ -21,6 +21,21 @@ GilLock::GilLock() {
   if (foreign) PyGILState_Ensure();  // never released: the state stays
 }
 
+PyRef UnusedIndices(const std::vector<bool>& required) {
+  std::vector<long> unused;
+  for (size_t i = 0; i < required.size(); ++i) {
+    if (!required[i]) unused.push_back(static_cast<long>(i));
+  }
+  if (unused.empty()) return PyRef::Borrow(Py_None);
+  PyRef tuple(PyTuple_New(static_cast<Py_ssize_t>(unused.size())));
+  for (size_t k = 0; tuple && k < unused.size(); ++k) {
+    PyObject* index = PyLong_FromLong(unused[k]);
+    if (index == nullptr) return PyRef();
+    PyTuple_SET_ITEM(tuple.get(), k, index);  // steals the reference
+  }
+  return tuple;
+}
+
 std::string PyObjectString(PyObject* obj) {
   if (obj == nullptr) return "";
   PyObject* str = PyObject_Str(obj);

@@ -9,6 +9,7 @@
 #include <Python.h>  // first, as Python asks
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -73,6 +74,11 @@ class PyRef {
 
 // str(obj), or "<unprintable>".
 std::string PyObjectString(PyObject* obj);
+
+// None when every flag is set, else a tuple of the indices of those that
+// are not (an op's unused outputs); an empty PyRef with a Python error set
+// on failure. Needs the GIL.
+PyRef UnusedIndices(const std::vector<bool>& required);
 
 // Formats the pending Python exception (and clears it) as a TF error with
 // the exception's type, message and traceback. The error code follows

@@ -25,6 +25,7 @@
 #include "adopted_buffer.h"
 #include "dlpack_check.h"
 #include "python_util.h"
+#include "timeline.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "torch_thread.h"
@@ -105,12 +106,17 @@ class TorchbridgeCallOp : public OpKernel {
   // per call, measured ~50 us here). CUDA kernels do not use torch's OpenMP
   // teams, so the GPU kernel's calls stay here.
   void Compute(OpKernelContext* ctx) override {
+    timeline::Span kernel(timeline::kKernel);
     TorchThread& thread = TorchThread::Get();
     if (kGpu || !thread.enabled() || thread.OnThisThread()) {
       Run(ctx);
       return;
     }
-    thread.Run([this, ctx] { Run(ctx); });
+    timeline::Span wait(timeline::kWaitTorchThread);
+    thread.Run([this, ctx] {
+      timeline::Span run(timeline::kTorchThreadRun);
+      Run(ctx);
+    });
   }
 
  private:
@@ -143,13 +149,18 @@ class TorchbridgeCallOp : public OpKernel {
     // The inputs as DLPack tensors (no GIL needed yet).
     std::vector<DLManagedTensor*> inputs(ctx->num_inputs(), nullptr);
     absl::Status status;
+    timeline::Span wrap(timeline::kWrapInputs);
     for (int i = 0; i < ctx->num_inputs() && status.ok(); ++i) {
       status = WrapInput(ctx->input(i), Device(call, i, /*output=*/false), i,
                          &inputs[i]);
     }
+    wrap.Stop();
     std::vector<Managed> outputs(num_outputs);
     {
+      timeline::Span gil_wait(timeline::kAcquireGil);
       GilLock gil;
+      gil_wait.Stop();
+      timeline::Span callback(timeline::kCallback);
       if (!status.ok()) {
         for (DLManagedTensor* m : inputs) {
           if (m) m->deleter(m);
@@ -158,6 +169,7 @@ class TorchbridgeCallOp : public OpKernel {
         status = CallPython(call, &inputs, &outputs);
       }
     }
+    timeline::Span adopt(timeline::kAdoptOutputs);
     for (int i = 0; i < num_outputs && status.ok(); ++i) {
       if (outputs[i]) {  // else an unused output Python left out (None)
         status = AdoptAsOutput(ctx, i, out_types_[i], &outputs[i]);
@@ -227,7 +239,7 @@ class TorchbridgeCallOp : public OpKernel {
     }
     PyRef args = InputList(inputs);
     PyRef id(PyLong_FromLongLong(callback_id_));
-    PyRef unused = UnusedOutputs(call.required);
+    PyRef unused = UnusedIndices(call.required);
     if (!args || !id || !unused) return PythonErrorToStatus(Where());
     PyRef result;
     PyObject* callback = nullptr;
@@ -259,22 +271,6 @@ class TorchbridgeCallOp : public OpKernel {
     if (!result) return PythonErrorToStatus(Where());
     // Unconsumed capsules release their tensors when `result` goes.
     return TakeOutputs(call, *hooks, result.get(), outputs);
-  }
-
-  // None when every output is used, else a tuple of the unused indices.
-  static PyRef UnusedOutputs(const std::vector<bool>& required) {
-    std::vector<long> unused;
-    for (size_t i = 0; i < required.size(); ++i) {
-      if (!required[i]) unused.push_back(static_cast<long>(i));
-    }
-    if (unused.empty()) return PyRef::Borrow(Py_None);
-    PyRef tuple(PyTuple_New(static_cast<Py_ssize_t>(unused.size())));
-    for (size_t k = 0; tuple && k < unused.size(); ++k) {
-      PyObject* index = PyLong_FromLong(unused[k]);
-      if (index == nullptr) return PyRef();
-      PyTuple_SET_ITEM(tuple.get(), k, index);  // steals the reference
-    }
-    return tuple;
   }
 
   // Checks every output of `result` and, only if all pass, takes each

@@ -15,6 +15,7 @@ from torchbridge._exchange import to_torch
 from torchbridge._function import torch_function
 from torchbridge._module import TorchModule
 from torchbridge._native import native_available
+from torchbridge._timeline import timeline
 
 __all__ = [
     "ParityError",
@@ -24,6 +25,7 @@ __all__ = [
     "exchange_stats",
     "native_available",
     "reset_exchange_stats",
+    "timeline",
     "to_tf",
     "to_torch",
     "torch_function",

@@ -39,6 +39,7 @@ from torchbridge import _native
 from torchbridge import _placement
 from torchbridge import _saved
 from torchbridge import _signature
+from torchbridge import _timeline
 from torchbridge import _thread_state
 
 def is_differentiable(dtype):
@@ -113,13 +114,13 @@ def _call_eager(compute, args_tf, differentiable, n_used=None):
   # README, "One torch thread": one costs 40-90 us here, more than an
   # eager call).
   if not (_compat.tape_could_record() and any(differentiable)):
-    with torch.no_grad():
+    with torch.no_grad(), _timeline.span(_timeline.CALL):
       saved = compute(_views(args_tf[:n_used]), False)
     return [_to_tf_or_none(o) for o in saved.outs_torch]
 
   @tf.custom_gradient
   def bridged(*args):
-    with torch.enable_grad():
+    with torch.enable_grad(), _timeline.span(_timeline.CALL):
       saved = compute(_views(args[:n_used]), True)
     outs_tf = [_to_tf_or_none(o) for o in saved.outs_torch]
 
@@ -157,7 +158,8 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
 
   def run(py_args_torch, unused=None):
     # The tf.py_function path: handed to the torch thread from here.
-    return _placement.run_graph_call(run_here, py_args_torch, unused)
+    with _timeline.span(_timeline.HAND_OFF):
+      return _placement.run_graph_call(run_here, py_args_torch, unused)
 
   def run_native(py_args_torch, unused=None):
     # The native op's CPU kernel runs this on its torch thread already
@@ -172,6 +174,10 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
     # consumes (`unused`; None when it cannot tell). Nothing consumes the
     # handle (output 0) in an inference call, since no gradient can come:
     # then no autograd graph is recorded and no handle is made.
+    with _timeline.span(_timeline.CALL):
+      return _run_here(py_args_torch, unused)
+
+  def _run_here(py_args_torch, unused):
     inference = unused is not None and 0 in unused
     grad_mode = torch.is_grad_enabled()
     torch.set_grad_enabled(record and not inference)
@@ -185,12 +191,14 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
         outs_torch = saved.outs_torch
     finally:
       torch.set_grad_enabled(grad_mode)
-    check_outputs(outs_torch)
+    with _timeline.span(_timeline.CHECK):
+      check_outputs(outs_torch)
     if saved is None:
       return [None] + outs_torch
-    handle_torch = torch.empty(1, dtype=torch.int8,
-                               device=_handle_device(outs_torch))
-    _saved.own(handle_torch, saved)
+    with _timeline.span(_timeline.SAVE):
+      handle_torch = torch.empty(1, dtype=torch.int8,
+                                 device=_handle_device(outs_torch))
+      _saved.own(handle_torch, saved)
     return [handle_torch] + outs_torch
 
   @tf.custom_gradient
@@ -256,8 +264,11 @@ def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
 
   def body(*inputs_eager):
     _thread_state.keep_for_this_thread()
-    outs_torch = run(_views(inputs_eager))
-    return [_exchange.tensor_to_tf(o) for o in outs_torch]
+    with _timeline.span(_timeline.TO_TORCH):
+      inputs_torch = _views(inputs_eager)
+    outs_torch = run(inputs_torch)
+    with _timeline.span(_timeline.TO_TF):
+      return [_exchange.tensor_to_tf(o) for o in outs_torch]
 
   outs_tf = tf.py_function(body, inputs_tf, Tout=out_dtypes, name=name)
   for out_tf, shape in zip(outs_tf, out_shapes):

@@ -16,6 +16,7 @@ from torchbridge import _compat
 from torchbridge import _exchange
 from torchbridge import _saved
 from torchbridge import _signature
+from torchbridge import _timeline
 
 _XLA_UNSUPPORTED = """\
 {name} cannot run inside a tf.function compiled with XLA (jit_compile=True):
@@ -129,11 +130,13 @@ class TorchFunction:
       fn = self._fn
 
       def run(args_torch):
-        return fn(*args_torch)
+        with _timeline.span(_timeline.FORWARD):
+          return fn(*args_torch)
     else:
       def run(args_torch):
         a, kw = call.substitute(args_torch)
-        return self._fn(*a, **kw)
+        with _timeline.span(_timeline.FORWARD):
+          return self._fn(*a, **kw)
 
     return call_bridged(run, call.args_tf, self._name, self._output_signature)
 

@@ -35,6 +35,7 @@ from torchbridge import _compat
 from torchbridge import _native_build
 from torchbridge import _placement
 from torchbridge import _stats
+from torchbridge import _timeline
 
 _LOG = logging.getLogger("torchbridge")
 
@@ -83,6 +84,7 @@ def load():
         # tf.function that holds it gives None gradients instead of failing
         # the call with a LookupError.
         tf.no_gradient("TorchbridgeCall")
+        _timeline.connect(path)
         _library_path = path
         if _interop:
           _status = (f"torchbridge: native TF op loaded from {path} "

@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from torchbridge import _timeline
 from torchbridge import _vjp
 
 # Handle data pointer -> (`Saved`, weak reference to the handle): the record
@@ -67,11 +68,12 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(),
   grad_mode = torch.is_grad_enabled()
   torch.set_grad_enabled(True)
   try:
-    if pairs and wanted:
-      grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted], record,
-                                  none_ok)
-    else:
-      grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
+    with _timeline.span(_timeline.BACKWARD):
+      if pairs and wanted:
+        grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted],
+                                    record, none_ok)
+      else:
+        grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
   finally:
     torch.set_grad_enabled(grad_mode)
   for k, grad in zip(wanted, grads_wanted):

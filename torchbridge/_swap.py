@@ -8,6 +8,7 @@ which costs more than the forward of a small model.
 """
 
 from torchbridge import _compat
+from torchbridge import _timeline
 
 
 class TensorSlots:
@@ -63,7 +64,8 @@ class TensorSlots:
     try:
       for name, table, key in slots:
         table[key] = tensors[name]
-      result = self._module(*args, **kwargs)
+      with _timeline.span(_timeline.FORWARD):
+        result = self._module(*args, **kwargs)
       reassigned = {}
       for name, table, key in slots:
         if table[key] is not tensors[name]:

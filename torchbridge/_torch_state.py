@@ -20,6 +20,7 @@ from torchbridge import _exchange
 from torchbridge import _function
 from torchbridge import _module_checks
 from torchbridge import _swap
+from torchbridge import _timeline
 from torchbridge import _torch_views
 from torchbridge import _write_recorder
 
@@ -109,19 +110,21 @@ class TorchState:
 
     def run(args_torch):
       with self._lock:
+        bind = _timeline.span(_timeline.BIND)  # until the forward starts
         views = self._views
         views.take_back()
         views.calls_running += 1
         if views.calls_running == 1:
           views.suspend_hooks()
         try:
-          return locked_run(args_torch)
+          return locked_run(args_torch, bind)
         finally:
+          bind.stop()
           views.calls_running -= 1
           if not views.calls_running:
             views.resume_hooks()
 
-    def locked_run(args_torch):
+    def locked_run(args_torch, bind):
       known_mutated = (frozenset(self.buffer_names) if output_signature
                        is not None else self._mutated_buffers.get(mode_key))
       buffers_torch = {}
@@ -143,6 +146,7 @@ class TorchState:
       tensors = dict(zip(self.param_names, args_torch[:n_params]))
       tensors.update(buffers_torch)
       a, kw = call.substitute(args_torch[n_vars:])
+      bind.stop()
       with _module_checks.torch_mode(self.module, self._modules, training), \
           _module_checks.explain_dtype_errors(self.name, self.module, args_torch[n_vars:]):
         if known_mutated is None:

@@ -1,0 +1,215 @@
+"""A timeline of every bridged call, phase by phase; opt-in, free when off.
+
+Each phase of a bridged call is a span. The native op's kernel marks its own
+(csrc/timeline.h: kernel entered to left, the wait for and the run on the
+torch thread, wrapping the inputs, acquiring the GIL, the callback with the
+GIL held, adopting the outputs) as TraceMe events, which TF's profiler
+(TensorBoard's trace viewer) records whenever it runs. The Python side marks
+the rest (`PHASES`: binding the arguments, torch's forward and backward,
+checking the outputs, saving the state for the backward; on the
+`tf.py_function` path also the hand-over to the torch thread and both
+crossings) when annotation is on:
+
+  - `TORCHBRIDGE_TIMELINE=1` in the environment: every span is also a
+    `tf.profiler.experimental.Trace` (TF's profiler) and a
+    `torch.profiler.record_function` (torch's profiler), for the whole
+    process;
+  - `torchbridge.timeline()`: the same while the block runs, and a
+    recording of both sides' spans in one list, with threads and
+    `time.perf_counter_ns()` times, that saves as a Chrome / Perfetto trace.
+
+Off, a span costs one call returning a shared no-op context manager.
+
+Example:
+  >>> import tensorflow as tf
+  >>> import torch
+  >>> import torchbridge as tb
+  >>> f = tb.torch_function(lambda x: x * 2)
+  >>> with tb.timeline() as trace:
+  ...   _ = tf.function(f)(tf.ones([3]))
+  >>> "torchbridge/torch forward" in {e["name"] for e in trace.events}
+  True
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import threading
+import time
+
+import torch  # noqa: F401  (before tensorflow)
+import tensorflow as tf
+
+ENV = "TORCHBRIDGE_TIMELINE"
+
+# The Python side's phases.
+CALL = "torchbridge/python call"
+BIND = "torchbridge/bind arguments"
+FORWARD = "torchbridge/torch forward"
+BACKWARD = "torchbridge/torch backward"
+CHECK = "torchbridge/check outputs"
+SAVE = "torchbridge/save state"
+HAND_OFF = "torchbridge/hand off to torch thread"
+TO_TORCH = "torchbridge/inputs to torch"
+TO_TF = "torchbridge/outputs to TF"
+PHASES = (CALL, BIND, FORWARD, BACKWARD, CHECK, SAVE, HAND_OFF, TO_TORCH,
+          TO_TF)
+
+_annotating = os.environ.get(ENV, "").strip() not in ("", "0")
+_recording = None  # the Timeline being recorded, if any
+_lock = threading.Lock()
+_library = None  # ctypes handle of the native op, once connected
+
+
+class _Off:
+  __slots__ = ()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+  def stop(self):
+    pass
+
+
+_OFF = _Off()
+
+
+class _Span:
+  """One phase on this thread: TF's and torch's annotations, and a record."""
+  __slots__ = ("_name", "_tf", "_torch", "_begin", "_stopped")
+
+  def __init__(self, name):
+    self._name = name
+    self._tf = tf.profiler.experimental.Trace(name)
+    self._torch = torch.profiler.record_function(name)
+    self._tf.__enter__()
+    self._torch.__enter__()
+    self._stopped = False
+    self._begin = time.perf_counter_ns()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.stop()
+    return False
+
+  def stop(self):
+    if self._stopped:
+      return
+    self._stopped = True
+    end = time.perf_counter_ns()
+    self._torch.__exit__(None, None, None)
+    self._tf.__exit__(None, None, None)
+    recording = _recording
+    if recording is not None:
+      recording.add(self._name, threading.get_native_id(), self._begin, end,
+                    "python")
+
+
+def span(name):
+  """A context manager (or `.stop()`) marking phase `name` on this thread."""
+  if not _annotating:
+    return _OFF
+  return _Span(name)
+
+
+def connect(library_path):
+  """Called by the loader: the native op's recorder, for `timeline()`."""
+  global _library
+  handle = ctypes.CDLL(str(library_path))
+  handle.torchbridge_timeline_set.argtypes = [ctypes.c_int]
+  handle.torchbridge_timeline_phase_name.restype = ctypes.c_char_p
+  handle.torchbridge_timeline_drain.restype = ctypes.c_int64
+  handle.torchbridge_timeline_drain.argtypes = [
+      ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
+  _library = handle
+  if _recording is not None:
+    handle.torchbridge_timeline_set(1)
+
+
+class Timeline:
+  """What `timeline()` recorded: `events`, a list of dicts with `name`,
+  `thread` (the native thread id), `begin_ns`, `end_ns`
+  (`time.perf_counter_ns()`) and `source` ("python", or "kernel" for the
+  native op's own phases)."""
+
+  def __init__(self):
+    self.events = []
+
+  def add(self, name, thread, begin_ns, end_ns, source):
+    self.events.append({"name": name, "thread": thread, "begin_ns": begin_ns,
+                        "end_ns": end_ns, "source": source})
+
+  def totals_us(self):
+    """{phase name: [number of spans, total microseconds]}."""
+    totals = {}
+    for e in self.events:
+      entry = totals.setdefault(e["name"], [0, 0.0])
+      entry[0] += 1
+      entry[1] += (e["end_ns"] - e["begin_ns"]) / 1e3
+    return totals
+
+  def chrome_trace(self):
+    """The events in Chrome's trace format (chrome://tracing, Perfetto)."""
+    origin = min((e["begin_ns"] for e in self.events), default=0)
+    return {"traceEvents": [
+        {"name": e["name"], "cat": e["source"], "ph": "X", "pid": os.getpid(),
+         "tid": e["thread"], "ts": (e["begin_ns"] - origin) / 1e3,
+         "dur": (e["end_ns"] - e["begin_ns"]) / 1e3}
+        for e in sorted(self.events, key=lambda e: e["begin_ns"])],
+            "displayTimeUnit": "ms"}
+
+  def save(self, path):
+    """Writes `chrome_trace()` as JSON to `path` (open it in Perfetto)."""
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(self.chrome_trace(), f)
+
+
+@contextlib.contextmanager
+def timeline():
+  """Records every bridged call's phases while the block runs.
+
+  Yields a `Timeline`, filled when the block ends. Meanwhile the Python
+  phases are also annotated for TF's and torch's profilers, as with
+  `TORCHBRIDGE_TIMELINE=1`. One recording at a time per process.
+
+  Raises:
+    RuntimeError: if a recording is already running.
+  """
+  global _recording, _annotating
+  with _lock:
+    if _recording is not None:
+      raise RuntimeError(
+          "torchbridge.timeline(): a recording is already running in this "
+          "process; end it before starting another (recordings do not nest)")
+    recording = Timeline()
+    outer_annotating, _annotating = _annotating, True
+    _recording = recording
+    if _library is not None:
+      _library.torchbridge_timeline_set(1)
+  try:
+    yield recording
+  finally:
+    with _lock:
+      if _library is not None:
+        _library.torchbridge_timeline_set(0)
+        _drain_kernel(recording)
+      _recording = None
+      _annotating = outer_annotating
+
+
+def _drain_kernel(recording):
+  buffer = (ctypes.c_int64 * (4 * 4096))()
+  while True:
+    n = _library.torchbridge_timeline_drain(buffer, 4096)
+    for k in range(n):
+      phase, thread, begin, end = buffer[4 * k:4 * k + 4]
+      name = _library.torchbridge_timeline_phase_name(phase).decode()
+      recording.add(name, thread, begin, end, "kernel")
+    if n < 4096:
+      return
