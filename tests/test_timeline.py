@@ -102,6 +102,15 @@ def test_a_recorded_step_holds_every_phase(path, tmp_path):
   assert all(e["ph"] == "X" and e["dur"] >= 0 for e in exported["traceEvents"])
 
 
+def test_recording_without_annotations_records_the_same_phases():
+  step = _training_step("native" if NATIVE else "py_function")
+  with tb.timeline(annotate=False) as trace:
+    with torch.profiler.profile() as prof:
+      step()
+  assert PYTHON_PHASES <= {e["name"] for e in trace.events}
+  assert not {e.name for e in prof.events()} & PYTHON_PHASES
+
+
 def test_eager_calls_are_recorded_too():
   module = tb.TorchModule(torch.nn.Linear(3, 1), name="eager_net")
   x = tf.ones([2, 3])
@@ -148,7 +157,7 @@ def test_torch_profiler_shows_the_python_phases(path):
 
 
 def test_off_a_span_is_the_shared_no_op_and_nothing_is_kept():
-  assert not _timeline._annotating  # pylint: disable=protected-access
+  assert _timeline._mode is None  # pylint: disable=protected-access
   assert _timeline.span(_timeline.FORWARD) is _timeline._OFF  # pylint: disable=protected-access
   step = _training_step("native" if NATIVE else "py_function")
   with tb.timeline() as trace:

@@ -1,0 +1,57 @@
+"""benchmarks/step_breakdown.py: rows that add up to the step they split."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import step_breakdown as sb
+from torchbridge import _native
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_each_instant_goes_to_the_span_begun_last():
+  # Thread 1 (TF's) enters the kernel at 10 and waits from 12; thread 2
+  # (torch's) runs the forward from 20 to 60; nothing runs from 90 to 100.
+  events = [
+      ("torchbridge/kernel", 1, 10, 80),
+      ("torchbridge/wait for torch thread", 1, 12, 78),
+      ("torchbridge/torch thread", 2, 15, 70),
+      ("torchbridge/torch forward", 2, 20, 60),
+      ("adam/Sub:Sub", 1, 80, 90),
+  ]
+  rows = sb.split_step(events, 0, 100)
+  assert sum(rows.values()) == 100  # a partition of the step
+  assert rows[sb.NO_THREAD] == 10 + 10  # before the kernel, after Sub
+  assert rows[sb.TORCH["torchbridge/torch forward"]] == 40
+  assert rows[sb.TF_OPS] == 10
+  handoff = sb.BRIDGE["torchbridge/wait for torch thread"]
+  # 12-15 and 70-78 waiting (no torch-thread span begun later), 15-20 and
+  # 60-70 on the torch thread outside its phases: the same row.
+  assert rows[handoff] == 3 + 8 + 5 + 10
+  assert rows[sb.BRIDGE["torchbridge/kernel"]] == 2 + 2  # 10-12, 78-80
+
+
+@pytest.mark.skipif(not _native.available(), reason="needs the native op")
+def test_the_rows_add_up_to_the_measured_step(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.step_breakdown", "--steps", "5",
+       "--only", "small_mlp", "--out", str(tmp_path)], cwd=ROOT,
+      capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads((tmp_path / "step_breakdown.json").read_text())
+  r = result["steps"]["small_mlp"]
+  t = r["timeline"]
+  assert t["rows_sum_ms"] == pytest.approx(t["step_mean_ms"], rel=0.01)
+  assert r["rows_sum_ms"] == pytest.approx(r["profiled_mean_ms"], rel=0.01)
+  for rows in (t["rows_ms"], r["rows_ms"]):
+    assert rows[sb.TORCH["torchbridge/torch forward"]] > 0
+    assert rows[sb.TORCH["torchbridge/torch backward"]] > 0
+    assert rows[sb.BRIDGE["torchbridge/python call"]] > 0
+  assert t["rows_ms"][sb.TF_SIDE] > 0
+  assert r["rows_ms"][sb.TF_OPS] > 0
+  assert "| **sum of the rows**" in (tmp_path / "step_breakdown.md").read_text()
