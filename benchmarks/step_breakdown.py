@@ -281,30 +281,32 @@ def measure(name, steps):
                                         key=lambda kv: -kv[1])[:8])}
 
 
+def _table(title, rows_ms, step_label, step_ms):
+  """A markdown table of rows, largest first, ending with their sum."""
+  total = sum(rows_ms.values())
+  lines = [title, "", "| row | ms per step (mean) | share |", "|---|---|---|"]
+  for row, ms in sorted(rows_ms.items(), key=lambda kv: -kv[1]):
+    lines.append(f"| {row} | {ms:.3f} | {ms / total:.0%} |")
+  return lines + [f"| **sum of the rows** (the {step_label} step: "
+                  f"{step_ms:.2f}) | {total:.2f} | |", ""]
+
+
 def markdown(results):
   lines = []
   for name, r in results["steps"].items():
     t = r["timeline"]
-    lines += [f"### {name}, recorded by tb.timeline(annotate=False): "
-              f"{t['step_mean_ms']:.2f} ms a step (unprofiled: "
-              f"{r['unprofiled_mean_ms']:.2f}; mean of {r['steps']})", "",
-              "| row | ms per step (mean) | share |", "|---|---|---|"]
-    for row, ms in sorted(t["rows_ms"].items(), key=lambda kv: -kv[1]):
-      lines.append(f"| {row} | {ms:.3f} | {ms / t['rows_sum_ms']:.0%} |")
-    lines += [f"| **sum of the rows** (the recorded step: "
-              f"{t['step_mean_ms']:.2f}) | {t['rows_sum_ms']:.2f} | |", ""]
-    lines += [f"### {name}, under TF's profiler: "
-              f"{r['unprofiled_mean_ms']:.2f} ms a step "
-              f"unprofiled (mean; median {r['unprofiled_median_ms']:.2f}), "
-              f"{r['profiled_mean_ms']:.2f} ms profiled (mean of "
-              f"{r['steps']})", "",
-              "| row | ms per step (mean) | share |", "|---|---|---|"]
-    for row, ms in sorted(r["rows_ms"].items(), key=lambda kv: -kv[1]):
-      lines.append(f"| {row} | {ms:.3f} | {ms / r['rows_sum_ms']:.0%} |")
-    lines += [f"| **sum of the rows** (the profiled step: "
-              f"{r['profiled_mean_ms']:.2f}) | {r['rows_sum_ms']:.2f} | |", "",
-              "TF ops by type, ms per step: " + ", ".join(
-                  f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()), ""]
+    lines += _table(
+        f"### {name}, recorded by tb.timeline(annotate=False): "
+        f"{t['step_mean_ms']:.2f} ms a step (unprofiled: "
+        f"{r['unprofiled_mean_ms']:.2f}; mean of {r['steps']})",
+        t["rows_ms"], "recorded", t["step_mean_ms"])
+    lines += _table(
+        f"### {name}, under TF's profiler: {r['profiled_mean_ms']:.2f} ms a "
+        f"step (unprofiled: {r['unprofiled_mean_ms']:.2f}, median "
+        f"{r['unprofiled_median_ms']:.2f}; mean of {r['steps']})",
+        r["rows_ms"], "profiled", r["profiled_mean_ms"])
+    lines += ["TF ops by type, ms per step: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()), ""]
   return "\n".join(lines)
 
 
