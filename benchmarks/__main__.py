@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -52,6 +53,11 @@ def main(argv=None):
   log("pure torch before and after 1,000 bridged calls")
   results["torch_after_bridge"] = suite.torch_after_bridge(
       args.quick, args.threads, log=log)
+  if not args.quick:
+    log("step breakdown: TD3 and small-MLP steps split phase by phase")
+    subprocess.run([sys.executable, "-m", "benchmarks.step_breakdown",
+                    "--threads", str(args.threads), "--out", args.out],
+                   cwd=harness.ROOT, check=True)
   if not args.quick:
     log("peak memory")
     results["peak_memory"] = {"large_mlp": suite.peak_memory("large_mlp", device)}

@@ -102,6 +102,7 @@ def call(compute, args_tf, out_specs=None, name="torch_call",
   _placement.remember_user_threads()  # on the user's thread
   if tf.executing_eagerly():
     return _call_eager(compute, args_tf, differentiable)
+  _placement.graph_call_traced()
   return _call_graph(compute, args_tf, args_tf, out_specs, True, name,
                      differentiable, infer, specs_found)
 
@@ -162,17 +163,14 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
       return _placement.run_graph_call(run_here, py_args_torch, unused)
 
   def run_native(py_args_torch, unused=None):
-    # The native op's CPU kernel runs this on its torch thread already
-    # (csrc/torch_thread.h); the GPU kernel's calls stay on TF's thread,
-    # which holds TF's CUDA stream as torch's current stream (CUDA kernels
-    # do not use torch's OpenMP teams).
+    # On the native op's torch thread already (CPU), or on TF's thread with
+    # TF's CUDA stream as torch's (GPU: no OpenMP teams there).
     _placement.prepare_native_call()
     return run_here(py_args_torch, unused)
 
   def run_here(py_args_torch, unused=None):
-    # The native op says which of its outputs nothing in the running graph
-    # consumes (`unused`; None when it cannot tell). Nothing consumes the
-    # handle (output 0) in an inference call, since no gradient can come:
+    # `unused`: the outputs nothing in the running graph consumes (None: not
+    # known). In an inference call nothing consumes the handle (output 0):
     # then no autograd graph is recorded and no handle is made.
     with _timeline.span(_timeline.CALL):
       return _run_here(py_args_torch, unused)
@@ -221,8 +219,7 @@ def _call_graph(compute, grad_args_tf, py_args_tf, out_specs, record, name,
         # reaches them through torch's graph rather than through TF's edges.
         skip = [k - 1 for k in unused or () if k > 0]
         return _saved.backward(saved, sel_out, diff_args, py_args_torch[1:],
-                               rec,
-                         skip)
+                               rec, skip)
 
       dys_sel_tf = [dys_tf[i] for i in sel_out]
       # The backward may be traced in another graph than the forward (the

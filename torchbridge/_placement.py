@@ -35,6 +35,7 @@ import threading
 
 import torch
 
+from torchbridge import _omp_team
 from torchbridge import _torch_thread
 
 # Set while a GPU kernel's callback runs on this thread: its CUDA device.
@@ -45,6 +46,13 @@ def remember_user_threads():
   """Records torch's thread count on the user's thread (the one that makes
   an eager call or traces a tf.function), for the torch threads to use."""
   _torch_thread.remember_threads()
+
+
+def graph_call_traced():
+  """On the user's thread, a bridged call was traced into a graph: its
+  calls will run on the torch thread, whose OpenMP team must not be a
+  second one beside the user's idle team (see `_omp_team`)."""
+  _omp_team.release_user_team()
 
 
 def run_graph_call(fn, *args):

@@ -1,0 +1,65 @@
+"""The user's thread's idle OpenMP team, released when a graph call is traced.
+
+torch's intra-op parallelism (libgomp in the Linux wheels) keeps a team of
+worker threads per thread that starts a parallel region. Graph calls run on
+the torch thread (`_placement`), whose team is a second one beside the
+team the user's thread made (weight init, any torch op on 2+ threads). With
+more OpenMP threads in the process than cores, libgomp throttles how long
+an idle worker spins before it sleeps (1,000 spins instead of 300,000), so
+every parallel region of the torch thread then pays a futex wake-up per
+worker. Measured (2 cores, TD3's step, 2 threads each): the same module
+forwards took 4.5-6.0 ms a step inside the bridge against 2.2-2.8 ms in
+pure torch, which reads 5.5 ms itself with `OMP_WAIT_POLICY=PASSIVE`; with
+the user's team released, 2.8 ms.
+
+So when the user's thread traces a bridged call into a `tf.function`, its
+idle team is released (`omp_pause_resource_all(omp_pause_soft)`, OpenMP
+5.0, which frees the calling thread's pool only). libgomp makes a new one
+if that thread runs a parallel region again (about 0.1 ms, once). Eager
+calls keep the team: they run on the user's thread. Set
+`TORCHBRIDGE_RELEASE_USER_TEAM=0` to keep it always.
+"""
+
+import ctypes
+import os
+import threading
+
+import torch
+
+ENV = "TORCHBRIDGE_RELEASE_USER_TEAM"
+_OMP_PAUSE_SOFT = 1
+
+_lock = threading.Lock()
+_pause = None  # omp_pause_resource_all of torch's OpenMP, or False if none
+releases = 0  # how many times a team was released (tests read it)
+
+
+def _find_pause():
+  """torch's `omp_pause_resource_all`, if torch loaded an OpenMP runtime
+  that has it (libgomp, or LLVM's libomp / Intel's libiomp5)."""
+  for name in ("libgomp.so.1", "libomp.so", "libiomp5.so"):
+    try:
+      # RTLD_NOLOAD: only a runtime already in the process (torch's).
+      library = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+      continue
+    pause = getattr(library, "omp_pause_resource_all", None)
+    if pause is not None:
+      pause.argtypes = [ctypes.c_int]
+      pause.restype = ctypes.c_int
+      return pause
+  return False
+
+
+def release_user_team():
+  """Releases the calling thread's idle OpenMP team (see the module
+  docstring); a no-op where turned off or without such a runtime."""
+  global _pause, releases
+  if os.environ.get(ENV, "1") == "0" or torch.get_num_threads() < 2:
+    return
+  if _pause is None:
+    with _lock:
+      if _pause is None:
+        _pause = _find_pause() if hasattr(os, "RTLD_NOLOAD") else False
+  if _pause and _pause(_OMP_PAUSE_SOFT) == 0:
+    releases += 1
