@@ -964,3 +964,37 @@ def test_large_mlp_weights_are_resident_once():
   sizes = json.loads(out.stdout.strip().splitlines()[-1])
   # The torch module's own copy is gone: before, this was 2x.
   assert sizes["wrapped_mb"] <= 1.1 * sizes["weights_mb"], sizes
+
+
+def test_a_module_collected_inside_another_call_keeps_that_call_working():
+  # Garbage collection can run a collected TorchModule's finalizer (which
+  # gives the torch module its variables' values) anywhere, e.g. inside
+  # another bridged call's tf.custom_gradient: its reads must not reach
+  # that call's variable watcher ("grad_fn must accept keyword argument
+  # 'variables'", seen once in the tf.py_function pass of tests/test_ppo.py).
+  import gc  # pylint: disable=import-outside-toplevel
+  torch_dead = torch.nn.Linear(2, 2)
+  holder = [tb.TorchModule(torch_dead, name="collected")]
+  [weight] = [v for v in holder[0].variables if "weight" in v.name]
+  weight.assign(tf.fill([2, 2], 3.0))
+  del weight
+
+  class Collects(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.lin = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+      if holder:
+        del holder[0]
+        gc.collect()  # the finalizer runs here, inside the bridged call
+      return self.lin(x)
+
+  live = tb.TorchModule(Collects(), name="live")
+  with tf.GradientTape() as tape:
+    y = tf.reduce_sum(live(tf.ones([3, 2])))
+  grads = tape.gradient(y, live.trainable_variables)
+  assert not holder
+  assert all(g is not None for g in grads)
+  np.testing.assert_array_equal(torch_dead.weight.detach().numpy(),
+                                np.full([2, 2], 3.0))

@@ -258,7 +258,7 @@ def test_build_that_must_fall_back_says_why_and_fails_unless_allowed(
     tmp_path):
   compiler = stand_in_compiler(tmp_path, fail_interop=True)
   env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
-         "CXX": str(compiler)}
+         _native.DISABLE_ENV: None, "CXX": str(compiler)}
   out = cli(["build"], tmp_path, env)
   assert out.returncode == 1
   assert "WITHOUT torch's side" in out.stderr

@@ -179,16 +179,15 @@ def _copy_back(pairs, hooks):
   """Gives torch tensors copies of their variables' last values."""
   for handle in hooks:
     handle.remove()
-  with tf.init_scope():
-    eager = tf.executing_eagerly()
-  if not eager:
-    # Collected while a tf.Graph is the default (e.g. inside
-    # tf.saved_model.save): a new thread starts in eager mode.
-    copier = threading.Thread(target=_copy_values, args=(pairs,))
-    copier.start()
-    copier.join()
-    return
-  _copy_values(pairs)
+  # On a thread of its own, which starts eager and with no tape: garbage
+  # collection runs this wherever it happens, e.g. while a tf.Graph is the
+  # default (inside tf.saved_model.save), or inside another call's
+  # tf.custom_gradient, whose variable watcher would record these reads
+  # and fail that call ("grad_fn must accept keyword argument
+  # 'variables'", seen in tests/test_ppo.py).
+  copier = threading.Thread(target=_copy_values, args=(pairs,))
+  copier.start()
+  copier.join()
 
 
 def _copy_values(pairs):
