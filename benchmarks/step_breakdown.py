@@ -330,11 +330,9 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
   for name, r in results["steps"].items():
     last = r["timeline"].pop("last_step")
-    (out / f"step_trace_{name}.json").write_text(json.dumps({"traceEvents": [
-        {"name": e["name"], "cat": e["source"], "ph": "X", "pid": 1,
-         "tid": e["thread"], "ts": (e["begin_ns"] - last["begin_ns"]) / 1e3,
-         "dur": (e["end_ns"] - e["begin_ns"]) / 1e3}
-        for e in last["events"]]}))
+    trace = _timeline.Timeline()
+    trace.events = last["events"]
+    trace.save(out / f"step_trace_{name}.json")
     plot_step(name, last, out / f"step_trace_{name}.png")
   (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) +
                                            "\n")
