@@ -120,6 +120,12 @@ def targets(results):
     add("TD3 train step: torchbridge / pure torch", r, "<= 1.10", r <= 1.10)
     r = ratios["td3"]["torchbridge / keras"]["ratio"]
     add("TD3 train step: torchbridge / native Keras", r, "<= 1.0", r <= 1.0)
+  td3 = results.get("td3", {})
+  if "wall_s" in td3.get("torchbridge", {}) and "wall_s" in td3.get(
+      "pure torch", {}):
+    r = td3["torchbridge"]["wall_s"] / td3["pure torch"]["wall_s"]
+    add("TD3 script's wall time (3,000 environment steps, make demo's loop): "
+        "torchbridge / pure torch", r, "<= 1.2", r <= 1.2)
   for model in MODELS:
     if model in ratios:
       r = ratios[model]["torchbridge / pure torch"]["ratio"]

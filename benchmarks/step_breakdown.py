@@ -24,6 +24,7 @@ import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +47,10 @@ sys.path.insert(0, os.path.join(harness.ROOT, "examples"))
 from td3 import agents  # noqa: E402  pylint: disable=wrong-import-position
 
 STEP = "train_step"
+# Steps per block; the recorded, unrecorded and floor blocks alternate.
+BLOCK = 10
+# Where graph calls run: TORCHBRIDGE_TORCH_THREAD for each placement.
+PLACEMENTS = {"torch-thread": "1", "tf-thread": "0"}
 TF_SIDE = ("TF's side: ops, runtime, the Python call (outside every bridged "
            "call)")
 TF_OPS = "TF ops (kernels: loss, Keras Adam, Polyak updates, ...)"
@@ -170,24 +175,67 @@ def _rows(events, step_events, idle_row):
           for r in names}
 
 
-def timeline_pass(step, steps):
-  """The steps recorded by `tb.timeline(annotate=False)` alone (no
-  profiler): the bridge's phases measured, TF's side the rest."""
-  marks = []
-  with tb.timeline(annotate=False) as trace:
-    for _ in range(steps):
-      start = time.perf_counter_ns()
-      step()
-      marks.append((start, time.perf_counter_ns()))
-  events = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"])
-            for e in trace.events]
-  step_events = [(STEP, 0, b, e) for b, e in marks]
-  rows = _rows(events, step_events, TF_SIDE)
+def _floor_step(name):
+  """The same step with every bridged module a bare native op (no torch):
+  the TF program around the bridged calls, their crossings included."""
+  if name == "td3":
+    from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
+    agent = td3_process.bare_native_agent()
+    rng = np.random.default_rng(0)
+    n = agent.hyper.batch_size
+
+    def step():
+      batch = (rng.standard_normal((n, 3), dtype=np.float32),
+               rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+               rng.standard_normal((n, 1), dtype=np.float32),
+               rng.standard_normal((n, 3), dtype=np.float32),
+               np.ones((n, 1), np.float32))
+      return tuple(float(v) for v in agent.train_step(*batch))
+    return step
+  floor = train_step.build("small_mlp", train_step.FLOOR, "cpu")
+  return lambda: float(floor())
+
+
+def _timed(step, durations):
+  start = time.perf_counter_ns()
+  step()
+  end = time.perf_counter_ns()
+  durations.append((end - start) / 1e6)
+  return start, end
+
+
+def timeline_pass(step, floor, steps):
+  """Blocks of BLOCK steps, alternated: unrecorded, recorded by
+  `tb.timeline(annotate=False)` alone (no profiler), and the floor step.
+  Alternating keeps the three on the same stretch of this noisy machine,
+  so the recorded rows can be held against the unrecorded step."""
+  marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
+  for _ in range(max(1, steps // BLOCK)):
+    for _ in range(BLOCK):
+      _timed(step, plain_ms)
+    with tb.timeline(annotate=False) as trace:
+      for _ in range(BLOCK):
+        marks.append(_timed(step, recorded_ms))
+    events += trace.events
+    for _ in range(BLOCK):
+      _timed(floor, floor_ms)
+  spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"])
+           for e in events]
+  rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
   begin, end = marks[-1]
-  last = [e for e in trace.events if e["end_ns"] > begin and
-          e["begin_ns"] < end]
-  return {"step_mean_ms": float(np.mean([(e - b) / 1e6 for b, e in marks])),
+  last = [e for e in events if e["end_ns"] > begin and e["begin_ns"] < end]
+  torch_ms = sum(rows.get(r, 0.0) for r in TORCH.values())
+  step_ms, floor_mean = float(np.mean(plain_ms)), float(np.mean(floor_ms))
+  return {"step_mean_ms": float(np.mean(recorded_ms)),
+          "unrecorded_mean_ms": step_ms,
+          "unrecorded_median_ms": float(np.median(plain_ms)),
+          "floor_mean_ms": floor_mean,
+          "torch_compute_ms": torch_ms,
+          # What is left of the unrecorded step once the TF side's floor and
+          # torch's own forwards and backwards are taken out.
+          "bridge_share_ms": step_ms - floor_mean - torch_ms,
           "rows_ms": rows, "rows_sum_ms": float(sum(rows.values())),
+          "steps": len(marks),
           "last_step": {"begin_ns": begin, "end_ns": end, "events": last}}
 
 
@@ -237,16 +285,11 @@ def plot_step(name, last_step, path):
 
 
 def measure(name, steps):
-  step = STEPS[name]()
+  step, floor = STEPS[name](), _floor_step(name)
   for _ in range(20):
     step()
-  durations = []
-  for _ in range(steps):
-    start = time.perf_counter()
-    step()
-    durations.append(time.perf_counter() - start)
-  unprofiled_ms = 1e3 * float(np.median(durations))
-  recorded = timeline_pass(step, steps)
+    floor()
+  recorded = timeline_pass(step, floor, steps)
   with tempfile.TemporaryDirectory(prefix="tb_breakdown_") as logdir:
     marks = []
     with tb.timeline():
@@ -270,8 +313,8 @@ def measure(name, steps):
         kind = e[0].rsplit(":", 1)[1]
         op_types[kind] = op_types.get(kind, 0) + (e[3] - e[2]) / 1e6 / len(
             step_events)
-  return {"unprofiled_median_ms": unprofiled_ms,
-          "unprofiled_mean_ms": 1e3 * float(np.mean(durations)),
+  return {"unprofiled_median_ms": recorded["unrecorded_median_ms"],
+          "unprofiled_mean_ms": recorded["unrecorded_mean_ms"],
           "profiled_mean_ms": float(np.mean(
               [(e[3] - e[2]) / 1e6 for e in step_events])),
           "rows_ms": mean_rows, "steps": len(step_events),
@@ -291,52 +334,112 @@ def _table(title, rows_ms, step_label, step_ms):
                   f"{step_ms:.2f}) | {total:.2f} | |", ""]
 
 
+def _step_markdown(name, r, placement):
+  t = r["timeline"]
+  step_ms = t["unrecorded_mean_ms"]
+  off = t["rows_sum_ms"] / step_ms - 1
+  lines = _table(
+      f"### {name}, {placement}, recorded by tb.timeline(annotate=False): "
+      f"{t['step_mean_ms']:.2f} ms a step; unrecorded, in alternated "
+      f"blocks: {step_ms:.2f} (rows {off:+.1%} of it; mean of "
+      f"{t['steps']} each)", t["rows_ms"], "recorded", t["step_mean_ms"])
+  lines += [
+      f"- The same step with bare native ops (TF's side, its crossings "
+      f"included; alternated blocks): {t['floor_mean_ms']:.2f} ms. torch's "
+      f"forwards and backwards: {t['torch_compute_ms']:.2f} ms. The "
+      f"bridge's share (unrecorded step - floor - torch): "
+      f"{t['bridge_share_ms']:.2f} ms, "
+      f"{t['bridge_share_ms'] / step_ms:.0%} of the step.", ""]
+  lines += _table(
+      f"### {name}, {placement}, under TF's profiler: "
+      f"{r['profiled_mean_ms']:.2f} ms a step (unprofiled: "
+      f"{r['unprofiled_mean_ms']:.2f}, median "
+      f"{r['unprofiled_median_ms']:.2f}; mean of {r['steps']})",
+      r["rows_ms"], "profiled", r["profiled_mean_ms"])
+  lines += ["TF ops by type, ms per step: " + ", ".join(
+      f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()), ""]
+  return lines
+
+
 def markdown(results):
   lines = []
-  for name, r in results["steps"].items():
-    t = r["timeline"]
-    lines += _table(
-        f"### {name}, recorded by tb.timeline(annotate=False): "
-        f"{t['step_mean_ms']:.2f} ms a step (unprofiled: "
-        f"{r['unprofiled_mean_ms']:.2f}; mean of {r['steps']})",
-        t["rows_ms"], "recorded", t["step_mean_ms"])
-    lines += _table(
-        f"### {name}, under TF's profiler: {r['profiled_mean_ms']:.2f} ms a "
-        f"step (unprofiled: {r['unprofiled_mean_ms']:.2f}, median "
-        f"{r['unprofiled_median_ms']:.2f}; mean of {r['steps']})",
-        r["rows_ms"], "profiled", r["profiled_mean_ms"])
-    lines += ["TF ops by type, ms per step: " + ", ".join(
-        f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()), ""]
+  for placement, steps in results["placements"].items():
+    for name, r in steps.items():
+      lines += _step_markdown(name, r, placement)
   return "\n".join(lines)
+
+
+def _run_placement(placement, args):
+  """One placement's measurements, in a process of its own (the placement
+  is read once, by the first graph call)."""
+  with tempfile.TemporaryDirectory(prefix="tb_breakdown_") as out:
+    argv = [sys.executable, "-m", "benchmarks.step_breakdown", "--placement",
+            placement, "--steps", str(args.steps), "--threads",
+            str(args.threads), "--out", out, "--no-plot"]
+    if args.only:
+      argv += ["--only", args.only]
+    subprocess.run(argv, cwd=harness.ROOT, check=True, stdout=sys.stderr,
+                   env=dict(os.environ,
+                            TORCHBRIDGE_TORCH_THREAD=PLACEMENTS[placement]))
+    return json.loads((Path(out) / "step_breakdown.json").read_text())
+
+
+def _write(results, out, plots):
+  """The traces and pictures of each last recorded step, the JSON, the
+  markdown."""
+  out.mkdir(parents=True, exist_ok=True)
+  for placement, steps in results["placements"].items():
+    suffix = "" if placement == "torch-thread" else "_" + placement.replace(
+        "-", "_")
+    for name, r in steps.items():
+      last = r["timeline"].pop("last_step")
+      trace = _timeline.Timeline()
+      trace.events = last["events"]
+      trace.save(out / f"step_trace_{name}{suffix}.json")
+      if plots:
+        plot_step(f"{name} ({placement})", last,
+                  out / f"step_trace_{name}{suffix}.png")
+  (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) +
+                                           "\n")
+  (out / "step_breakdown.md").write_text(markdown(results))
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.step_breakdown",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("--steps", type=int, default=40)
+  parser.add_argument("--steps", type=int, default=200,
+                      help="recorded steps (as many unrecorded and floor)")
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--only", choices=sorted(STEPS))
+  parser.add_argument("--placement", default="both",
+                      choices=["both"] + sorted(PLACEMENTS),
+                      help="where graph calls run: the torch thread (the "
+                      "default) or TF's own thread (TORCHBRIDGE_TORCH_THREAD"
+                      "=0); both: one process each")
+  parser.add_argument("--no-plot", action="store_true",
+                      help="keep the last step's events in the JSON instead")
   parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks",
                                                     "results"))
   args = parser.parse_args(argv)
   if not _native.available():
     print(f"the native op is not available: {_native.status()}")
     return 1
-  harness.configure_threads(args.threads)
-  results = {"threads": args.threads, "steps": {}}
-  for name in [args.only] if args.only else list(STEPS):
-    results["steps"][name] = measure(name, args.steps)
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  for name, r in results["steps"].items():
-    last = r["timeline"].pop("last_step")
-    trace = _timeline.Timeline()
-    trace.events = last["events"]
-    trace.save(out / f"step_trace_{name}.json")
-    plot_step(name, last, out / f"step_trace_{name}.png")
-  (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) +
-                                           "\n")
-  (out / "step_breakdown.md").write_text(markdown(results))
+  results = {"threads": args.threads, "block_steps": BLOCK, "placements": {}}
+  if args.placement == "both":
+    for placement in PLACEMENTS:
+      results["placements"].update(
+          _run_placement(placement, args)["placements"])
+  else:
+    os.environ["TORCHBRIDGE_TORCH_THREAD"] = PLACEMENTS[args.placement]
+    harness.configure_threads(args.threads)
+    results["placements"][args.placement] = {
+        name: measure(name, args.steps)
+        for name in ([args.only] if args.only else list(STEPS))}
+    if args.no_plot:
+      (Path(args.out) / "step_breakdown.json").write_text(
+          json.dumps(results) + "\n")
+      return 0
+  _write(results, Path(args.out), plots=True)
   print(markdown(results))
   return 0
 

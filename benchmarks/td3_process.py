@@ -2,7 +2,7 @@
 
 Usage:
   python -m benchmarks.td3_process {torchbridge,torch,tf,floor} --out DIR
-      [--steps N] [--start-steps M] [--threads T]
+      [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
 
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
 (same loop, environment, replay buffer and timing window as a user's run,
@@ -102,6 +102,7 @@ def run_floor(train_steps, threads):
   torch.set_num_threads(threads)
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   tf.config.threading.set_inter_op_parallelism_threads(1)
+  os.environ.setdefault("TORCHBRIDGE_TORCH_THREAD", "0")  # as the script
   agent = bare_native_agent()
   rng = np.random.default_rng(0)
   n = agent.hyper.batch_size
@@ -124,20 +125,32 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--start-steps", type=int, default=1000)
   parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--torch-thread", choices=["script", "on", "off"],
+                      default="script",
+                      help="where graph calls run (TORCHBRIDGE_TORCH_THREAD): "
+                      "as the script chooses (TF's thread), or set here")
   args = parser.parse_args(argv)
+  if args.torch_thread != "script":
+    os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[
+        args.torch_thread]
 
-  script_mean = None
+  script_mean, wall_s = None, None
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
+    start = time.perf_counter()
     durations, script_mean = run_script(args.backend, args.out, args.steps,
                                         args.start_steps, args.threads)
+    wall_s = time.perf_counter() - start
   warm = durations[WARM_STEPS:]
   print(json.dumps({
       "pid": os.getpid(), "backend": args.backend,
       "train_steps": len(durations),
       "ms_per_train_step": 1e3 * float(np.mean(warm)),
       "first_step_ms": 1e3 * durations[0],
+      # The script's whole run (environment steps, the policy's calls,
+      # the train steps, the final evaluation), as `make demo` runs it.
+      "wall_s": wall_s,
       "script_ms_per_train_step": (None if script_mean is None
                                    else 1e3 * script_mean)}))
   return 0

@@ -231,6 +231,11 @@ def main(argv=None):
   torch.set_num_threads(args.threads)
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   tf.config.threading.set_inter_op_parallelism_threads(1)
+  # Every graph call of this program runs on TF's one inter-op thread, and
+  # the program runs no torch code of its own between them: its torch code
+  # runs there, with no hand-off to torchbridge's torch thread (README, "One
+  # torch thread": the trade, measured). Set before the first graph call.
+  os.environ.setdefault("TORCHBRIDGE_TORCH_THREAD", "0")
   os.makedirs(args.out, exist_ok=True)
   results, agent = train(args)
   print(reporting.summary(results, args.out))

@@ -38,20 +38,35 @@ def test_each_instant_goes_to_the_span_begun_last():
 @pytest.mark.skipif(not _native.available(), reason="needs the native op")
 def test_the_rows_add_up_to_the_measured_step(tmp_path):
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.step_breakdown", "--steps", "5",
-       "--only", "small_mlp", "--out", str(tmp_path)], cwd=ROOT,
+      [sys.executable, "-m", "benchmarks.step_breakdown", "--steps", "10",
+       "--only", "small_mlp", "--placement", "both", "--out", str(tmp_path)],
+      cwd=ROOT,
       capture_output=True, text=True, timeout=600,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads((tmp_path / "step_breakdown.json").read_text())
-  r = result["steps"]["small_mlp"]
-  t = r["timeline"]
-  assert t["rows_sum_ms"] == pytest.approx(t["step_mean_ms"], rel=0.01)
-  assert r["rows_sum_ms"] == pytest.approx(r["profiled_mean_ms"], rel=0.01)
-  for rows in (t["rows_ms"], r["rows_ms"]):
-    assert rows[sb.TORCH["torchbridge/torch forward"]] > 0
-    assert rows[sb.TORCH["torchbridge/torch backward"]] > 0
-    assert rows[sb.BRIDGE["torchbridge/python call"]] > 0
-  assert t["rows_ms"][sb.TF_SIDE] > 0
-  assert r["rows_ms"][sb.TF_OPS] > 0
+  assert sorted(result["placements"]) == sorted(sb.PLACEMENTS)
+  for placement, steps in result["placements"].items():
+    r = steps["small_mlp"]
+    t = r["timeline"]
+    assert t["steps"] == 10
+    assert t["rows_sum_ms"] == pytest.approx(t["step_mean_ms"], rel=0.01)
+    assert r["rows_sum_ms"] == pytest.approx(r["profiled_mean_ms"], rel=0.01)
+    for rows in (t["rows_ms"], r["rows_ms"]):
+      assert rows[sb.TORCH["torchbridge/torch forward"]] > 0
+      assert rows[sb.TORCH["torchbridge/torch backward"]] > 0
+      assert rows[sb.BRIDGE["torchbridge/python call"]] > 0
+    assert t["rows_ms"][sb.TF_SIDE] > 0
+    assert r["rows_ms"][sb.TF_OPS] > 0
+    # The bridge's share is what the floor and torch's compute leave.
+    torch_ms = sum(t["rows_ms"].get(row, 0) for row in sb.TORCH.values())
+    assert t["torch_compute_ms"] == pytest.approx(torch_ms)
+    assert t["bridge_share_ms"] == pytest.approx(
+        t["unrecorded_mean_ms"] - t["floor_mean_ms"] - torch_ms)
+    assert 0 < t["floor_mean_ms"] < t["unrecorded_mean_ms"]
+    handoff = sb.BRIDGE["torchbridge/wait for torch thread"]
+    # On TF's thread no call is handed over.
+    assert (handoff in t["rows_ms"]) == (placement == "torch-thread")
+  assert (tmp_path / "step_trace_small_mlp.json").exists()
+  assert (tmp_path / "step_trace_small_mlp_tf_thread.png").exists()
   assert "| **sum of the rows**" in (tmp_path / "step_breakdown.md").read_text()
