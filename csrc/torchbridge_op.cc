@@ -18,6 +18,7 @@
 #include "adopt_rules.h"
 #include "adopted_buffer.h"
 #include "dlpack_check.h"
+#include "torch_thread.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -41,6 +42,18 @@ int64_t torchbridge_alignment() {
   return static_cast<int64_t>(torchbridge::kAlignment);
 }
 const char* torchbridge_dtype_table() { return torchbridge::DtypeTable(); }
+
+// The torch thread's idle OpenMP team is released through `release`
+// (omp_pause_resource_all), or kept if null (see torch_thread.h).
+void torchbridge_set_team_release(void* release) {
+  torchbridge::TorchThread::release_team.store(
+      reinterpret_cast<int (*)(int)>(release), std::memory_order_release);
+}
+
+// Teams the torch thread released so far.
+int64_t torchbridge_teams_released() {
+  return torchbridge::TorchThread::Get().teams_released();
+}
 
 }  // extern "C"
 

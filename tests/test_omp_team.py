@@ -1,4 +1,5 @@
-"""The user's idle OpenMP team is released when a bridged call is traced.
+"""Idle OpenMP teams are released: the user's when a bridged call is traced,
+the torch thread's after 5 ms without work (both paths).
 
 Each case runs in a fresh process (an OpenMP team is per thread, and the
 test process has made its own): the user's thread makes a team (a parallel
@@ -76,3 +77,70 @@ def test_the_release_can_be_turned_off():
   assert result["releases"] == 0
   assert result["after_trace"] >= result["with_team"], result
   assert result["equal"]
+
+
+IDLE_CHILD = textwrap.dedent("""
+    import ctypes, json, os, time
+    import torch
+    import tensorflow as tf
+    import torchbridge as tb
+    from torchbridge import _native, _omp_team
+
+    def threads():
+      return len(os.listdir("/proc/self/task"))
+
+    def teams_released():  # by the torch thread of the path in use
+      if _native.load() is None:
+        return _omp_team.releases
+      lib = ctypes.CDLL(str(_native.loaded_from()))
+      lib.torchbridge_teams_released.restype = ctypes.c_int64
+      return lib.torchbridge_teams_released()
+
+    torch.set_num_threads(2)
+    v = tf.random.normal([512, 512])
+    net = tb.TorchModule(torch.nn.Linear(512, 512), name="net")
+    f = tf.function(lambda v: net(v))
+    f(v)
+    time.sleep(0.05)
+    released_before = teams_released()
+    for _ in range(20):
+      y = f(v)
+    busy = threads()                    # the torch thread and its team
+    time.sleep(0.05)                    # idle 5 ms: its team released
+    idle = threads()
+    released = teams_released() - released_before
+    y = f(v)                            # the next call makes a new team
+    again = threads()
+    expected = net.torch_module(torch.from_numpy(v.numpy()))
+    print(json.dumps({"busy": busy, "idle": idle, "again": again,
+                      "released": released,
+                      "equal": bool(torch.equal(torch.from_numpy(y.numpy()),
+                                                expected.detach()))}))
+    """)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="counts threads in /proc")
+@pytest.mark.parametrize("path", ["native", "py_function"])
+@pytest.mark.parametrize("release", [True, False])
+def test_the_torch_threads_team_is_released_when_idle(path, release):
+  from torchbridge import _native  # pylint: disable=import-outside-toplevel
+  if path == "native" and _native.load() is None:
+    pytest.skip("needs the native op")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2",
+             TORCHBRIDGE_DISABLE_NATIVE="1" if path == "py_function" else "0")
+  if not release:
+    env["TORCHBRIDGE_RELEASE_USER_TEAM"] = "0"
+  out = subprocess.run([sys.executable, "-c", IDLE_CHILD], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result["equal"]
+  if release:
+    # The worker left with the team; the torch thread (0.2 s) did not.
+    assert result["released"] >= 1, result
+    assert result["idle"] == result["busy"] - 1, result
+    assert result["again"] == result["busy"], result
+  else:
+    assert result["released"] == 0, result
+    assert result["idle"] == result["busy"], result

@@ -46,6 +46,7 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
 from torchbridge import _adopt
+from torchbridge import _omp_team
 from torchbridge import _stats
 
 _LOG = logging.getLogger("torchbridge")
@@ -215,6 +216,8 @@ def connect(path, *, dispatch, registry, export_output):
   count.restype = ctypes.c_int64
   count.argtypes = []
   _stats.add_zero_copy_source(count)
+  handle.torchbridge_set_team_release.argtypes = [ctypes.c_void_p]
+  handle.torchbridge_set_team_release(_omp_team.pause_address())
   return bool(handle.torchbridge_has_torch_interop())
 
 

@@ -1,4 +1,5 @@
-"""The user's thread's idle OpenMP team, released when a graph call is traced.
+"""Idle OpenMP teams released: the user's thread's when a graph call is
+traced, the torch thread's when it has had no work for a moment.
 
 torch's intra-op parallelism (libgomp in the Linux wheels) keeps a team of
 worker threads per thread that starts a parallel region. Graph calls run on
@@ -16,8 +17,16 @@ So when the user's thread traces a bridged call into a `tf.function`, its
 idle team is released (`omp_pause_resource_all(omp_pause_soft)`, OpenMP
 5.0, which frees the calling thread's pool only). libgomp makes a new one
 if that thread runs a parallel region again (about 0.1 ms, once). Eager
-calls keep the team: they run on the user's thread. Set
-`TORCHBRIDGE_RELEASE_USER_TEAM=0` to keep it always.
+calls keep the team: they run on the user's thread.
+
+The same holds the other way: torch code the user's thread runs right after
+bridged graph calls met the torch thread's team, still alive, and ran at
+half speed (a small-MLP forward and backward: 1,100 against 450 us). So the
+torch thread releases its own team after 5 ms without work (C++:
+`csrc/torch_thread.h`, through `pause_address()`; Python:
+`_torch_thread.py`), and makes a new one with its next call.
+
+Set `TORCHBRIDGE_RELEASE_USER_TEAM=0` to keep every team.
 """
 
 import ctypes
@@ -51,15 +60,37 @@ def _find_pause():
   return False
 
 
-def release_user_team():
-  """Releases the calling thread's idle OpenMP team (see the module
-  docstring); a no-op where turned off or without such a runtime."""
-  global _pause, releases
-  if os.environ.get(ENV, "1") == "0" or torch.get_num_threads() < 2:
-    return
+def _pause_function():
+  """omp_pause_resource_all, or False (none, or turned off)."""
+  global _pause
+  if os.environ.get(ENV, "1") == "0":
+    return False
   if _pause is None:
     with _lock:
       if _pause is None:
         _pause = _find_pause() if hasattr(os, "RTLD_NOLOAD") else False
-  if _pause and _pause(_OMP_PAUSE_SOFT) == 0:
+  return _pause
+
+
+def pause_address():
+  """The address of torch's `omp_pause_resource_all` for the native op's
+  torch thread, or None (no such runtime, or turned off)."""
+  pause = _pause_function()
+  return ctypes.cast(pause, ctypes.c_void_p).value if pause else None
+
+
+def release_this_threads_team():
+  """Releases the calling thread's OpenMP team; whether one was."""
+  global releases
+  pause = _pause_function()
+  if pause and pause(_OMP_PAUSE_SOFT) == 0:
     releases += 1
+    return True
+  return False
+
+
+def release_user_team():
+  """Releases the calling thread's idle OpenMP team (see the module
+  docstring); a no-op where turned off or without such a runtime."""
+  if torch.get_num_threads() >= 2:
+    release_this_threads_team()

@@ -44,7 +44,11 @@ import threading
 
 import torch
 
+from torchbridge import _omp_team
+
 IDLE_SECONDS = 0.2
+# Without work this long, the thread releases its OpenMP team (_omp_team).
+TEAM_IDLE_SECONDS = 0.005
 WAIT_SECONDS = 2.0
 ENABLED = os.environ.get("TORCHBRIDGE_TORCH_THREAD", "1") != "0"
 
@@ -159,7 +163,15 @@ class TorchThread:
   def _loop(self):
     self._ident = threading.get_ident()
     my_threads = None
+    team = False  # a call ran since the team was last released
     while True:
+      if team:
+        with self._lock:
+          if not self._queue:
+            self._wakeup.wait(TEAM_IDLE_SECONDS)
+          team = bool(self._queue)
+        if not team:  # idle for a moment: release the OpenMP team
+          _omp_team.release_this_threads_team()
       with self._lock:
         if not self._queue:
           self._wakeup.wait(self._idle_seconds)
@@ -170,6 +182,7 @@ class TorchThread:
             return
         task = self._queue.popleft()
         task.taken = True
+      team = True
       try:
         if task.threads != my_threads:
           torch.set_num_threads(task.threads)
