@@ -14,6 +14,7 @@ import tensorflow as tf
 import torch
 
 from torchbridge import _native
+from torchbridge import _omp_team
 
 
 def _hand_back(count):
@@ -55,6 +56,10 @@ class BareNativeModule(tf.Module):
       single = isinstance(out_torch, torch.Tensor)
       outs = [out_torch] if single else list(out_torch)
       self._out_shapes[key] = ([tuple(o.shape) for o in outs], single)
+      # That run made this thread's OpenMP team again: released, as tracing
+      # a bridged call releases it, so that a floor traced in the process
+      # of a bridged step leaves that step's torch code one team.
+      _omp_team.release_user_team()
     return self._out_shapes[key]
 
   def __call__(self, *inputs_tf):
