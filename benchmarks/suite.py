@@ -100,6 +100,14 @@ def overhead(quick, device):
               for c in capsules]
 
     @tf.function
+    def bare_native_op_custom_gradient(x):  # what tf.custom_gradient adds
+      @tf.custom_gradient
+      def call(v):
+        out = _native.call(list, [v], [tf.float32], [v.shape])[0]
+        return out, lambda dy: dy
+      return call(x)
+
+    @tf.function
     def round_trip_native_op(x):
       return _native.call(dlpack_round_trip, [x], [tf.float32], [x.shape])[0]
 
@@ -110,6 +118,8 @@ def overhead(quick, device):
 
     contenders.update({
         "native op doing nothing (in tf.function)": lambda: bare_native_op(x_tf),
+        "native op doing nothing, in tf.custom_gradient (in tf.function)":
+            lambda: bare_native_op_custom_gradient(x_tf),
         "native op, torch DLPack round trip only (in tf.function)":
             lambda: round_trip_native_op(x_tf),
         "native op, torch tensors handed back (in tf.function)":

@@ -151,6 +151,9 @@ def main(argv=None):
       # The script's whole run (environment steps, the policy's calls,
       # the train steps, the final evaluation), as `make demo` runs it.
       "wall_s": wall_s,
+      # Where its graph calls ran (TORCHBRIDGE_TORCH_THREAD, "0": TF's
+      # thread), as the script or --torch-thread left it.
+      "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),
       "script_ms_per_train_step": (None if script_mean is None
                                    else 1e3 * script_mean)}))
   return 0

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import torchbridge as tb
+from torchbridge import _native
 from benchmarks import bare_native
 from benchmarks import numpy_bridge
 from benchmarks import report
@@ -213,3 +214,33 @@ def test_td3_process_times_the_scripts_train_steps(tmp_path):
   assert record["pid"] != os.getpid() and record["ms_per_train_step"] > 0
   assert record["script_ms_per_train_step"] == pytest.approx(
       1e3 * script["sec_per_train_step"])
+  assert record["wall_s"] > 0
+
+
+@pytest.mark.skipif(not _native.available(), reason="needs the native op")
+@pytest.mark.parametrize("choice,placement", [("script", "0"), ("on", "1")])
+def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  env.pop("TORCHBRIDGE_TORCH_THREAD", None)
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.td3_process", "torchbridge",
+       "--steps", "30", "--start-steps", "20", "--torch-thread", choice,
+       "--out", str(tmp_path / "run")],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+  assert out.returncode == 0, out.stdout + out.stderr
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  # The example runs its graph calls on TF's one inter-op thread.
+  assert record["torch_thread"] == placement
+  assert record["train_steps"] == 10 and record["wall_s"] > 0
+
+
+@pytest.mark.skipif(not _native.available(), reason="needs the native op")
+def test_callback_cost_times_the_bridges_python_per_call():
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.callback_cost", "--calls", "200"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  # Saving state for a backward is work an inference call skips.
+  assert 0 < result["inference_us"] < result["training_forward_us"]
