@@ -54,6 +54,7 @@ PLACEMENTS = {"torch-thread": "1", "tf-thread": "0"}
 TF_SIDE = ("TF's side: ops, runtime, the Python call (outside every bridged "
            "call)")
 TF_OPS = "TF ops (kernels: loss, Keras Adam, Polyak updates, ...)"
+TF_RUNTIME = "TF runtime (executor, function call, Python)"
 NO_THREAD = "no thread working"
 TORCH = {_timeline.FORWARD: "torch: forward (the user's module)",
          _timeline.BACKWARD: "torch: backward (autograd engine)"}
@@ -111,7 +112,7 @@ def classify(name):
     return "bridge", "bridge: TF's op event around the kernel"
   if ":" in name.replace("::", "") and not name.startswith("EagerLocal"):
     return "tf op", TF_OPS  # "op name:op type", a kernel's own event
-  return "tf runtime", "TF runtime (executor, function call, Python)"
+  return "tf runtime", TF_RUNTIME
 
 
 def _events(logdir):
@@ -224,17 +225,25 @@ def timeline_pass(step, floor, steps):
   Alternating keeps the three on the same stretch of this noisy machine,
   so the recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
-  for _ in range(max(1, steps // BLOCK)):
-    # Each block begins with a step it does not count: the first step after
-    # the other program's block runs slower (measured: by 5-10 ms).
+  def plain_block():
     step()
     for _ in range(BLOCK):
       _timed(step, plain_ms)
+
+  def recorded_block():
     with tb.timeline(annotate=False) as trace:
       step()  # its spans lie outside every mark: no row counts them
       for _ in range(BLOCK):
         marks.append(_timed(step, recorded_ms))
-    events += trace.events
+    events.extend(trace.events)
+
+  for k in range(max(1, steps // BLOCK)):
+    # Each block begins with a step it does not count, and the unrecorded
+    # and recorded blocks take turns to follow the floor's: the first steps
+    # after another program's block run slower (measured: by 5-10 ms).
+    for block in ((plain_block, recorded_block) if k % 2 == 0 else
+                  (recorded_block, plain_block)):
+      block()
     floor()
     for _ in range(BLOCK):
       _timed(floor, floor_ms)
@@ -303,27 +312,31 @@ def plot_step(name, last_step, path):
   plt.close(fig)
 
 
+def _profiled(step, steps):
+  """`steps` steps under TF's profiler (and the bridge's annotations):
+  every host event, and the steps' own."""
+  with tempfile.TemporaryDirectory(prefix="tb_breakdown_") as logdir:
+    with tb.timeline():
+      tf.profiler.experimental.start(logdir)
+      try:
+        for i in range(steps):
+          with tf.profiler.experimental.Trace(STEP, step_num=i):
+            step()
+      finally:
+        tf.profiler.experimental.stop()
+    events = _events(logdir)
+  step_events = sorted((e for e in events if e[0] == STEP),
+                       key=lambda e: e[2])
+  return events, step_events
+
+
 def measure(name, steps):
   step, floor = STEPS[name](), _floor_step(name)
   for _ in range(20):
     step()
     floor()
   recorded = timeline_pass(step, floor, steps)
-  with tempfile.TemporaryDirectory(prefix="tb_breakdown_") as logdir:
-    marks = []
-    with tb.timeline():
-      tf.profiler.experimental.start(logdir)
-      try:
-        for i in range(steps):
-          with tf.profiler.experimental.Trace(STEP, step_num=i):
-            start = time.perf_counter_ns()
-            step()
-            marks.append((start, time.perf_counter_ns()))
-      finally:
-        tf.profiler.experimental.stop()
-    events = _events(logdir)
-  step_events = sorted((e for e in events if e[0] == STEP),
-                       key=lambda e: e[2])
+  events, step_events = _profiled(step, steps)
   mean_rows = _rows(events, step_events, NO_THREAD)
   op_types = {}
   for begin, end in ((e[2], e[3]) for e in step_events):
@@ -333,10 +346,15 @@ def measure(name, steps):
         op_types[kind] = op_types.get(kind, 0) + (e[3] - e[2]) / 1e6 / len(
             step_events)
   profiled_ms = [(e[3] - e[2]) / 1e6 for e in step_events]
+  # The floor under the same profiler: its TF ops and runtime against the
+  # bridged step's (the same TF program; what differs is what runs between).
+  floor_events, floor_steps = _profiled(floor, steps)
+  floor_rows = _rows(floor_events, floor_steps, NO_THREAD)
   return {"unprofiled_median_ms": recorded["unrecorded_median_ms"],
           "unprofiled_mean_ms": recorded["unrecorded_mean_ms"],
           "profiled_mean_ms": _trimmed_mean(profiled_ms),
           "rows_ms": mean_rows, "steps": len(step_events),
+          "floor_profiled_rows_ms": floor_rows,
           "timeline": recorded,
           "rows_sum_ms": float(sum(mean_rows.values())),
           "tf_op_types_ms": dict(sorted(op_types.items(),
@@ -377,6 +395,13 @@ def _step_markdown(name, r, placement):
       r["rows_ms"], "profiled", r["profiled_mean_ms"])
   lines += ["TF ops by type, ms per step: " + ", ".join(
       f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()), ""]
+  floor_rows = r["floor_profiled_rows_ms"]
+  lines += [
+      "TF's side, the bridged step against the floor under the same "
+      "profiler, ms per step: " + ", ".join(
+          f"{row.split(' (')[0]} {r['rows_ms'].get(row, 0):.3f} against "
+          f"{floor_rows.get(row, 0):.3f}" for row in (TF_OPS, TF_RUNTIME)) +
+      f"; the floor's step {sum(floor_rows.values()):.2f} ms.", ""]
   return lines
 
 
