@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test test-user user-venv bench bench-user bench-build venv clean
+.PHONY: demo ppo test test-user user-venv bench bench-user bench-build venv clean docs
 
 venv: $(STAMP)
 
@@ -42,6 +42,13 @@ ppo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
+
+# The documentation site (docs/, mkdocs.yml) into site/: MkDocs with Material,
+# the API pages generated from the docstrings by mkdocstrings. --strict: a
+# broken link, a missing reference or a docstring that does not render
+# fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 # What a user gets, as a second environment: a fresh venv, the torch that
 # `pip install torch` gives today (requirements-user.txt: the CUDA build

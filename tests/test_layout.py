@@ -1,7 +1,8 @@
-"""The README's layout and ARCHITECTURE.md match the code, and files stay small.
+"""The documented layout and ARCHITECTURE.md match the code; files stay small.
 
 Issue 17's rules, checked: every module of `torchbridge/` and every file of
-`csrc/` is named in the README's "Repository layout"; every file the layout
+`csrc/` is named in the docs' "Repository layout"
+(docs/contributing/layout.md); every file the layout
 and ARCHITECTURE.md name exists; no Python module is much over 350 lines
 and no C++ file over 400; the private framework APIs live in `_compat.py`.
 """
@@ -22,11 +23,11 @@ MAX_PY_LINES = 400
 MAX_CPP_LINES = 400
 
 
+LAYOUT = "docs/contributing/layout.md"
+
+
 def _layout_section():
-  text = (ROOT / "README.md").read_text()
-  start = text.index("## Repository layout")
-  end = text.find("\n## ", start + 5)
-  return text[start:] if end == -1 else text[start:end]
+  return (ROOT / LAYOUT).read_text()
 
 
 def _named_files(text):
@@ -41,7 +42,7 @@ def test_every_module_and_source_is_in_the_readme_layout():
   modules = sorted(p.name for p in PACKAGE.glob("*.py")
                    if p.name != "__init__.py")
   missing = [m for m in modules if f"`{m}`" not in layout]
-  assert not missing, f"modules missing from README 'Repository layout': " \
+  assert not missing, f"modules missing from {LAYOUT}: " \
                       f"{missing}"
   sources = sorted(p.name for p in CSRC.iterdir()
                    if p.suffix in (".cc", ".h"))
@@ -50,9 +51,9 @@ def test_every_module_and_source_is_in_the_readme_layout():
   assert not missing, f"csrc files missing from the layout: {missing}"
 
 
-@pytest.mark.parametrize("document", ["README.md", "ARCHITECTURE.md"])
+@pytest.mark.parametrize("document", [LAYOUT, "ARCHITECTURE.md"])
 def test_files_named_in_the_docs_exist(document):
-  text = (_layout_section() if document == "README.md" else
+  text = (_layout_section() if document == LAYOUT else
           (ROOT / document).read_text())
   names = [n for n in re.findall(r"`([A-Za-z_]+\.(?:py|cc|h))`", text)]
   assert names

@@ -1,7 +1,9 @@
-"""Every ```python block of README.md runs to completion as written.
+"""Every ```python block of README.md and of the docs runs as written.
 
-The blocks are read from README.md when the tests are collected, never
-copied here, so an edit to the README is what gets tested. Each block runs
+The blocks are read from README.md and docs/**/*.md when the tests are
+collected, never copied here, so an edit to the README or a page of the
+documentation site is what gets tested (a block that appears twice, as the
+quick start does in README.md and docs/index.md, runs once). Each block runs
 in its own interpreter (a crash fails that block only) with a fresh
 temporary directory as its working directory: the files a block writes
 (checkpoints, `model.keras`) land there, and the installed torchbridge is
@@ -17,7 +19,9 @@ import sys
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = [README] + sorted((ROOT / "docs").rglob("*.md"))
 
 # A fence opens with ``` and an info string, and closes with a bare ```.
 _FENCE = re.compile(r"^```(.*)$")
@@ -60,8 +64,19 @@ def python_blocks(text):
   return blocks
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
-_BLOCK_IDS = [f"block{i}-line{line}" for i, (line, _) in enumerate(BLOCKS)]
+def _all_blocks():
+  """(where, code) of every block of DOCUMENTS, the first of duplicates."""
+  seen, blocks = set(), []
+  for path in DOCUMENTS:
+    for line, code in python_blocks(path.read_text(encoding="utf-8")):
+      if code not in seen:
+        seen.add(code)
+        blocks.append((f"{path.relative_to(ROOT)}:{line}", code))
+  return blocks
+
+
+BLOCKS = _all_blocks()
+_BLOCK_IDS = [where for where, _ in BLOCKS]
 
 
 def _needs(code, package):
@@ -86,24 +101,26 @@ def _output(stdout, stderr):
 
 def test_readme_has_python_blocks():
   # Guards the extraction: a broken parser would otherwise test nothing.
-  assert len(BLOCKS) >= 4, (
-      f"found {len(BLOCKS)} ```python blocks in {README}, expected at least 4")
+  assert len(BLOCKS) >= 8, (
+      f"found {len(BLOCKS)} ```python blocks in README.md and docs/, "
+      "expected at least 8")
+  assert any(where.startswith("README.md:") for where, _ in BLOCKS)
 
 
-@pytest.mark.parametrize("line, code", BLOCKS, ids=_BLOCK_IDS)
-def test_readme_block_imports_torch_first(line, code):
+@pytest.mark.parametrize("where, code", BLOCKS, ids=_BLOCK_IDS)
+def test_readme_block_imports_torch_first(where, code):
   # torchbridge's rule: torch is imported before TensorFlow (or Keras).
   first = code.lstrip().splitlines()[0]
   assert re.match(r"import torch\b", first), (
-      f"README.md block at line {line} starts with {first!r}; each block "
+      f"{where}: the block starts with {first!r}; each block "
       "starts with `import torch`, before TensorFlow is imported")
 
 
-@pytest.mark.parametrize("line, code", BLOCKS, ids=_BLOCK_IDS)
-def test_readme_block_runs(line, code, tmp_path):
+@pytest.mark.parametrize("where, code", BLOCKS, ids=_BLOCK_IDS)
+def test_readme_block_runs(where, code, tmp_path):
   for package in _OPTIONAL:
     if _needs(code, package) and importlib.util.find_spec(package) is None:
-      pytest.skip(f"README.md block at line {line} needs {package}, "
+      pytest.skip(f"{where}: the block needs {package}, "
                   "which is not installed")
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   try:
@@ -111,12 +128,12 @@ def test_readme_block_runs(line, code, tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env,
         capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
   except subprocess.TimeoutExpired as err:
-    pytest.fail(f"README.md block at line {line} ran past {_TIMEOUT_S} s\n"
+    pytest.fail(f"{where}: the block ran past {_TIMEOUT_S} s\n"
                 f"{_output(err.stdout, err.stderr)}")
   output = _output(result.stdout, result.stderr)
   assert result.returncode >= 0, (
-      f"README.md block at line {line} was killed by signal "
+      f"{where}: the block was killed by signal "
       f"{-result.returncode}\n{output}")
   assert result.returncode == 0, (
-      f"README.md block at line {line} exited with "
+      f"{where}: the block exited with "
       f"{result.returncode}\n{output}")

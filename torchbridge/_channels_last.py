@@ -16,7 +16,7 @@ import tensorflow as tf
 class ChannelsLast:
   """A torch-layout (N, C, *spatial) tensor, held as (N, *spatial, C).
 
-  Example:
+  Examples:
     >>> import tensorflow as tf
     >>> x_nchw_tf = tf.reshape(tf.range(24.), [1, 2, 3, 4])
     >>> value = ChannelsLast(to_channels_last(x_nchw_tf))

@@ -11,7 +11,7 @@ Installed as the `torchbridge` command too (setup.py's console script).
       and clusters); exit 1 with the reason when it cannot, or when only
       the fallback builds (`--allow-fallback` accepts that).
 
-Example:
+Examples:
   >>> from torchbridge import _cli
   >>> _cli.main(["info", "--json", "--no-build"])  # doctest: +ELLIPSIS
   {...

@@ -1,5 +1,9 @@
 """Zero-copy tensor exchange between TensorFlow and PyTorch through DLPack."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
 import torch.utils.dlpack as torch_dlpack
@@ -20,7 +24,7 @@ _UNSUPPORTED_TF_KINDS = (
      "convert it to a dense tensor first (`tf.convert_to_tensor(x)`)"),
 )
 
-def to_torch(structure):
+def to_torch(structure: Any) -> Any:
   """Hands TF tensors to torch, sharing their memory.
 
   Every `tf.Tensor`, `tf.Variable` (its current value) and `np.ndarray` in
@@ -41,7 +45,7 @@ def to_torch(structure):
     TypeError: for kinds torch cannot share (ragged, sparse, string,
       symbolic tensors inside `tf.function`).
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> out = tb.to_torch({"obs": tf.ones([2, 3]), "step": 7})
     >>> out["obs"].shape, out["step"]
@@ -50,7 +54,7 @@ def to_torch(structure):
   return tf.nest.map_structure(_leaf_to_torch, structure)
 
 
-def to_tf(structure):
+def to_tf(structure: Any) -> Any:
   """Hands torch tensors to TF, sharing their memory where it allows.
 
   Every `torch.Tensor` and `np.ndarray` in `structure` becomes a `tf.Tensor`
@@ -74,7 +78,7 @@ def to_tf(structure):
     TypeError: for kinds TF cannot hold (sparse, quantized, meta tensors,
       dtypes TF lacks).
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> tb.to_tf((torch.zeros(2), torch.ones(3, dtype=torch.int64)))[1].dtype
     tf.int64

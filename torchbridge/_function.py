@@ -1,10 +1,14 @@
 """`torch_function`: a torch callable as a differentiable TF op."""
 
+from __future__ import annotations
+
 import dataclasses
 import functools
 import inspect
 import re
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
@@ -29,7 +33,9 @@ it into TF ops that read the same variables: `tb.translate(module,
 input_signature)` (README, "Serving without torch")."""
 
 
-def torch_function(fn=None, *, output_signature=None, name=None):
+def torch_function(fn: Callable[..., Any] | None = None, *,
+                   output_signature: Any = None,
+                   name: str | None = None) -> Any:
   """Makes a torch callable usable as a differentiable TF function.
 
   The wrapped function takes TF tensors (`tf.Tensor`, `tf.Variable`,
@@ -63,7 +69,7 @@ def torch_function(fn=None, *, output_signature=None, name=None):
   Returns:
     A callable taking TF tensors and returning TF tensors.
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> @tb.torch_function
     ... def scaled_sin(x, scale):

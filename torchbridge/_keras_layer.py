@@ -1,8 +1,11 @@
 """`TorchLayer`: a torch module as a Keras 3 layer under the TF backend."""
 
+from __future__ import annotations
+
 import base64
 import inspect
 import io
+from typing import Any
 
 import torch  # before TensorFlow (and Keras, which imports it)
 import keras
@@ -73,7 +76,7 @@ class TorchLayer(keras.layers.Layer):
       defaults to the dtype of the module's floating parameters, and must
       match it when given (Keras casts floating inputs to it).
 
-  Example:
+  Examples:
     >>> import torch, keras, torchbridge as tb
     >>> model = keras.Sequential([
     ...     keras.Input((4,)),
@@ -83,7 +86,8 @@ class TorchLayer(keras.layers.Layer):
     ['linear/weight', 'linear/bias']
   """
 
-  def __init__(self, module, output_signature=None, **kwargs):
+  def __init__(self, module: torch.nn.Module, output_signature: Any = None,
+               **kwargs: Any) -> None:
     name = kwargs.get("name") or "torch_layer"
     _module_checks.check_module(module, f"TorchLayer {name!r}")
     if not any(True for _ in module.parameters()) and \
@@ -117,7 +121,7 @@ class TorchLayer(keras.layers.Layer):
         autocast=False, name=name, aggregation=_KERAS_AGGREGATION[aggregation])
 
   @property
-  def torch_module(self):
+  def torch_module(self) -> torch.nn.Module:
     """The torch module, its tensors viewing the layer's current weights.
 
     As `TorchModule.torch_module`: zero-copy views, lent until the next

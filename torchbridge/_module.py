@@ -1,7 +1,13 @@
 """`TorchModule`: a torch `nn.Module` whose state lives in TF variables."""
 
-import re
+from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge import _compat
@@ -44,7 +50,7 @@ class TorchModule(tf.Module):
   `torch_module` gives back the torch module holding the current TF values;
   `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> torch.manual_seed(0) and None
     >>> actor = tb.TorchModule(torch.nn.Linear(3, 2), name="actor")
@@ -60,7 +66,8 @@ class TorchModule(tf.Module):
     True
   """
 
-  def __init__(self, module, name=None, output_signature=None):
+  def __init__(self, module: torch.nn.Module, name: str | None = None,
+               output_signature: Any = None) -> None:
     _module_checks.check_is_module(module, "TorchModule(module)")
     _function.check_output_signature(output_signature, "TorchModule()")
     super().__init__(name=name or _snake_case(type(module).__name__))
@@ -84,7 +91,7 @@ class TorchModule(tf.Module):
     self._output_signature = output_signature
 
   @property
-  def torch_module(self):
+  def torch_module(self) -> torch.nn.Module:
     """The torch module, its parameters and buffers viewing the TF values.
 
     Zero-copy views of the variables' current values, lent until the next
@@ -126,20 +133,20 @@ class TorchModule(tf.Module):
     return (_rebuild_torch_module, (type(self), self.torch_module, self.name,
                                     self._output_signature))
 
-  def get_weights(self):
+  def get_weights(self) -> dict[str, np.ndarray]:
     """The state as `{torch state_dict name: np.ndarray}`.
 
     The arrays are copies: later training does not change them. Tied
     parameters appear under each of their state_dict names.
 
-    Example:
+    Examples:
       >>> import torch, torchbridge as tb
       >>> sorted(tb.TorchModule(torch.nn.Linear(3, 2)).get_weights())
       ['bias', 'weight']
     """
     return self._state.get_weights()
 
-  def set_weights(self, weights):
+  def set_weights(self, weights: Mapping[str, Any]) -> None:
     """Sets the state from `{torch state_dict name: array}`.
 
     Accepts the form `get_weights()` returns, and also torch tensors or TF

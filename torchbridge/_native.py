@@ -19,6 +19,8 @@ attribute. A graph's registrations are dropped when the graph is garbage
 collected (as `tf.py_function` does for its functions).
 """
 
+from __future__ import annotations
+
 import contextlib
 import itertools
 import logging
@@ -112,7 +114,7 @@ def has_torch_interop():
   return load() is not None and _interop
 
 
-def available():
+def available() -> bool:
   """Whether the native op is in use (builds and loads it on first call)."""
   return not getattr(_python_path, "forced", False) and load() is not None
 

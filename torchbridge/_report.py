@@ -7,7 +7,7 @@ settings of both frameworks, and the GPUs each one sees. `format_text()`
 lays it out for a terminal. Each probe that fails says so in its own field
 rather than failing the report (`info` exits 0 whenever it can report).
 
-Example:
+Examples:
   >>> from torchbridge import _report
   >>> info = _report.report(load_native=False)
   >>> sorted(info)

@@ -1,5 +1,7 @@
 """The exchange counters: how many tensors crossed, and how (exchange_stats)."""
 
+from __future__ import annotations
+
 import threading
 
 _stats_lock = threading.Lock()
@@ -10,7 +12,7 @@ _zero_copy_sources = []
 _zero_copy_baseline = 0
 
 
-def exchange_stats():
+def exchange_stats() -> dict[str, int]:
   """Returns how many tensors crossed the boundary, and how.
 
   Every tensor handed from one framework to the other is counted once: as
@@ -21,7 +23,7 @@ def exchange_stats():
   Returns:
     A new dict `{"zero_copy": int, "copied": int, "bytes_copied": int}`.
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> tb.reset_exchange_stats()
     >>> _ = tb.to_torch(tf.ones([4]))
@@ -34,7 +36,7 @@ def exchange_stats():
     return stats
 
 
-def reset_exchange_stats():
+def reset_exchange_stats() -> None:
   """Sets every counter of `exchange_stats()` back to zero."""
   global _zero_copy_baseline
   with _stats_lock:

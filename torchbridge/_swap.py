@@ -19,7 +19,7 @@ class TensorSlots:
     names: the canonical names (`named_parameters()` / `named_buffers()`,
       tied tensors once) of the tensors calls substitute.
 
-  Example:
+  Examples:
     >>> import torch
     >>> net = torch.nn.Linear(2, 1)
     >>> own_weight = net.weight

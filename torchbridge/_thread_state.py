@@ -25,7 +25,7 @@ def keep_for_this_thread():
   the thread. Needs the GIL (any Python code has it); cheap after the first
   call on a thread.
 
-  Example:
+  Examples:
     >>> keep_for_this_thread()  # a no-op on the main thread
   """
   if getattr(_kept, "done", False):

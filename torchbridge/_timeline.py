@@ -20,7 +20,7 @@ crossings) when annotation is on:
 
 Off, a span costs one call returning a shared no-op context manager.
 
-Example:
+Examples:
   >>> import tensorflow as tf
   >>> import torch
   >>> import torchbridge as tb
@@ -31,12 +31,15 @@ Example:
   True
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
@@ -151,7 +154,7 @@ class Timeline:
     self.events.append({"name": name, "thread": thread, "begin_ns": begin_ns,
                         "end_ns": end_ns, "source": source})
 
-  def totals_us(self):
+  def totals_us(self) -> dict[str, list[float]]:
     """{phase name: [number of spans, total microseconds]}."""
     totals = {}
     for e in self.events:
@@ -170,14 +173,14 @@ class Timeline:
         for e in sorted(self.events, key=lambda e: e["begin_ns"])],
             "displayTimeUnit": "ms"}
 
-  def save(self, path):
+  def save(self, path: str | os.PathLike[str]) -> None:
     """Writes `chrome_trace()` as JSON to `path` (open it in Perfetto)."""
     with open(path, "w", encoding="utf-8") as f:
       json.dump(self.chrome_trace(), f)
 
 
 @contextlib.contextmanager
-def timeline(annotate=True):
+def timeline(annotate: bool = True) -> Iterator[Timeline]:
   """Records every bridged call's phases while the block runs.
 
   Args:

@@ -70,7 +70,7 @@ class _Task:
 class TorchThread:
   """A thread that runs functions handed to it, one at a time.
 
-  Example:
+  Examples:
     >>> worker = TorchThread()
     >>> worker.run(lambda a, b: a + b, 1, 2, threads=1)
     3

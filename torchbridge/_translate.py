@@ -1,5 +1,10 @@
 """`translate`: a TorchModule as pure TF ops reading the same variables."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
@@ -45,7 +50,8 @@ class UntranslatedOpsError(NotImplementedError):
   met when known) to the reason.
   """
 
-  def __init__(self, message, ops=None):
+  def __init__(self, message: str,
+               ops: Mapping[str, Any] | None = None) -> None:
     super().__init__(message)
     self.ops = dict(ops or {})
 
@@ -119,8 +125,11 @@ class Translated(tf.Module):
     return tf.nest.map_structure(lambda i: flat_tf[i], self._structure)
 
 
-def translate(module, input_signature, *, example_inputs=None, rtol=None,
-              atol=None, jit_compile=None, name=None):
+def translate(module: Any, input_signature: Sequence[tf.TensorSpec], *,
+              example_inputs: Sequence[Any] | None = None,
+              rtol: float | None = None, atol: float | None = None,
+              jit_compile: bool | None = None,
+              name: str | None = None) -> Translated:
   """Translates a `TorchModule` (or `TorchLayer`) into pure TF ops.
 
   The torch module is exported with `torch.export` in eval mode (dropout
@@ -144,8 +153,10 @@ def translate(module, input_signature, *, example_inputs=None, rtol=None,
       the export and the parity check; needed where random values do not
       fit the model (e.g. token ids below the vocabulary size: the default
       ids are 0 and 1).
-    rtol, atol: the parity tolerance; default by dtype (float32: 1e-5 and
-      1e-6, float64: 1e-10 and 1e-10).
+    rtol: the parity tolerance, relative; default by dtype (float32: 1e-5,
+      float64: 1e-10).
+    atol: the parity tolerance, absolute; default by dtype (float32: 1e-6,
+      float64: 1e-10).
     jit_compile: passed to the `tf.function` of `__call__`.
     name: the `tf.Module` name; default `<module name>_translated`.
 
@@ -157,7 +168,7 @@ def translate(module, input_signature, *, example_inputs=None, rtol=None,
     ParityError: the TF graph differs from torch beyond the tolerance.
     TypeError, ValueError: bad arguments, or torch.export refused the model.
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> actor = tb.TorchModule(torch.nn.Sequential(
     ...     torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))

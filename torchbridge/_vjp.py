@@ -41,7 +41,7 @@ def vjp(outputs, inputs, grad_outputs, create_graph):
   Returns:
     Tuple of gradients, one per input (zeros where an input is unused).
 
-  Example:
+  Examples:
     >>> import torch
     >>> x = torch.tensor([1.0, 2.0], requires_grad=True)
     >>> unused = torch.ones(3, requires_grad=True)

@@ -1,6 +1,10 @@
 """`DataParallelTrainer`: Ray actors compute gradients, the driver applies them."""
 
+from __future__ import annotations
+
 import collections.abc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch  # first, the recommended order: README, "Installs and import order"
@@ -110,7 +114,7 @@ class DataParallelTrainer:
       default); False computes them eagerly, for a loss that cannot be
       traced.
 
-  Example:
+  Examples:
     >>> import numpy as np, torch, ray, tensorflow as tf, torchbridge as tb
     >>> def loss_fn(module, x, y):
     ...   return tf.reduce_mean((module(x) - y) ** 2)
@@ -126,9 +130,12 @@ class DataParallelTrainer:
     >>> trainer.shutdown()
   """
 
-  def __init__(self, module_fn, loss_fn, optimizer, shards, *,
-               num_workers=None, name=None, worker_options=None,
-               tf_function=True):
+  def __init__(self, module_fn: Callable[[], torch.nn.Module],
+               loss_fn: Callable[..., Any], optimizer: Any,
+               shards: Sequence[Any], *, num_workers: int | None = None,
+               name: str | None = None,
+               worker_options: Mapping[str, Any] | None = None,
+               tf_function: bool = True) -> None:
     _check_callable(module_fn, "module_fn", "lambda: MyNet()")
     _check_callable(loss_fn, "loss_fn",
                     "def loss_fn(module, x, y): "
@@ -172,10 +179,10 @@ class DataParallelTrainer:
       raise
 
   @property
-  def num_workers(self):
+  def num_workers(self) -> int:
     return len(self.workers)
 
-  def step(self, batches=None):
+  def step(self, batches: Sequence[Any] | None = None) -> tuple[float, int]:
     """One synchronous data-parallel step; returns the mean loss.
 
     Args:
@@ -230,7 +237,7 @@ class DataParallelTrainer:
                   "set_weights")
     return sum(r["loss"] * r["num_samples"] for r in results) / total
 
-  def shutdown(self):
+  def shutdown(self) -> None:
     """Stops the worker actors; the driver's module and optimizer remain."""
     for worker in self.workers:
       ray.kill(worker)

@@ -6,7 +6,13 @@ only its weights, a dict of numpy arrays. Here the dict is the one
 also loads into a plain torch module (`load_state_dict`) on the other side.
 """
 
+from __future__ import annotations
+
 import collections.abc
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from torchbridge.ray._ray import ray
 
@@ -18,7 +24,7 @@ tb.ray.TorchModuleWorker, or a subclass of it, with ray.remote:
   actors = [Worker.remote(module_fn) for _ in range(2)]"""
 
 
-def put_weights(module):
+def put_weights(module: Any) -> Any:
   """Puts a module's weights into Ray's object store, once.
 
   Args:
@@ -31,7 +37,7 @@ def put_weights(module):
     argument before the call, and actors on the driver's node read the
     arrays from shared memory without a copy (as read-only arrays).
 
-  Example:
+  Examples:
     >>> import torch, ray, torchbridge as tb
     >>> ref = tb.ray.put_weights(tb.TorchModule(torch.nn.Linear(3, 2)))
     >>> sorted(ray.get(ref))
@@ -40,7 +46,7 @@ def put_weights(module):
   return ray.put(_weights_np(module, "put_weights(module)"))
 
 
-def broadcast_weights(module, actors):
+def broadcast_weights(module: Any, actors: Sequence[Any]) -> Any:
   """Sends a module's weights to every actor, with one `ray.put`.
 
   The weights go into the object store once, and every actor's
@@ -60,7 +66,7 @@ def broadcast_weights(module, actors):
     what an actor raised). Calls made to an actor after this one run after
     it, so there is no need to wait before using the actors.
 
-  Example:
+  Examples:
     >>> import torch, ray, torchbridge as tb
     >>> Worker = ray.remote(tb.ray.TorchModuleWorker)
     >>> actors = [Worker.remote(lambda: torch.nn.Linear(3, 2)) for _ in range(2)]
@@ -77,7 +83,7 @@ def broadcast_weights(module, actors):
   return [actor.set_weights.remote(weights_ref) for actor in actors]
 
 
-def pull_weights(actor, module=None):
+def pull_weights(actor: Any, module: Any = None) -> dict[str, np.ndarray]:
   """Fetches the weights an actor holds, and loads them into `module`.
 
   Args:
@@ -89,7 +95,7 @@ def pull_weights(actor, module=None):
   Returns:
     The actor's weights, `{torch state_dict name: np.ndarray}`.
 
-  Example:
+  Examples:
     >>> import torch, ray, torchbridge as tb
     >>> actor = ray.remote(tb.ray.TorchModuleWorker).remote(
     ...     lambda: torch.nn.Linear(3, 2))

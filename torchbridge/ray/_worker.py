@@ -1,6 +1,12 @@
 """`TorchModuleWorker`: a `TorchModule` built inside a Ray actor's process."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 import torch  # first, the recommended order: README, "Installs and import order"
+import numpy as np
 import tensorflow as tf  # noqa: F401  (imported here, after torch, on purpose)
 
 from torchbridge import _module
@@ -28,7 +34,7 @@ class TorchModuleWorker:
       of a module or script, a class, or a `functools.partial` of one).
     name: the `TorchModule`'s name (its variables are `name/<torch path>`).
 
-  Example:
+  Examples:
     >>> import torch, ray, torchbridge as tb
     >>> Worker = ray.remote(tb.ray.TorchModuleWorker)
     >>> actors = [Worker.remote(lambda: torch.nn.Linear(3, 2), name="policy")
@@ -50,7 +56,8 @@ class TorchModuleWorker:
         ...  # self.module(obs_tf) acts with the latest weights
   """
 
-  def __init__(self, module_fn, name=None):
+  def __init__(self, module_fn: Callable[[], torch.nn.Module],
+               name: str | None = None) -> None:
     # A module is callable too, but calling it runs its forward.
     if isinstance(module_fn, torch.nn.Module) or not callable(module_fn):
       raise TypeError(
@@ -61,11 +68,11 @@ class TorchModuleWorker:
     self.module = _module.TorchModule(
         build_module(module_fn, "TorchModuleWorker(module_fn)"), name=name)
 
-  def get_weights(self):
+  def get_weights(self) -> dict[str, np.ndarray]:
     """The module's weights, `{torch state_dict name: np.ndarray}` (copies)."""
     return self.module.get_weights()
 
-  def set_weights(self, weights):
+  def set_weights(self, weights: Any) -> None:
     """Sets the module's weights, all or nothing (`TorchModule.set_weights`).
 
     Args:
