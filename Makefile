@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-# Rebuilt only when the pinned requirements or setup.py change.
-$(STAMP): requirements-dev.txt setup.py
+# Rebuilt only when the pinned requirements or the package metadata change.
+$(STAMP): requirements-dev.txt setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# tf_keras would pull the `tensorflow` package beside `tensorflow-cpu`;
