@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test test-user user-venv bench bench-user bench-build venv clean docs
+.PHONY: demo ppo test test-user user-venv bench bench-user bench-build venv clean docs lint
 
 venv: $(STAMP)
 
@@ -42,6 +42,10 @@ ppo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
+
+# Lint: ruff over the repository (rules in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # The documentation site (docs/, mkdocs.yml) into site/: MkDocs with Material,
 # the API pages generated from the docstrings by mkdocstrings. --strict: a

@@ -39,7 +39,7 @@ def old_plan(compiler, sources, output, with_interop):
   common = [compiler, "-std=c++17", "-fPIC", "-O2",
             "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
   common += tf.sysconfig.get_compile_flags()
-  define = "-DTORCHBRIDGE_TORCH_INTEROP=%d" % bool(interop)
+  define = f"-DTORCHBRIDGE_TORCH_INTEROP={int(bool(interop))}"
   compiles, objects = [], []
   for source in sorted(sources.glob("*.cc")):
     if source.name == "torch_interop.cc" and not interop:

@@ -35,7 +35,8 @@ def environment(n_threads, device):
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
-      cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+      cpu = next(line.split(":", 1)[1].strip() for line in f
+                 if line.startswith("model name"))
   except (OSError, StopIteration):
     pass
   return {

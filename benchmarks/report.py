@@ -252,7 +252,7 @@ def _plot_exchange(results, out_dir):
   labels = list(ex)
   fig, ax = plt.subplots(figsize=(6, 4))
   for name in ("torchbridge", "numpy_copy"):
-    ax.plot(labels, [ex[l]["timings"][name]["median_us"] for l in labels],
+    ax.plot(labels, [ex[label]["timings"][name]["median_us"] for label in labels],
             marker="o", label=name)
   ax.set_yscale("log")
   ax.set_xlabel("tensor size (float32)")

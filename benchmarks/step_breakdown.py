@@ -32,7 +32,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import torch  # noqa: E402  (before TensorFlow)
+import torch  # noqa: F401  (before TensorFlow)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
@@ -295,7 +295,7 @@ def plot_step(name, last_step, path):
             edgecolor="black", linewidth=0.3, label=e["name"])
   handles, labels = ax.get_legend_handles_labels()
   unique = dict(zip(labels, handles))
-  ax.legend(unique.values(), [l.replace("torchbridge/", "") for l in unique],
+  ax.legend(unique.values(), [n.replace("torchbridge/", "") for n in unique],
             loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4,
             fontsize=8, frameon=False)
   threads = sorted({t for t, _ in order})

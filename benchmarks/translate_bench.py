@@ -112,7 +112,7 @@ def _keras_model(model_name, torch_model):
     keras_model, dense = _td3_networks().keras_actor(**TD3_ACTOR)
   else:
     keras_model = models.keras_model(model_name)
-    dense = [l for l in keras_model.layers if l.weights]
+    dense = [layer for layer in keras_model.layers if layer.weights]
   linears = [m for m in torch_model.modules()
              if isinstance(m, torch.nn.Linear)]
   if len(linears) != len(dense):

@@ -269,7 +269,8 @@ def _translate_sample(info, sample, name):
                                   copy.deepcopy(fwd.args),
                                   copy.deepcopy(fwd.kwargs))
     try:
-      _with_timeout(lambda: _attempt(target, tensors, dynamic_batch, name),
+      # Called at once, in this iteration.
+      _with_timeout(lambda: _attempt(target, tensors, dynamic_batch, name),  # noqa: B023
                     SAMPLE_TIMEOUT_S)
     except Exception as err:  # pylint: disable=broad-except
       kind, detail, ops = classify(err)
@@ -375,8 +376,8 @@ def run_transformers_model(name):
     try:
       with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        served = _with_timeout(lambda: tb.translate(
-            tb.TorchModule(copy.deepcopy(model), name=name), specs,
+        served = _with_timeout(lambda: tb.translate(  # called at once
+            tb.TorchModule(copy.deepcopy(model), name=name), specs,  # noqa: B023
             example_inputs=examples), SAMPLE_TIMEOUT_S * 3)
       result = {"outcome": "match",
                 "parity": float(max(served.parity, default=0.0))}

@@ -28,7 +28,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TF's C++ logs
 
 import torch  # noqa: E402  (first, the recommended order)
-import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 

@@ -175,7 +175,7 @@ def build_model(kind, module):
 
 
 def torch_layer_of(model):
-  (layer,) = [l for l in model._flatten_layers() if isinstance(l, TorchLayer)]
+  (layer,) = [x for x in model._flatten_layers() if isinstance(x, TorchLayer)]
   return layer
 
 

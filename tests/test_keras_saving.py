@@ -85,7 +85,7 @@ def trained(model, epochs=2):
 
 
 def torch_layer(model):
-  (layer,) = [l for l in model._flatten_layers() if isinstance(l, TorchLayer)]
+  (layer,) = [x for x in model._flatten_layers() if isinstance(x, TorchLayer)]
   return layer
 
 

@@ -78,7 +78,7 @@ def test_variable_updates_stay_in_place_after_torch_module_is_read():
   step = train_step(actor, opt)
   x, y = tf.ones([4, 3]), tf.zeros([4, 2])
   step(x, y)
-  actor.torch_module  # lends views
+  _ = actor.torch_module  # lends views
   pointer = tb.to_torch(tf.convert_to_tensor(var(actor, "weight"))).data_ptr()
   step(x, y)  # the call takes the views back before the optimizer writes
   after = tb.to_torch(tf.convert_to_tensor(var(actor, "weight"))).data_ptr()

@@ -106,7 +106,7 @@ def test_one_sgd_step_is_w_minus_lr_times_torch_gradient(mode):
     def step(x, y):
       with tf.GradientTape() as tape:
         loss = tf.reduce_mean((actor(x) - y) ** 2)
-      opt.apply_gradients(zip(tape.gradient(loss, tvars), tvars))
+      opt.apply_gradients(zip(tape.gradient(loss, tvars), tvars))  # noqa: B023  (run in this iteration)
 
     maybe_function(mode, step)(tf.constant(x), tf.constant(y))
     for n, v, b, g in zip(names, tvars, before, grads):

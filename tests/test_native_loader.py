@@ -55,7 +55,7 @@ def _run_subprocess(code, env_update, timeout=300):
       """)
   proc = subprocess.run(
       [sys.executable, "-c", prologue + textwrap.dedent(code)], env=env,
-      cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=_ROOT, capture_output=True, text=True,
       timeout=timeout, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -302,8 +302,8 @@ def _thread_delta(kind, tmp_path):
       # (as on an 8-core machine).
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="8"))
   assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-  lines = dict(l.split() for l in out.stdout.splitlines()
-               if l.startswith(("DELTA", "LATER")))
+  lines = dict(line.split() for line in out.stdout.splitlines()
+               if line.startswith(("DELTA", "LATER")))
   return int(lines["DELTA"]), int(lines["LATER"])
 
 

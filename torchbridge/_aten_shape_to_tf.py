@@ -34,7 +34,8 @@ def _getitem(out, sequence, index):
 for _name in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "eq",
               "ne", "lt", "le", "gt", "ge", "pow"):
   translates(f"operator.{_name}")(
-      lambda out, *args, _fn=getattr(operator, _name): _fn(*args))
+      # The default binds this iteration's operator (a closure would see the last).
+      lambda out, *args, _fn=getattr(operator, _name): _fn(*args))  # noqa: B008
 
 
 @translates("aten.view.default", "aten._unsafe_view.default",

@@ -12,11 +12,11 @@ import tensorflow as tf
 from torchbridge import _aten_table
 from torchbridge import _channels_last
 # The op tables: imported for the entries they register.
-from torchbridge import _aten_conv_to_tf  # pylint: disable=unused-import
-from torchbridge import _aten_nn_to_tf  # pylint: disable=unused-import
-from torchbridge import _aten_rnn_to_tf  # pylint: disable=unused-import
-from torchbridge import _aten_shape_to_tf  # pylint: disable=unused-import
-from torchbridge import _aten_to_tf  # pylint: disable=unused-import
+from torchbridge import _aten_conv_to_tf  # noqa: F401  pylint: disable=unused-import
+from torchbridge import _aten_nn_to_tf  # noqa: F401  pylint: disable=unused-import
+from torchbridge import _aten_rnn_to_tf  # noqa: F401  pylint: disable=unused-import
+from torchbridge import _aten_shape_to_tf  # noqa: F401  pylint: disable=unused-import
+from torchbridge import _aten_to_tf  # noqa: F401  pylint: disable=unused-import
 
 
 def untranslated(graph):

@@ -249,7 +249,7 @@ def _torch_interop_flags(sources):
     return None
   compile_flags = [
       _TORCH_STD,
-      "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch.compiled_with_cxx11_abi()),
+      f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
       "-I" + str(include),
       "-I" + str(include / "torch" / "csrc" / "api" / "include")]
   link_flags = ["-L" + str(lib), "-Wl,-rpath," + str(lib),
@@ -260,7 +260,7 @@ def _torch_interop_flags(sources):
 def _plan(compiler, sources, output, interop):
   """The build of the library at `output`: TF's side as one generated unit,
   torch's side (with `interop`, its flags) as another, then the link."""
-  interop_define = "-DTORCHBRIDGE_TORCH_INTEROP=%d" % bool(interop)
+  interop_define = f"-DTORCHBRIDGE_TORCH_INTEROP={int(bool(interop))}"
   common = [compiler, "-fPIC", "-O2",
             "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
   tf_files = [s.name for s in sorted(sources.glob("*.cc"))

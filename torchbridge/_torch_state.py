@@ -263,7 +263,7 @@ def tf_owned_copy(tensor_torch):
   allocated keeps every update in place. Placed on the torch tensor's device.
   """
   if tensor_torch.is_cuda:
-    device = "/GPU:%d" % tensor_torch.device.index
+    device = f"/GPU:{tensor_torch.device.index}"
   else:
     device = "/CPU:0"
   with tf.device(device):

@@ -12,7 +12,7 @@ say so).
 """
 
 import dataclasses
-from typing import Callable, Dict
+from collections.abc import Callable
 
 import pytest
 import torch  # noqa: F401  (before tensorflow / keras)
@@ -45,7 +45,7 @@ class WrapperFactory:
   name: str
   wrap: Callable  # wrap(torch_module, name) -> wrapper
   variables_by_name: Callable  # wrapper -> {state_dict name: variable}
-  known_bugs: Dict[str, str] = dataclasses.field(default_factory=dict)
+  known_bugs: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def __repr__(self):
     return self.name

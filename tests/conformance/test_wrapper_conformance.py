@@ -344,12 +344,12 @@ _LOAD_AND_CALL = textwrap.dedent(r"""
     import torchbridge  # noqa: F401
     try:
       loaded = tf.saved_model.load(sys.argv[1])
-      out = loaded.serve(tf.ones([2, %d]))
+      out = loaded.serve(tf.ones([2, IN]))
       print(json.dumps({"ran": True, "out": out.numpy().tolist()}))
     except Exception as err:  # pylint: disable=broad-except
       print(json.dumps({"ran": False, "type": type(err).__name__,
                         "message": str(err)}))
-    """ % IN)
+    """.replace("IN", str(IN)))
 
 _SAVED_MODEL_ERRORS = ("Op type not registered 'TorchbridgeCall'",
                        "Could not find callback", "SavedModel")
