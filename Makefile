@@ -43,9 +43,10 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
 
-# Lint: ruff over the repository (rules in pyproject.toml).
+# Lint: ruff over the repository, mypy over the package (pyproject.toml).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # The documentation site (docs/, mkdocs.yml) into site/: MkDocs with Material,
 # the API pages generated from the docstrings by mkdocstrings. --strict: a

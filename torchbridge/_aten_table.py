@@ -15,8 +15,9 @@ runs, so that one error can list every such node of a model.
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
+from typing import Any
 
-OPS = {}
+OPS: dict[str, tuple[Any, Any, Any]] = {}
 
 _TORCH_TO_TF_DTYPES = {
     torch.float16: tf.float16, torch.bfloat16: tf.bfloat16,

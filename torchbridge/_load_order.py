@@ -56,7 +56,7 @@ or uninstall triton if you do not use torch.compile."""
 
 # The handles of the libraries loaded here, kept for the process's lifetime
 # (dropping a ctypes handle does not unload, but keeping it states intent).
-_loaded = {}
+_loaded: dict[str, ctypes.CDLL] = {}
 
 
 def triton_library_path():

@@ -27,6 +27,8 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
@@ -158,11 +160,12 @@ def _one_line(err):
 # ---------------------------------------------------------------------------
 # Callbacks
 
-_registry = {}  # callback id -> callable
+_registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
 _registry_lock = threading.Lock()
 _next_id = itertools.count(1)
 # graph -> the ids registered for it (weakly: the graph owns them).
-_ids_of_graph = weakref.WeakKeyDictionary()
+_ids_of_graph: weakref.WeakKeyDictionary[Any, list[int]] = (
+    weakref.WeakKeyDictionary())
 
 
 def _register(callback, graph):

@@ -11,6 +11,7 @@ gradient may need it (`own`, `lookup`).
 
 import functools
 import weakref
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ from torchbridge import _vjp
 # Handle data pointer -> (`Saved`, weak reference to the handle): the record
 # lives as long as the handle's Python object, which TF keeps alive while it
 # holds the handle (see `_own`).
-_SAVED_BY_HANDLE = {}
+_SAVED_BY_HANDLE: dict[Any, tuple[Any, weakref.ref]] = {}
 
 
 class Saved:

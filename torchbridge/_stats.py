@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 _stats_lock = threading.Lock()
 _stats = {"zero_copy": 0, "copied": 0, "bytes_copied": 0}
 # Counters kept outside Python (the native op's C++ crossings): callables
 # returning a running count, and their sum at the last reset.
-_zero_copy_sources = []
+_zero_copy_sources: list[Callable[[], int]] = []
 _zero_copy_baseline = 0
 
 

@@ -156,7 +156,7 @@ class Timeline:
 
   def totals_us(self) -> dict[str, list[float]]:
     """{phase name: [number of spans, total microseconds]}."""
-    totals = {}
+    totals: dict[str, list[float]] = {}
     for e in self.events:
       entry = totals.setdefault(e["name"], [0, 0.0])
       entry[0] += 1

@@ -12,7 +12,7 @@ import tensorflow as tf
 from torchbridge import _compat
 from torchbridge import _exchange
 
-_HOLDERS = {}  # id(torch tensor) -> (weakref to it, weakref to TorchViews)
+_HOLDERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(torch tensor) -> (weakref to it, weakref to TorchViews)
 
 
 class TorchViews:
@@ -118,7 +118,7 @@ class _LendOnUse:
     return functools.partial, (slice,)  # takes three arguments, unused
 
 
-_LENDING_CLASSES = {}
+_LENDING_CLASSES: dict[type, type] = {}
 
 
 def _lending_class(cls):

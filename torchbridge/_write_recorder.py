@@ -9,7 +9,8 @@ _UNANNOTATED_STATS_WRITERS = frozenset((
     "aten::miopen_batch_norm"))
 
 
-class WriteRecorder(_compat.torch_dispatch_mode()):
+# The base is torch's TorchDispatchMode, found where this torch keeps it.
+class WriteRecorder(_compat.torch_dispatch_mode()):  # type: ignore[misc]
   """Records the storages that the torch ops run under it write to.
 
   A write shows in the op's schema (`Tensor(a!)`), except for the batch

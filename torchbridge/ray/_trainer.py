@@ -165,7 +165,8 @@ class DataParallelTrainer:
     self.steps = 0
     options = {"num_cpus": 1, **(worker_options or {})}
     remote_cls = ray.remote(_DataParallelWorker).options(**options)
-    self.workers = [
+    # Ray actor handles (Ray types them loosely: their methods gain .remote).
+    self.workers: list[Any] = [
         remote_cls.remote(module_fn, loss_fn, shard_np, self.module.name,
                           tf_function)
         for shard_np in shards_np]
