@@ -117,7 +117,18 @@ def has_torch_interop():
 
 
 def available() -> bool:
-  """Whether the native op is in use (builds and loads it on first call)."""
+  """Whether the native op is in use (builds and loads it on first call).
+
+  False where it cannot be built or loaded (the reason is logged once, and
+  `python -m torchbridge info` gives it), or with
+  `TORCHBRIDGE_DISABLE_NATIVE=1`: bridged calls inside `tf.function` then
+  take the `tf.py_function` path.
+
+  Examples:
+    >>> import torchbridge as tb
+    >>> isinstance(tb.native_available(), bool)
+    True
+  """
   return not getattr(_python_path, "forced", False) and load() is not None
 
 

@@ -194,6 +194,16 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
 
   Raises:
     RuntimeError: if a recording is already running.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> net = tb.TorchModule(torch.nn.Linear(3, 1), name="net")
+    >>> step = tf.function(lambda x: net(x))
+    >>> _ = step(tf.ones([2, 3]))
+    >>> with tb.timeline(annotate=False) as trace:
+    ...   _ = step(tf.ones([2, 3]))
+    >>> "torchbridge/torch forward" in trace.totals_us()
+    True
   """
   global _recording, _mode
   with _lock:

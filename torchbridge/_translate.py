@@ -48,6 +48,20 @@ class UntranslatedOpsError(NotImplementedError):
 
   `ops` maps each op (`aten.<name>.<overload>`, with the node where it was
   met when known) to the reason.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> class Spectrum(torch.nn.Module):
+    ...   def __init__(self):
+    ...     super().__init__()
+    ...     self.scale = torch.nn.Parameter(torch.ones(4))
+    ...   def forward(self, x):
+    ...     return torch.fft.fft(x * self.scale).real
+    >>> try:
+    ...   tb.translate(tb.TorchModule(Spectrum()), [tf.TensorSpec([2, 4])])
+    ... except tb.UntranslatedOpsError as err:
+    ...   print(sorted(err.ops)[0].split(" ")[0])
+    aten._fft_r2c.default
   """
 
   def __init__(self, message: str,
@@ -57,7 +71,11 @@ class UntranslatedOpsError(NotImplementedError):
 
 
 class ParityError(ValueError):
-  """The translated graph's outputs differ from torch's beyond tolerance."""
+  """The translated graph's outputs differ from torch's beyond tolerance.
+
+  Raised by `translate`, whose message names each output and its largest
+  difference; `rtol=` and `atol=` set the tolerance.
+  """
 
 
 class Translated(tf.Module):
@@ -68,6 +86,15 @@ class Translated(tf.Module):
   becomes the `serving_default` signature). `parity` holds the largest
   absolute difference from torch per output (in torch's flattening order)
   on the example input checked at translation.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> served = tb.translate(tb.TorchModule(torch.nn.Linear(3, 2)),
+    ...                       [tf.TensorSpec([None, 3], tf.float32)])
+    >>> served(tf.ones([4, 3])).shape.as_list()
+    [4, 2]
+    >>> len(served.parity), served.parity[0] < 1e-5
+    (1, True)
   """
 
   _TF_MODULE_IGNORED_PROPERTIES = frozenset(
