@@ -1,9 +1,16 @@
-"""MkDocs hooks: the pictures the pages show live beside the results they
-plot (benchmarks/results/, examples/results/), not in docs/; they are added
-to the site from there, so a page's link to one resolves and a missing one
-fails `mkdocs build --strict`."""
+"""MkDocs hooks.
 
+- The pictures the pages show live beside the results they plot
+  (benchmarks/results/, examples/results/), not in docs/; they are added to
+  the site from there, so a page's link to one resolves and a missing one
+  fails `mkdocs build --strict`.
+- "What it costs" gets its tables from benchmarks/results/latest.json,
+  written by benchmarks/report.py at build time, never pasted.
+"""
+
+import json
 from pathlib import Path
+import sys
 
 from mkdocs.structure.files import File
 
@@ -18,3 +25,24 @@ def on_files(files, config):
       files.append(File(str(path.relative_to(ROOT)), str(ROOT),
                         config["site_dir"], config["use_directory_urls"]))
   return files
+
+
+COSTS_PAGE = "performance/costs.md"
+COSTS_MARKER = ("<!-- latest.json tables: docs/_hooks.py writes them here "
+                "from benchmarks/results/latest.json, with "
+                "benchmarks/report.py -->")
+
+
+def on_page_markdown(markdown, page, config, files):
+  if page.file.src_uri != COSTS_PAGE:
+    return markdown
+  if COSTS_MARKER not in markdown:
+    raise ValueError(f"{COSTS_PAGE} lost the marker its tables go to")
+  sys.path.insert(0, str(ROOT))
+  try:
+    from benchmarks import report  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.remove(str(ROOT))
+  results = json.loads((ROOT / "benchmarks" / "results" /
+                        "latest.json").read_text())
+  return markdown.replace(COSTS_MARKER, report.markdown(results))
