@@ -77,8 +77,9 @@ BRIDGE = {
 }
 
 
-def _td3_step():
-  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper())
+def _on_random_batches(agent):
+  """`agent`'s train step on random batches of Pendulum's shapes, the
+  losses fetched."""
   rng = np.random.default_rng(0)
   n = agent.hyper.batch_size
 
@@ -90,6 +91,11 @@ def _td3_step():
              np.ones((n, 1), np.float32))
     return tuple(float(v) for v in agent.train_step(*batch))
   return step
+
+
+def _td3_step():
+  return _on_random_batches(
+      agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper()))
 
 
 def _mlp_step():
@@ -195,18 +201,7 @@ def _floor_step(name):
   the TF program around the bridged calls, their crossings included."""
   if name == "td3":
     from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
-    agent = td3_process.bare_native_agent()
-    rng = np.random.default_rng(0)
-    n = agent.hyper.batch_size
-
-    def step():
-      batch = (rng.standard_normal((n, 3), dtype=np.float32),
-               rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-               rng.standard_normal((n, 1), dtype=np.float32),
-               rng.standard_normal((n, 3), dtype=np.float32),
-               np.ones((n, 1), np.float32))
-      return tuple(float(v) for v in agent.train_step(*batch))
-    return step
+    return _on_random_batches(td3_process.bare_native_agent())
   floor = train_step.build("small_mlp", train_step.FLOOR, "cpu")
   return lambda: float(floor())
 
