@@ -119,11 +119,6 @@ def has_torch_interop():
 def available() -> bool:
   """Whether the native op is in use (builds and loads it on first call).
 
-  False where it cannot be built or loaded (the reason is logged once, and
-  `python -m torchbridge info` gives it), or with
-  `TORCHBRIDGE_DISABLE_NATIVE=1`: bridged calls inside `tf.function` then
-  take the `tf.py_function` path.
-
   Examples:
     >>> import torchbridge as tb
     >>> isinstance(tb.native_available(), bool)
@@ -175,8 +170,7 @@ _registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
 _registry_lock = threading.Lock()
 _next_id = itertools.count(1)
 # graph -> the ids registered for it (weakly: the graph owns them).
-_ids_of_graph: weakref.WeakKeyDictionary[Any, list[int]] = (
-    weakref.WeakKeyDictionary())
+_ids_of_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _register(callback, graph):
