@@ -17,7 +17,7 @@ class _BuildPyWithOpSource(build_py):
   """Ships the native op's C++ sources inside the package (torchbridge/csrc).
 
   The op is compiled on first use, against the TensorFlow found at run time,
-  and cached (see torchbridge/_native.py); an installed package therefore
+  and cached (see torchbridge/_native/_loader.py); an installed package therefore
   carries the source, not a binary tied to one TF build.
   """
 

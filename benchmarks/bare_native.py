@@ -13,8 +13,9 @@ import numpy as np
 import tensorflow as tf
 import torch
 
-from torchbridge import _native
-from torchbridge import _omp_team
+from torchbridge._native import _loader
+from torchbridge._native import _op
+from torchbridge._runtime import _omp_team
 
 
 def _hand_back(count):
@@ -69,11 +70,11 @@ class BareNativeModule(tf.Module):
 
     @tf.custom_gradient
     def call(*args_tf):  # the inputs, then the variables' values
-      outs_tf = _native.call(_hand_back(len(shapes)), zeros_tf + list(args_tf),
+      outs_tf = _op.call(_hand_back(len(shapes)), zeros_tf + list(args_tf),
                              [tf.float32] * len(shapes), shapes)
 
       def grad(*dys_tf):
-        return _native.call(_hand_back(n_args), list(args_tf) + list(dys_tf),
+        return _op.call(_hand_back(n_args), list(args_tf) + list(dys_tf),
                             [a.dtype for a in args_tf],
                             [a.shape for a in args_tf])
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
-from torchbridge import _native_build
+from torchbridge._native import _build
 
 _ROOT = Path(__file__).resolve().parent.parent
 _FIRST_CALL = _ROOT / "benchmarks" / "first_call.py"
@@ -35,7 +35,7 @@ _FIRST_CALL = _ROOT / "benchmarks" / "first_call.py"
 
 def old_plan(compiler, sources, output, with_interop):
   """The build as _native_build ran it before: a process per .cc file."""
-  interop = _native_build._torch_interop_flags(sources) if with_interop else None  # pylint: disable=protected-access
+  interop = _build._torch_interop_flags(sources) if with_interop else None  # pylint: disable=protected-access
   common = [compiler, "-std=c++17", "-fPIC", "-O2",
             "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
   common += tf.sysconfig.get_compile_flags()
@@ -53,32 +53,32 @@ def old_plan(compiler, sources, output, with_interop):
     compiles.append(common + [define] + flags + ["-c", str(source), "-o", obj])
     objects.append(obj)
   # The link is today's, with these objects: it did not change.
-  new = _native_build._plan(compiler, sources, output, interop)  # pylint: disable=protected-access
+  new = _build._plan(compiler, sources, output, interop)  # pylint: disable=protected-access
   link = ([compiler, "-shared", "-o", str(output)] + objects +
           [a for a in new.link[4:] if not a.endswith(".o")])
-  return _native_build._Plan(files={}, compiles=compiles, link=link)  # pylint: disable=protected-access
+  return _build._Plan(files={}, compiles=compiles, link=link)  # pylint: disable=protected-access
 
 
 def time_build(kind, work):
   """Seconds to build into `work`, and whether the result is complete."""
-  compiler = _native_build._find_compiler()  # pylint: disable=protected-access
-  sources = _native_build.source_dir()
+  compiler = _build._find_compiler()  # pylint: disable=protected-access
+  sources = _build.source_dir()
   output = Path(work, "lib.so")
   log = Path(work, "build.log")
   start = time.perf_counter()
-  interop = _native_build._torch_interop_flags(sources)  # pylint: disable=protected-access
+  interop = _build._torch_interop_flags(sources)  # pylint: disable=protected-access
 
   def plan(with_interop):
     if kind == "old":
       return old_plan(compiler, sources, output, with_interop)
-    return _native_build._plan(compiler, sources, output,  # pylint: disable=protected-access
+    return _build._plan(compiler, sources, output,  # pylint: disable=protected-access
                                interop if with_interop else None)
 
   # Both fall back the same way: built again without torch_interop.cc.
-  failure = _native_build._run(plan(True), log)  # pylint: disable=protected-access
+  failure = _build._run(plan(True), log)  # pylint: disable=protected-access
   complete = failure is None
   if failure:
-    failure = _native_build._run(plan(False), log)  # pylint: disable=protected-access
+    failure = _build._run(plan(False), log)  # pylint: disable=protected-access
   seconds = time.perf_counter() - start
   if failure:
     raise RuntimeError(failure)
@@ -88,7 +88,7 @@ def time_build(kind, work):
 
 def first_call(cache):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-             **{_native_build.CACHE_ENV: str(cache)})
+             **{_build.CACHE_ENV: str(cache)})
   env.pop("TORCHBRIDGE_DISABLE_NATIVE", None)
   out = subprocess.run([sys.executable, str(_FIRST_CALL)], env=env,
                        capture_output=True, text=True, check=True,
@@ -128,7 +128,7 @@ def main(argv=None):
           flush=True)
   results = {
       "torch": torch.__version__, "tensorflow": tf.__version__,
-      "compiler": _native_build.compiler_version(),
+      "compiler": _build.compiler_version(),
       "cpus": os.cpu_count(), "builds": builds, "first_calls": calls,
   }
   out = Path(args.out)

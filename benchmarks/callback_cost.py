@@ -24,24 +24,25 @@ import torch  # noqa: E402  (before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 import torchbridge as tb  # noqa: E402
-from torchbridge import _native  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
+from torchbridge._native import _op  # noqa: E402
 
 
 def bridged_callback():
   """The native op's callback of a bridged identity, as traced."""
   captured = []
-  call = _native.call
+  call = _op.call
 
   def spy(callback, *args, **kwargs):
     captured.append(callback)
     return call(callback, *args, **kwargs)
 
-  _native.call = spy
+  _op.call = spy
   try:
     identity = tb.torch_function(lambda x: x, name="identity")
     tf.function(identity).get_concrete_function(tf.zeros([64, 32]))
   finally:
-    _native.call = call
+    _op.call = call
   return captured[-1]
 
 
@@ -50,8 +51,8 @@ def main(argv=None):
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--calls", type=int, default=20000)
   args = parser.parse_args(argv)
-  if not _native.available():
-    print(f"the native op is not available: {_native.status()}")
+  if not _loader.available():
+    print(f"the native op is not available: {_loader.status()}")
     return 1
   callback = bridged_callback()
   x_torch = torch.randn(64, 32)

@@ -18,8 +18,8 @@ import tensorflow as tf
 import torchbridge as tb
 import torch
 
-from torchbridge import _native
-from torchbridge import _native_build
+from torchbridge._native import _loader
+from torchbridge._native import _build
 
 imported = time.perf_counter()
 
@@ -38,12 +38,12 @@ def train_step(obs):
   return loss
 
 
-_load = _native.load
+_load = _loader.load
 load_seconds = []
 
 
 def _timed_load():
-  if not _native._tried:  # pylint: disable=protected-access
+  if not _loader._tried:  # pylint: disable=protected-access
     begin = time.perf_counter()
     try:
       return _load()
@@ -52,7 +52,7 @@ def _timed_load():
   return _load()
 
 
-_native.load = _timed_load
+_loader.load = _timed_load
 obs = tf.random.normal([32, 3])
 before = time.perf_counter()
 loss = float(train_step(obs))
@@ -65,10 +65,10 @@ print(json.dumps({
     "second_call_ms": round(second_call * 1e3, 3),
     "load_s": round(load_seconds[0], 3) if load_seconds else None,
     "import_s": round(imported - started, 3),
-    "builds": _native_build.build_count,
-    "native": _native.available(),
-    "complete": _native.has_torch_interop(),
-    "status": _native.status(),
+    "builds": _build.build_count,
+    "native": _loader.available(),
+    "complete": _loader.has_torch_interop(),
+    "status": _loader.status(),
     "torch": torch.__version__,
     "loss": loss,
 }))

@@ -16,7 +16,7 @@ import torch  # noqa: E402  (before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 import torchbridge  # noqa: E402
-from torchbridge import _native  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import suite  # noqa: E402
 
@@ -29,8 +29,8 @@ def main():
   print(json.dumps({
       "torch": torch.__version__, "tensorflow": tf.__version__,
       "torchbridge_file": torchbridge.__file__,
-      "native": _native.available(), "complete": _native.has_torch_interop(),
-      "status": _native.status(),
+      "native": _loader.available(), "complete": _loader.has_torch_interop(),
+      "status": _loader.status(),
       "overhead": {name: t["median_us"] for name, t in overhead.items()},
   }))
 

@@ -38,8 +38,8 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 import torchbridge as tb  # noqa: E402
-from torchbridge import _native  # noqa: E402
-from torchbridge import _timeline  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
+from torchbridge._runtime import _timeline  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import train_step  # noqa: E402
 
@@ -460,8 +460,8 @@ def main(argv=None):
   parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks",
                                                     "results"))
   args = parser.parse_args(argv)
-  if not _native.available():
-    print(f"the native op is not available: {_native.status()}")
+  if not _loader.available():
+    print(f"the native op is not available: {_loader.status()}")
     return 1
   results = {"threads": args.threads, "block_steps": BLOCK, "placements": {}}
   if args.placement == "both":

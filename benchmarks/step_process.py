@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
 from benchmarks import train_step  # noqa: E402
-from torchbridge import _native  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
 
 
 def main(argv=None):
@@ -50,7 +50,7 @@ def main(argv=None):
       "pid": os.getpid(), "model": args.model, "contender": args.contender,
       "calls": calls, "repeats": args.repeats,
       "median_us": summary["median_us"], "samples_us": summary["samples_us"],
-      "native": _native.available(),
+      "native": _loader.available(),
       "threads": {"torch_intra": torch.get_num_threads(),
                   "tf_intra": tf.config.threading.get_intra_op_parallelism_threads()},
   }))

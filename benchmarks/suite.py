@@ -17,7 +17,8 @@ import torch  # noqa: F401  (before TensorFlow)
 import torch.utils.dlpack as torch_dlpack
 
 import torchbridge as tb
-from torchbridge import _native
+from torchbridge._native import _loader
+from torchbridge._native import _op
 from benchmarks import harness
 from benchmarks import numpy_bridge
 from benchmarks import train_step
@@ -83,7 +84,7 @@ def overhead(quick, device):
   def bridged_py_function(x):
     return identity_tb(x)
 
-  with _native.python_path():  # traced now, on the tf.py_function path
+  with _loader.python_path():  # traced now, on the tf.py_function path
     bridged_py_function.get_concrete_function(x_tf)
   contenders = {
       "tf.function identity": lambda: bare_function(x_tf),
@@ -91,10 +92,10 @@ def overhead(quick, device):
       "torchbridge identity, tf.py_function path (in tf.function)":
           lambda: bridged_py_function(x_tf),
   }
-  if _native.available():
+  if _loader.available():
     @tf.function
     def bare_native_op(x):  # hands its input capsule straight back
-      return _native.call(list, [x], [tf.float32], [x.shape])[0]
+      return _op.call(list, [x], [tf.float32], [x.shape])[0]
 
     def dlpack_round_trip(capsules):  # the least any Python-side bridge does
       return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c))
@@ -104,17 +105,17 @@ def overhead(quick, device):
     def bare_native_op_custom_gradient(x):  # what tf.custom_gradient adds
       @tf.custom_gradient
       def call(v):
-        out = _native.call(list, [v], [tf.float32], [v.shape])[0]
+        out = _op.call(list, [v], [tf.float32], [v.shape])[0]
         return out, lambda dy: dy
       return call(x)
 
     @tf.function
     def round_trip_native_op(x):
-      return _native.call(dlpack_round_trip, [x], [tf.float32], [x.shape])[0]
+      return _op.call(dlpack_round_trip, [x], [tf.float32], [x.shape])[0]
 
     @tf.function
     def torch_tensors_native_op(x):  # the op's C++ conversions only
-      return _native.call(lambda args_torch, unused: args_torch, [x],
+      return _op.call(lambda args_torch, unused: args_torch, [x],
                           [tf.float32], [x.shape], torch_tensors=True)[0]
 
     contenders.update({

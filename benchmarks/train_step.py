@@ -9,7 +9,7 @@ import tensorflow as tf
 import torch
 
 import torchbridge as tb
-from torchbridge import _native
+from torchbridge._native import _loader
 from benchmarks import bare_native
 from benchmarks import models
 from benchmarks import numpy_bridge
@@ -33,11 +33,11 @@ def contenders(model_name, quick, device):
   """The contenders measured for a model, in the order they are reported."""
   names = [BRIDGED, PURE_TORCH, KERAS]
   small = model_name == "small_mlp"
-  if small and _native.available():
+  if small and _loader.available():
     names.append(PY_PATH)
   if device == "cpu":  # the numpy bridge moves everything through host memory
     names.append(NUMPY_COPY)
-  if small and _native.available():
+  if small and _loader.available():
     names.append(FLOOR)
   if not quick and small:
     names.append(TORCH_FORWARD_BACKWARD)
@@ -81,7 +81,7 @@ def build(model_name, contender, device):
     return step
   step = tf.function(step)
   if contender == PY_PATH:
-    with _native.python_path():  # traced now, on the tf.py_function path
+    with _loader.python_path():  # traced now, on the tf.py_function path
       step.get_concrete_function()
   return step
 

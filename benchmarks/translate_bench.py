@@ -47,7 +47,7 @@ import torch  # noqa: E402  (before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 import torchbridge as tb  # noqa: E402
-from torchbridge import _native  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import models  # noqa: E402
 from benchmarks import train_step  # noqa: E402
@@ -278,7 +278,7 @@ def record(kind, contender, model_names=INFER_MODELS, repeats=7, calls=0,
       "pid": os.getpid(), "kind": kind, "contender": contender,
       "repeats": repeats, "timings": timings,
       "process_s": round(time.perf_counter() - start, 2),
-      "native": _native.available(),
+      "native": _loader.available(),
       "threads": {"torch_intra": torch.get_num_threads(),
                   "tf_intra": tf.config.threading.get_intra_op_parallelism_threads()},
   }
@@ -399,7 +399,7 @@ def run(quick, threads, rounds=None, repeats=None, models_=INFER_MODELS,
   results = summarize({names[name]: records for name, records in runs.items()})
   results.update(quick=quick, rounds=rounds, repeats=repeats,
                  environment=harness.environment(threads, "cpu"),
-                 native=_native.available(),
+                 native=_loader.available(),
                  failed_processes=harness.FAILURES,
                  seconds=round(time.time() - start, 1))
   return results

@@ -2,8 +2,8 @@
 // alignment TF's kernels need, the dtypes DLPack carries between the two, and
 // the layout rule. Plain C++ (no TensorFlow, torch or Python headers), so the
 // TF side (dlpack_check.cc) and the torch side (torch_interop.cc) include the
-// same rule. The Python side has its twin in torchbridge/_adopt.py; the
-// loader (torchbridge/_native_build.py) compares the two at load time through
+// same rule. The Python side has its twin in torchbridge/_crossing/_adopt.py; the
+// loader (torchbridge/_native/_build.py) compares the two at load time through
 // torchbridge_alignment() and torchbridge_dtype_table() (torchbridge_op.cc)
 // and refuses a library that disagrees.
 
@@ -28,7 +28,7 @@ constexpr uint8_t kCodeComplex = 5;
 constexpr uint8_t kCodeBool = 6;
 
 // The dtypes that cross: X(TF DataType enumerator, DLPack code, bits, name).
-// The names are TF's (tf.as_dtype(name)); torchbridge/_adopt.py maps each to
+// The names are TF's (tf.as_dtype(name)); torchbridge/_crossing/_adopt.py maps each to
 // its torch dtype.
 #define TORCHBRIDGE_DTYPES(X)            \
   X(DT_HALF, kCodeFloat, 16, "float16")  \

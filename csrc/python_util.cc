@@ -125,7 +125,7 @@ absl::Status GetPythonHooks(const PythonHooks** hooks) {
       g_hooks.export_output == nullptr) {
     return tensorflow::errors::FailedPrecondition(
         "the torchbridge op library was loaded without its Python hooks; "
-        "load it through torchbridge._native_build.load(), not "
+        "load it through torchbridge._native._build.load(), not "
         "tf.load_op_library()");
   }
   *hooks = &g_hooks;

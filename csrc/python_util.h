@@ -1,6 +1,6 @@
 // Python from C++ threads TF owns: the GIL, an owning reference, Python
 // exceptions as TF errors, and the Python functions the kernel calls (handed
-// over once at load by torchbridge/_native_build.py, as TF's py_func registers
+// over once at load by torchbridge/_native/_build.py, as TF's py_func registers
 // its trampoline, rather than imported by private name).
 
 #ifndef TORCHBRIDGE_CSRC_PYTHON_UTIL_H_
@@ -88,7 +88,7 @@ PyRef UnusedIndices(const std::vector<bool>& required);
 // keeps its own code.
 absl::Status PythonErrorToStatus(const std::string& context);
 
-// The Python functions of torchbridge/_native.py the kernel calls (borrowed
+// The Python functions of torchbridge/_native/_loader.py the kernel calls (borrowed
 // references the library keeps; null until the loader hands them over).
 struct PythonHooks {
   PyObject* dispatch = nullptr;       // _dispatch: runs a callback

@@ -1,5 +1,5 @@
 // The recorder behind timeline.h, and its C entry points (read with ctypes
-// by torchbridge/_timeline.py).
+// by torchbridge/_runtime/_timeline.py).
 
 #include "timeline.h"
 

@@ -3,7 +3,7 @@
 // Each phase is a span: a TraceMe, which TF's profiler (TensorBoard's trace
 // viewer) records while it runs and which costs one atomic load otherwise;
 // and, while torchbridge's own recording is on (torchbridge_timeline_set,
-// from torchbridge/_timeline.py), an event kept here until Python drains
+// from torchbridge/_runtime/_timeline.py), an event kept here until Python drains
 // it: the phase, the thread (its Linux id, as Python's
 // threading.get_native_id()) and CLOCK_MONOTONIC nanoseconds (Python's
 // time.perf_counter_ns()), so the C++ phases and the Python ones line up
@@ -20,7 +20,7 @@
 namespace torchbridge {
 namespace timeline {
 
-// In the order a CPU call meets them (torchbridge/_timeline.py names them
+// In the order a CPU call meets them (torchbridge/_runtime/_timeline.py names them
 // through torchbridge_timeline_phase_name).
 enum Phase : int {
   kKernel = 0,       // TorchbridgeCallOp::Compute, entered to left

@@ -13,7 +13,7 @@
 // Compiled on its own, with torch's headers (torch.utils.cpp_extension's
 // include paths) and the standard they require (-std=c++20 since torch
 // 2.14), and none of TF's; linked against torch's libraries. The builder
-// (torchbridge/_native_build.py) builds without this file when that fails,
+// (torchbridge/_native/_build.py) builds without this file when that fails,
 // and says why.
 
 #include "torch_interop.h"

@@ -1,6 +1,6 @@
 // The torch thread of the native op: one thread runs the CPU kernel's
 // callbacks, so torch grows one OpenMP team however many TF threads run the
-// op (torchbridge/_torch_thread.py explains why; this is its C++ twin, which
+// op (torchbridge/_runtime/_torch_thread.py explains why; this is its C++ twin, which
 // TF's thread hands work to without taking the GIL).
 //
 // TF's thread queues the call and waits for it: it spins for
@@ -16,7 +16,7 @@
 // since bridged calls come in bursts (a forward, then its backward). After
 // kTeamIdleSeconds without work it releases its OpenMP team (through
 // `release_team`, torch's omp_pause_resource_all, set by
-// torchbridge/_omp_team.py): while two teams live, libgomp throttles every
+// torchbridge/_runtime/_omp_team.py): while two teams live, libgomp throttles every
 // worker's spinning, and torch code on the user's thread right after the
 // bridged calls ran at half speed (measured: 1,100 against 450 us). The
 // next call makes a new team. The thread ends after kIdleSeconds without

@@ -3,7 +3,7 @@
 //      buffer (adopted_buffer.h), and, with the GIL, hands Python torch
 //      tensors (torch_interop.h) or DLPack capsules;
 //   2. calls the registered Python callable: directly on the CPU kernel of a
-//      torch_tensors op, else through torchbridge._native._dispatch, with
+//      torch_tensors op, else through torchbridge._native._loader._dispatch, with
 //      the indices of the outputs nothing in the graph consumes (Python may
 //      return None there) and on a GPU TF's CUDA stream and device index;
 //   3. checks every output (dlpack_check.h) and adopts it as a TF buffer

@@ -2,7 +2,7 @@
 // (torch) and exchanges tensors with it through DLPack, without copies.
 //
 // This file registers the op and the library's C entry points, which the
-// loader (torchbridge/_native_build.py) reads with ctypes. The pieces, one
+// loader (torchbridge/_native/_build.py) reads with ctypes. The pieces, one
 // role per file (see README.md here):
 //   adopt_rules.h        what TF can adopt as it is: alignment, dtypes, layout
 //   dlpack_check.{h,cc}  DLPack on TF's side: dtypes, the output check
@@ -91,7 +91,7 @@ REGISTER_OP("TorchbridgeCall")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Calls the Python callable registered as `callback_id` in torchbridge._native,
+Calls the Python callable registered as `callback_id` in torchbridge._native._loader,
 handing it the inputs as torch tensors (`torch_tensors`) or DLPack capsules,
 and adopts the tensors it returns as outputs, without copies.
 )doc");

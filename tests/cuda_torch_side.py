@@ -11,7 +11,7 @@ no synchronization.
 
 It needs torch with CUDA, not TensorFlow: where TF is missing (the lent GPU
 machines have none), a stand-in module takes its name so that
-`torchbridge/_exchange.py` and `torchbridge/_native.py` import; nothing here
+`torchbridge/_crossing/_exchange.py` and `torchbridge/_native/_loader.py` import; nothing here
 calls TF. Run: `python tests/cuda_torch_side.py` (exit status 1 on a
 failure, 0 with "skipped" when CUDA is absent). The pytest suite does not
 collect it; the GPU tests there need TF built with CUDA.

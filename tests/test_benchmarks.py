@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge import _native
+from torchbridge._native import _loader
 from benchmarks import bare_native
 from benchmarks import numpy_bridge
 from benchmarks import report
@@ -217,7 +217,7 @@ def test_td3_process_times_the_scripts_train_steps(tmp_path):
   assert record["wall_s"] > 0
 
 
-@pytest.mark.skipif(not _native.available(), reason="needs the native op")
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 @pytest.mark.parametrize("choice,placement", [("script", "0"), ("on", "1")])
 def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -234,7 +234,7 @@ def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
   assert record["train_steps"] == 10 and record["wall_s"] > 0
 
 
-@pytest.mark.skipif(not _native.available(), reason="needs the native op")
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_callback_cost_times_the_bridges_python_per_call():
   out = subprocess.run(
       [sys.executable, "-m", "benchmarks.callback_cost", "--calls", "200"],

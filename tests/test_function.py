@@ -15,7 +15,7 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge import _native
+from torchbridge._native import _loader
 from conftest import random_tf
 from conftest import tolerance
 

@@ -15,8 +15,8 @@ import torchbridge as tb
 from conftest import random_tf
 from conftest import requires_gpu
 from conftest import rss_bytes
-from torchbridge import _native
-from torchbridge import _saved
+from torchbridge._native import _loader
+from torchbridge._call import _saved
 
 
 # --- Calls that never get a backward keep nothing. ---
@@ -192,10 +192,10 @@ def test_tf_threads_keep_their_python_thread_state(path):
   # fresh thread state per call loses it, and costs every call). In a fresh
   # process: one thread kept by an earlier test would hide a regression.
   env = dict(os.environ)
-  env.pop(_native.DISABLE_ENV, None)
+  env.pop(_loader.DISABLE_ENV, None)
   if path == "py_function":
-    env[_native.DISABLE_ENV] = "1"
-  elif not _native.available():
+    env[_loader.DISABLE_ENV] = "1"
+  elif not _loader.available():
     pytest.skip("the native op is not available here")
   proc = subprocess.run([sys.executable, "-c", _THREAD_STATE_CHECK], env=env,
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

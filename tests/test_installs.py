@@ -22,7 +22,7 @@ import textwrap
 
 import pytest
 
-from torchbridge import _load_order
+from torchbridge._frameworks import _load_order
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
@@ -119,7 +119,7 @@ def test_torchbridge_loads_triton_library_before_anything_imports_triton(
       import sys
       import tensorflow
       import torchbridge
-      from torchbridge import _load_order
+      from torchbridge._frameworks import _load_order
       path = _load_order.triton_library_path()
       maps = open("/proc/self/maps").read()
       assert "triton" not in sys.modules, "triton's Python code ran"
@@ -185,7 +185,7 @@ sys.path.insert(0, {site!r})
 ctypes.CDLL({glob!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
 {before}
 import torchbridge
-from torchbridge import _load_order
+from torchbridge._frameworks import _load_order
 handle = _load_order._loaded.get("triton")
 print("loaded", handle is not None and {lib!r} in open("/proc/self/maps").read())
 if handle is not None:

@@ -95,7 +95,7 @@ def test_private_framework_apis_only_in_compat():
 
 
 def test_the_native_constants_are_defined_once_per_language():
-  # The alignment: csrc/adopt_rules.h and torchbridge/_adopt.py only.
+  # The alignment: csrc/adopt_rules.h and torchbridge/_crossing/_adopt.py only.
   for path in list(CSRC.iterdir()) + list(PACKAGE.rglob("*.py")):
     if path.suffix not in (".cc", ".h", ".py"):
       continue

@@ -1,4 +1,4 @@
-"""Tests for the native TF op `TorchbridgeCall` (_native.py).
+"""Tests for the native TF op `TorchbridgeCall` (_loader.py).
 
 The whole module is skipped when the op cannot be built or loaded here (no
 compiler, TORCHBRIDGE_DISABLE_NATIVE=1): the package then runs on the
@@ -18,14 +18,16 @@ import tensorflow as tf
 import torch.utils.dlpack as torch_dlpack
 
 import torchbridge as tb
-from torchbridge import _native
+from torchbridge._native import _loader
+from torchbridge._native import _op
+from torchbridge._native import _callbacks
 
 from conftest import requires_gpu
 from test_native_loader import _run_subprocess
 
-if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
-    not _native.available()):
-  pytest.skip(f"native op not available: {_native.status()}",
+if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (
+    not _loader.available()):
+  pytest.skip(f"native op not available: {_loader.status()}",
               allow_module_level=True)
 
 
@@ -66,7 +68,7 @@ def test_identity_in_tf_function_values_and_zero_copy():
 
   @tf.function
   def f(x):
-    return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+    return _op.call(callback, [x], [tf.float32], [x.shape])[0]
 
   x = tf.random.normal([16, 5])
   y = f(x)
@@ -82,7 +84,7 @@ def test_static_shapes_in_graph():
 
   @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
   def f(x):
-    outs = _native.call(
+    outs = _op.call(
         _returning(lambda: [torch_dlpack.to_dlpack(torch.zeros(2, 3)),
                             torch_dlpack.to_dlpack(torch.zeros(4)),
                             torch_dlpack.to_dlpack(torch.zeros(2, 2))]),
@@ -111,7 +113,7 @@ def test_dtypes_round_trip(dtype):
 
   @tf.function
   def f(x):
-    return _native.call(_identity, [x], [dtype], [[3, 4]])[0]
+    return _op.call(_identity, [x], [dtype], [[3, 4]])[0]
 
   y = f(x)
   assert y.dtype == dtype
@@ -134,10 +136,10 @@ def test_scalars_empty_tensors_and_no_tensors():
 
   @tf.function
   def f(s, e):
-    outs = _native.call(callback, [s, e], [tf.float32, tf.float32, tf.int64],
+    outs = _op.call(callback, [s, e], [tf.float32, tf.float32, tf.int64],
                         [[], [0, 3], [None]])
     with tf.control_dependencies(outs):
-      _native.call(nothing, [], [], [])
+      _op.call(nothing, [], [], [])
     return outs
 
   s, z, e = f(tf.constant(2.0), tf.zeros([0], tf.int64))
@@ -147,10 +149,10 @@ def test_scalars_empty_tensors_and_no_tensors():
 
 
 def test_eager_call_runs_at_once_and_does_not_stay_registered():
-  before = _native.registered_count()
-  y = _native.call(_identity, [tf.constant([1.0, 2.0])], [tf.float32])[0]
+  before = _callbacks.registered_count()
+  y = _op.call(_identity, [tf.constant([1.0, 2.0])], [tf.float32])[0]
   np.testing.assert_array_equal(y.numpy(), [1.0, 2.0])
-  assert _native.registered_count() == before
+  assert _callbacks.registered_count() == before
 
 
 def test_several_ops_in_one_graph_and_downstream_tf_ops():
@@ -159,8 +161,8 @@ def test_several_ops_in_one_graph_and_downstream_tf_ops():
 
   @tf.function
   def f(x):
-    y = _native.call(double, [x], [tf.float32], [x.shape])[0]
-    z = _native.call(double, [tf.sin(y)], [tf.float32], [x.shape])[0]
+    y = _op.call(double, [x], [tf.float32], [x.shape])[0]
+    z = _op.call(double, [tf.sin(y)], [tf.float32], [x.shape])[0]
     return tf.reduce_sum(z * 3.0)
 
   x = tf.random.normal([64])
@@ -179,8 +181,8 @@ def test_gradients_through_custom_gradient_and_none_without():
 
   @tf.custom_gradient
   def f(x):
-    y = _native.call(square, [x], [tf.float32], [x.shape])[0]
-    return y, lambda dy: _native.call(square_grad, [x, dy], [tf.float32],
+    y = _op.call(square, [x], [tf.float32], [x.shape])[0]
+    return y, lambda dy: _op.call(square_grad, [x, dy], [tf.float32],
                                       [x.shape])[0]
 
   @tf.function
@@ -199,7 +201,7 @@ def test_gradients_through_custom_gradient_and_none_without():
   np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [2.0, 4.0, 6.0])
   # The bare op is not differentiable: a tape around it is no error.
   bare = tf.function(lambda x: tf.reduce_sum(
-      _native.call(square, [x], [tf.float32], [x.shape])[0]))
+      _op.call(square, [x], [tf.float32], [x.shape])[0]))
   with tf.GradientTape() as tape:
     tape.watch(x)
     y = bare(x)
@@ -227,7 +229,7 @@ def test_python_exception_becomes_tf_error_with_traceback():
 
   @tf.function
   def f(x):
-    return _native.call(callback, [x], [tf.float32], [[2]])[0]
+    return _op.call(callback, [x], [tf.float32], [[2]])[0]
 
   with pytest.raises(tf.errors.InvalidArgumentError) as info:
     f(tf.ones([2]))
@@ -254,7 +256,7 @@ def test_other_exception_types_map_to_tf_codes():
            (tf.errors.FailedPreconditionError(None, None, "fp"),
             tf.errors.FailedPreconditionError)]
   for exc, tf_error in cases:
-    f = tf.function(lambda x, exc=exc: _native.call(
+    f = tf.function(lambda x, exc=exc: _op.call(
         raising(exc), [x], [tf.float32])[0])
     with pytest.raises(tf_error) as info:
       f(tf.ones([1]))
@@ -298,7 +300,7 @@ def test_bad_outputs_give_clear_errors(case, pattern):
 
   @tf.function
   def f(x):
-    y = _native.call(_returning(makers[case]), [x], [tf.float32], [shape])[0]
+    y = _op.call(_returning(makers[case]), [x], [tf.float32], [shape])[0]
     return y + 1.0  # a TF kernel that would crash on a bad buffer
 
   with pytest.raises(tf.errors.InvalidArgumentError) as info:
@@ -306,7 +308,7 @@ def test_bad_outputs_give_clear_errors(case, pattern):
   assert pattern in info.value.message
   assert "TorchbridgeCall" in info.value.message
   # The process is intact, and so is the op with a good output.
-  good = tf.function(lambda x: _native.call(
+  good = tf.function(lambda x: _op.call(
       _returning(lambda: [torch_dlpack.to_dlpack(torch.ones(shape))]),
       [x], [tf.float32], [shape])[0] + 1.0)
   assert float(tf.reduce_sum(good(tf.zeros([3])))) == 2.0 * 1024
@@ -318,7 +320,7 @@ def test_same_capsule_twice_is_refused():
     cap = torch_dlpack.to_dlpack(torch.zeros(4))
     return [cap, cap]
 
-  f = tf.function(lambda x: _native.call(callback, [x],
+  f = tf.function(lambda x: _op.call(callback, [x],
                                          [tf.float32, tf.float32]))
   with pytest.raises(tf.errors.InvalidArgumentError, match="same DLPack"):
     f(tf.zeros([1]))
@@ -335,7 +337,7 @@ def test_refused_outputs_are_released():
     weakref.finalize(t, fired.append, 1)
     return [torch_dlpack.to_dlpack(t)]
 
-  f = tf.function(lambda x: _native.call(callback, [x], [tf.float32]))
+  f = tf.function(lambda x: _op.call(callback, [x], [tf.float32]))
   for _ in range(5):
     with pytest.raises(tf.errors.InvalidArgumentError):
       f(tf.zeros([1]))
@@ -347,13 +349,13 @@ def test_unused_outputs_are_reported_and_may_be_left_out():
   seen = []
 
   def callback(capsules):
-    seen.append((_native.output_required(0), _native.output_required(1)))
+    seen.append((_callbacks.output_required(0), _callbacks.output_required(1)))
     x = torch_dlpack.from_dlpack(capsules[0])
-    first = None if not _native.output_required(0) else x + 1
-    return [_native._to_capsule(first), _native._to_capsule(x * 2)]
+    first = None if not _callbacks.output_required(0) else x + 1
+    return [_callbacks._to_capsule(first), _callbacks._to_capsule(x * 2)]
 
   def two_outputs(x):
-    return _native.call(callback, [x], [tf.float32, tf.float32],
+    return _op.call(callback, [x], [tf.float32, tf.float32],
                         [x.shape, x.shape])
 
   only_second = tf.function(lambda x: two_outputs(x)[1])
@@ -363,17 +365,17 @@ def test_unused_outputs_are_reported_and_may_be_left_out():
   np.testing.assert_array_equal(both(x_tf), [4.0, 7.0])
   assert seen == [(False, True), (True, True)]
   # Outside a kernel's callback every output counts as required.
-  assert _native.output_required(0)
+  assert _callbacks.output_required(0)
 
 
 def test_none_for_a_used_output_is_a_clear_error():
-  fn = tf.function(lambda x: _native.call(
+  fn = tf.function(lambda x: _op.call(
       _returning(lambda: [None]), [x], [tf.float32], [[2]])[0] * 2)
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match="output 0 from the torch callback is a NoneType"):
     fn(tf.constant([1.0, 2.0]))
   # The process and the op go on.
-  ok = tf.function(lambda x: _native.call(_identity, [x], [tf.float32],
+  ok = tf.function(lambda x: _op.call(_identity, [x], [tf.float32],
                                           [[2]])[0])
   np.testing.assert_array_equal(ok(tf.constant([1.0, 2.0])), [1.0, 2.0])
 
@@ -467,17 +469,17 @@ def test_inference_calls_record_no_autograd_graph():
 def test_unregistered_callback_gives_clear_error():
   @tf.function
   def f(x):
-    return _native.call(_identity, [x], [tf.float32])[0]
+    return _op.call(_identity, [x], [tf.float32])[0]
 
   graph = f.get_concrete_function(tf.TensorSpec([2], tf.float32)).graph
-  ids = list(_native._ids_of_graph[graph])  # pylint: disable=protected-access
-  saved = {i: _native._registry[i] for i in ids}  # pylint: disable=protected-access
-  _native._release(ids)  # pylint: disable=protected-access
+  ids = list(_callbacks._ids_of_graph[graph])  # pylint: disable=protected-access
+  saved = {i: _callbacks.registry[i] for i in ids}  # pylint: disable=protected-access
+  _callbacks.release(ids)  # pylint: disable=protected-access
   try:
     with pytest.raises(tf.errors.UnknownError, match="is not registered"):
       f(tf.ones([2]))
   finally:
-    _native._registry.update(saved)  # pylint: disable=protected-access
+    _callbacks.registry.update(saved)  # pylint: disable=protected-access
   np.testing.assert_array_equal(f(tf.ones([2])).numpy(), [1.0, 1.0])
 
 
@@ -493,7 +495,7 @@ def test_concurrent_calls_from_eight_threads():
 
   @tf.function
   def f(x, k):
-    return _native.call(callback, [x, k], [tf.float32], [x.shape])[0]
+    return _op.call(callback, [x, k], [tf.float32], [x.shape])[0]
 
   check_from_eight_threads(f)
 
@@ -540,7 +542,7 @@ def test_tf_threads_keep_their_python_thread_state_between_calls():
 
   @tf.function
   def f(x):
-    return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+    return _op.call(callback, [x], [tf.float32], [x.shape])[0]
 
   x = tf.ones([4])
   for _ in range(50):
@@ -569,12 +571,12 @@ def test_outputs_are_freed_when_tf_drops_them():
 
   @tf.function
   def returned(x):  # the output leaves the function
-    return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+    return _op.call(callback, [x], [tf.float32], [x.shape])[0]
 
   @tf.function
   def internal(x):  # the output dies inside the graph, on a TF thread
     return tf.reduce_sum(
-        _native.call(callback, [x], [tf.float32], [x.shape])[0])
+        _op.call(callback, [x], [tf.float32], [x.shape])[0])
 
   x = tf.zeros([1000])
   for _ in range(200):
@@ -604,7 +606,7 @@ def test_many_calls_do_not_leak_memory():
   @tf.function
   def f(x):
     return tf.reduce_sum(
-        _native.call(callback, [x * 1.0], [tf.float32], [x.shape])[0])
+        _op.call(callback, [x * 1.0], [tf.float32], [x.shape])[0])
 
   x = tf.ones([256, 1024])  # 1 MiB in, 1 MiB out per call
   for _ in range(50):
@@ -620,20 +622,20 @@ def test_many_calls_do_not_leak_memory():
 
 def test_registrations_end_with_their_graph():
   gc.collect()
-  before = _native.registered_count()
+  before = _callbacks.registered_count()
 
   def make():
     @tf.function
     def f(x):
-      return _native.call(_identity, [x], [tf.float32])[0]
+      return _op.call(_identity, [x], [tf.float32])[0]
     f(tf.ones([2]))
     return f
 
   f = make()
-  assert _native.registered_count() == before + 1
+  assert _callbacks.registered_count() == before + 1
   del f
   gc.collect()
-  assert _native.registered_count() == before
+  assert _callbacks.registered_count() == before
 
 
 # ---------------------------------------------------------------------------
@@ -656,8 +658,8 @@ def test_torch_callback_copies_only_what_tf_cannot_view():
 
   @tf.function
   def f(x):
-    return _native.call(
-        _native.torch_callback(fn),
+    return _op.call(
+        _callbacks.torch_callback(fn),
         [x], [tf.float32] * 3, [x.shape, [1024], [4, 8]])
 
   tb.reset_exchange_stats()
@@ -695,7 +697,7 @@ def test_gpu_kernel_uses_tf_stream_and_stays_on_device():
 
     @tf.function
     def f(x):
-      return _native.call(callback, [x], [tf.float32], [x.shape])[0]
+      return _op.call(callback, [x], [tf.float32], [x.shape])[0]
 
     y = f(x)
   np.testing.assert_allclose(y.numpy(), x.numpy() * 2, rtol=1e-6)
@@ -723,7 +725,7 @@ def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
   path = str(tmp_path / "saved")
   tf.saved_model.save(root, path)
   result = _run_subprocess(f"""
-      assert _native.available(), _native.status()
+      assert _loader.available(), _loader.status()
       loaded = tf.saved_model.load({path!r})
       try:
         out = loaded.serve(tf.ones([2, 3]))
@@ -732,7 +734,7 @@ def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
         result = {{"ran": False, "type": type(err).__name__,
                    "message": str(err)}}
       print(json.dumps(result))
-      """, {_native.DISABLE_ENV: None})
+      """, {_loader.DISABLE_ENV: None})
   assert not result["ran"], result
   assert "SavedModel" in result["message"], result
   assert "cannot carry Python callables" in result["message"], result

@@ -18,10 +18,10 @@ import pytest
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf  # noqa: F401
 
-from torchbridge import _native
-from torchbridge import _native_build
+from torchbridge._native import _loader
+from torchbridge._native import _build
 
-DISABLED = os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0")
+DISABLED = os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0")
 
 
 def run(args, tmp_path, env=None, timeout=600):
@@ -47,8 +47,8 @@ def real_library():
   """The real library of this set-up (built into the shared cache once);
   skips only where no C++ compiler exists."""
   try:
-    return _native_build.build_or_reuse()
-  except _native_build.BuildError as err:
+    return _build.build_or_reuse()
+  except _build.BuildError as err:
     if "no C++ compiler" in str(err):
       pytest.skip(f"needs a C++ compiler: {err}")
     raise
@@ -147,7 +147,7 @@ def test_info_text_names_each_section(tmp_path):
 def test_info_no_build_on_an_empty_cache_builds_nothing(tmp_path):
   cache = tmp_path / "cache"
   out = cli(["info", "--json", "--no-build"], tmp_path,
-            {_native_build.CACHE_ENV: str(cache), _native.DISABLE_ENV: None})
+            {_build.CACHE_ENV: str(cache), _loader.DISABLE_ENV: None})
   op = last_json(out)["native_op"]
   assert op["active"] is False and op["library"] is None
   assert "not built yet" in op["status"]
@@ -158,10 +158,10 @@ def test_info_no_build_on_an_empty_cache_builds_nothing(tmp_path):
 
 def test_info_says_when_the_op_is_disabled(tmp_path):
   op = last_json(cli(["info", "--json"], tmp_path,
-                     {_native.DISABLE_ENV: "1"}))["native_op"]
+                     {_loader.DISABLE_ENV: "1"}))["native_op"]
   assert op["active"] is False and op["call_path"] == "tf.py_function"
-  assert op["disabled_by"] == f"{_native.DISABLE_ENV}=1"
-  assert _native.DISABLE_ENV in op["status"]
+  assert op["disabled_by"] == f"{_loader.DISABLE_ENV}=1"
+  assert _loader.DISABLE_ENV in op["status"]
 
 
 # ---------------------------------------------------------------------------
@@ -171,15 +171,15 @@ def test_info_says_when_the_op_is_disabled(tmp_path):
 def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(
     tmp_path):
   real_library()  # skips where no compiler exists
-  env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
-         _native.DISABLE_ENV: None}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
+         _loader.DISABLE_ENV: None}
   built = cli(["build"], tmp_path, env)
   assert built.returncode == 0, built.stderr[-3000:]
   assert "built and complete" in built.stdout
   assert "building the native TF op" in built.stderr  # announced
   libraries = list((tmp_path / "cache").glob("*.so"))
   assert len(libraries) == 1
-  record = _native_build.build_record(libraries[0])
+  record = _build.build_record(libraries[0])
   assert record["complete"] is True and record["seconds"] > 0
 
   first = run([FIRST_CALL], tmp_path, env)
@@ -196,8 +196,8 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(
 
 def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
   compiler = stand_in_compiler(tmp_path)
-  env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
-         _native.DISABLE_ENV: None, "CXX": str(compiler)}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
+         _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   out = run([FIRST_CALL], tmp_path, env)
   result = last_json(out)
   assert result["builds"] == 1 and links(tmp_path) == 1
@@ -213,8 +213,8 @@ def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
 
 def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
   compiler = stand_in_compiler(tmp_path)
-  env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
-         _native.DISABLE_ENV: None, "CXX": str(compiler)}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
+         _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   silenced = run(["-c", "import logging, runpy\n"
                   "logging.getLogger('torchbridge').setLevel(logging.WARNING)\n"
                   f"runpy.run_path({FIRST_CALL!r})"], tmp_path, env)
@@ -226,7 +226,7 @@ def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
                     "format='LOG %(name)s %(message)s')\n"
                     f"runpy.run_path({FIRST_CALL!r})"],
                    tmp_path, dict(env, **{
-                       _native_build.CACHE_ENV: str(tmp_path / "cache2")}))
+                       _build.CACHE_ENV: str(tmp_path / "cache2")}))
   last_json(configured)
   assert "LOG torchbridge torchbridge: building the native TF op" in (
       configured.stdout)
@@ -235,7 +235,7 @@ def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
 
 def test_build_force_builds_again(tmp_path):
   compiler = stand_in_compiler(tmp_path)
-  env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
          "CXX": str(compiler)}
   assert cli(["build"], tmp_path, env).returncode == 0
   assert cli(["build"], tmp_path, env).returncode == 0
@@ -246,7 +246,7 @@ def test_build_force_builds_again(tmp_path):
 
 def test_build_fails_with_the_reason_and_a_nonzero_exit(tmp_path):
   out = cli(["build"], tmp_path, {
-      _native_build.CACHE_ENV: str(tmp_path / "cache"), "CXX": "false"})
+      _build.CACHE_ENV: str(tmp_path / "cache"), "CXX": "false"})
   assert out.returncode == 1
   assert "torchbridge build: failed:" in out.stderr
   assert "compiling the native op (csrc/) failed" in out.stderr
@@ -257,14 +257,14 @@ def test_build_fails_with_the_reason_and_a_nonzero_exit(tmp_path):
 def test_build_that_must_fall_back_says_why_and_fails_unless_allowed(
     tmp_path):
   compiler = stand_in_compiler(tmp_path, fail_interop=True)
-  env = {_native_build.CACHE_ENV: str(tmp_path / "cache"),
-         _native.DISABLE_ENV: None, "CXX": str(compiler)}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
+         _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   out = cli(["build"], tmp_path, env)
   assert out.returncode == 1
   assert "WITHOUT torch's side" in out.stderr
   assert "torch_interop.cc" in out.stderr and "stand-in failure" in out.stderr
   [library] = (tmp_path / "cache").glob("*.so")
-  record = _native_build.build_record(library)
+  record = _build.build_record(library)
   assert record["complete"] is False
   assert "-std=c++20" in record["reason"]
   with open(record["log"], encoding="utf-8") as log:

@@ -1,4 +1,4 @@
-"""The native op's loader and build cache (_native.load, _native_build).
+"""The native op's loader and build cache (_loader.load, _native_build).
 
 Each test runs the loader in a Python process of its own, so these run
 wherever the native op is unavailable too (no compiler,
@@ -18,8 +18,8 @@ import pytest
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf  # noqa: F401
 
-from torchbridge import _native
-from torchbridge import _native_build
+from torchbridge._native import _loader
+from torchbridge._native import _build
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,8 +50,8 @@ def _run_subprocess(code, env_update, timeout=300):
       logging.getLogger("torchbridge").propagate = False
       import torch
       import tensorflow as tf
-      from torchbridge import _native
-      from torchbridge import _native_build
+      from torchbridge._native import _loader
+      from torchbridge._native import _build
       """)
   proc = subprocess.run(
       [sys.executable, "-c", prologue + textwrap.dedent(code)], env=env,
@@ -65,11 +65,11 @@ def _real_library():
   """The built library of this set-up; skips only if no compiler exists to
   build it (a failed build with a compiler at hand fails the test)."""
   try:
-    return _native_build.build_or_reuse()
-  except _native_build.BuildError as err:
+    return _build.build_or_reuse()
+  except _build.BuildError as err:
     try:
-      _native_build._find_compiler()  # pylint: disable=protected-access
-    except _native_build.BuildError:
+      _build._find_compiler()  # pylint: disable=protected-access
+    except _build.BuildError:
       pytest.skip(f"needs a C++ compiler to build the op: {err}")
     raise
 
@@ -100,26 +100,26 @@ def _fake_compiler(path, on_link):
 
 def test_disabled_by_environment_logs_one_line():
   result = _run_subprocess("""
-      first = _native.available()
-      second = _native.available()
+      first = _loader.available()
+      second = _loader.available()
       print(json.dumps({"available": [first, second], "records": records,
-                        "builds": _native_build.build_count}))
-      """, {_native.DISABLE_ENV: "1"})
+                        "builds": _build.build_count}))
+      """, {_loader.DISABLE_ENV: "1"})
   assert result["available"] == [False, False]
   assert result["builds"] == 0
   assert len(result["records"]) == 1
   level, message = result["records"][0]
   assert level == "INFO"
-  assert _native.DISABLE_ENV in message
+  assert _loader.DISABLE_ENV in message
 
 
 def test_failed_build_logs_one_warning_and_falls_back(tmp_path):
   # A "compiler" that fails, and an empty cache: the build fails cleanly.
   result = _run_subprocess("""
-      ok = _native.available()
+      ok = _loader.available()
       print(json.dumps({"available": ok, "records": records,
-                        "builds": _native_build.build_count}))
-      """, {_native.DISABLE_ENV: None, _native_build.CACHE_ENV: str(tmp_path),
+                        "builds": _build.build_count}))
+      """, {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path),
             "CXX": "false"})
   assert result["available"] is False
   assert result["builds"] == 1
@@ -137,10 +137,10 @@ def test_no_compiler_logs_one_warning(tmp_path):
   empty_bin = tmp_path / "bin"
   empty_bin.mkdir()
   result = _run_subprocess("""
-      ok = _native.available()
+      ok = _loader.available()
       print(json.dumps({"available": ok, "records": records}))
-      """, {_native.DISABLE_ENV: None,
-            _native_build.CACHE_ENV: str(tmp_path / "cache"),
+      """, {_loader.DISABLE_ENV: None,
+            _build.CACHE_ENV: str(tmp_path / "cache"),
             "CXX": None, "PATH": str(empty_bin)})
   assert result["available"] is False
   assert len(result["records"]) == 1
@@ -155,11 +155,11 @@ def test_cache_is_reused_without_recompiling():
   path = _real_library()
   mtime = os.stat(path).st_mtime_ns
   result = _run_subprocess("""
-      ok = _native.available()
-      print(json.dumps({"available": ok, "builds": _native_build.build_count,
-                        "status": _native.status()}))
-      """, {_native.DISABLE_ENV: None,
-            _native_build.CACHE_ENV: str(_native_build.cache_dir())})
+      ok = _loader.available()
+      print(json.dumps({"available": ok, "builds": _build.build_count,
+                        "status": _loader.status()}))
+      """, {_loader.DISABLE_ENV: None,
+            _build.CACHE_ENV: str(_build.cache_dir())})
   assert result["available"] is True
   assert result["builds"] == 0
   assert str(path) in result["status"]
@@ -173,16 +173,16 @@ def test_a_source_change_rebuilds_and_an_unchanged_source_reuses(tmp_path):
   # is needed.
   csrc = tmp_path / "csrc"
   csrc.mkdir()
-  for source in _native_build.source_dir().glob("*.[ch]*"):
+  for source in _build.source_dir().glob("*.[ch]*"):
     (csrc / source.name).write_bytes(source.read_bytes())
   compiler = _fake_compiler(tmp_path / "cxx", 'echo library > "$out"')
   result = _run_subprocess(f"""
       from pathlib import Path
-      _native_build.source_dir = lambda: Path({str(csrc)!r})
+      _build.source_dir = lambda: Path({str(csrc)!r})
       steps = []
       def build():
-        steps.append([str(_native_build.build_or_reuse()),
-                      _native_build.build_count])
+        steps.append([str(_build.build_or_reuse()),
+                      _build.build_count])
       build()  # an empty cache: builds
       build()  # same sources: reuses
       with open({str(csrc / "torchbridge_op.cc")!r}, "a") as f:
@@ -193,8 +193,8 @@ def test_a_source_change_rebuilds_and_an_unchanged_source_reuses(tmp_path):
       build()  # an edited header: builds again
       build()  # and reuses that
       print(json.dumps(steps))
-      """, {_native.DISABLE_ENV: None,
-            _native_build.CACHE_ENV: str(tmp_path / "cache"),
+      """, {_loader.DISABLE_ENV: None,
+            _build.CACHE_ENV: str(tmp_path / "cache"),
             "CXX": str(compiler)})
   paths = [path for path, _ in result]
   assert [count for _, count in result] == [1, 1, 2, 3, 3]
@@ -217,16 +217,16 @@ def test_concurrent_processes_build_once(tmp_path):
       import json, os, sys, time
       import torch
       import tensorflow as tf
-      from torchbridge import _native
-      from torchbridge import _native_build
+      from torchbridge._native import _loader
+      from torchbridge._native import _build
       open(sys.argv[1], "w").close()
       while not os.path.exists({str(go)!r}):
         time.sleep(0.01)
-      print(json.dumps([_native.available(), _native_build.build_count]))
+      print(json.dumps([_loader.available(), _build.build_count]))
       """)
   env = dict(os.environ, CXX=str(compiler),
-             **{_native_build.CACHE_ENV: str(tmp_path / "cache")})
-  env.pop(_native.DISABLE_ENV, None)
+             **{_build.CACHE_ENV: str(tmp_path / "cache")})
+  env.pop(_loader.DISABLE_ENV, None)
   env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
   procs = [subprocess.Popen(
       [sys.executable, "-c", code, str(tmp_path / f"ready{i}")], env=env,

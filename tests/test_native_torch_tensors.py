@@ -17,28 +17,29 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge import _native
-from torchbridge import _native_build
+from torchbridge._native import _loader
+from torchbridge._native import _op
+from torchbridge._native import _build
 
 from test_native import _data_ptr
 from test_native import check_from_eight_threads
 from test_native_loader import _run_subprocess
 
-if os.environ.get(_native.DISABLE_ENV, "").strip() not in ("", "0") or (
-    not _native.available()):
-  pytest.skip(f"native op not available: {_native.status()}",
+if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (
+    not _loader.available()):
+  pytest.skip(f"native op not available: {_loader.status()}",
               allow_module_level=True)
 
 
 def _op(callback, inputs, dtypes, shapes, **kwargs):
-  return _native.call(callback, inputs, dtypes, shapes, torch_tensors=True,
+  return _op.call(callback, inputs, dtypes, shapes, torch_tensors=True,
                       **kwargs)
 
 
 def test_this_machine_builds_the_torch_interop():
   # CI's machines have torch's headers: the fast path is what is tested.
-  assert _native.has_torch_interop(), _native.status()
-  assert "torch tensors made in C++" in _native.status()
+  assert _loader.has_torch_interop(), _loader.status()
+  assert "torch tensors made in C++" in _loader.status()
 
 
 def test_inputs_and_outputs_share_memory_with_tf():
@@ -289,23 +290,23 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   # Where torch_interop.cc does not build, the loader builds the op without
   # it, and torch_tensors callbacks run through torch_callback in Python.
   result = _run_subprocess("""
-      from torchbridge import _native_build
+      from torchbridge._native import _build
       # torch_interop.cc's own flags now make its compilation fail.
-      _native_build._torch_interop_flags = lambda sources: (
+      _build._torch_interop_flags = lambda sources: (
           ["-include", "/nonexistent/header.h"], [])
       import numpy as np
       import torchbridge as tb
-      ok = _native.available()
-      f = tf.function(lambda x: _native.call(
+      ok = _loader.available()
+      f = tf.function(lambda x: _op.call(
           lambda args, unused: [args[0] * 3], [x], [tf.float32], [[2]],
           torch_tensors=True)[0])
       g = tf.function(tb.torch_function(lambda x: x.sin()))
       x = tf.constant([1.0, 2.0])
-      print(json.dumps({"available": ok, "interop": _native.has_torch_interop(),
-                        "status": _native.status(), "records": records,
+      print(json.dumps({"available": ok, "interop": _loader.has_torch_interop(),
+                        "status": _loader.status(), "records": records,
                         "f": f(x).numpy().tolist(),
                         "g": g(x).numpy().tolist()}))
-      """, {_native.DISABLE_ENV: None, _native_build.CACHE_ENV: str(tmp_path)},
+      """, {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path)},
       timeout=600)
   assert result["available"] is True
   assert result["interop"] is False
@@ -320,13 +321,13 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   # A later process loads the cached fallback without building, and says
   # why again (once): nothing about the op it gets is silent.
   later = _run_subprocess("""
-      from torchbridge import _native_build
-      _native_build._torch_interop_flags = lambda sources: (
+      from torchbridge._native import _build
+      _build._torch_interop_flags = lambda sources: (
           ["-include", "/nonexistent/header.h"], [])
-      ok = _native.available() and _native.available()
+      ok = _loader.available() and _loader.available()
       print(json.dumps({"available": ok, "records": records,
-                        "builds": _native_build.build_count}))
-      """, {_native.DISABLE_ENV: None, _native_build.CACHE_ENV: str(tmp_path)})
+                        "builds": _build.build_count}))
+      """, {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path)})
   assert later["available"] is True and later["builds"] == 0
   assert later["records"] == warnings, later["records"]
   assert result["f"] == [3.0, 6.0]

@@ -22,7 +22,7 @@ CHILD = textwrap.dedent("""
     import torch
     import tensorflow as tf
     import torchbridge as tb
-    from torchbridge import _omp_team
+    from torchbridge._runtime import _omp_team
 
     def threads():
       return len(os.listdir("/proc/self/task"))
@@ -84,15 +84,16 @@ IDLE_CHILD = textwrap.dedent("""
     import torch
     import tensorflow as tf
     import torchbridge as tb
-    from torchbridge import _native, _omp_team
+    from torchbridge._native import _loader
+    from torchbridge._runtime import _omp_team
 
     def threads():
       return len(os.listdir("/proc/self/task"))
 
     def teams_released():  # by the torch thread of the path in use
-      if _native.load() is None:
+      if _loader.load() is None:
         return _omp_team.releases
-      lib = ctypes.CDLL(str(_native.loaded_from()))
+      lib = ctypes.CDLL(str(_loader.loaded_from()))
       lib.torchbridge_teams_released.restype = ctypes.c_int64
       return lib.torchbridge_teams_released()
 
@@ -124,8 +125,8 @@ IDLE_CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("path", ["native", "py_function"])
 @pytest.mark.parametrize("release", [True, False])
 def test_the_torch_threads_team_is_released_when_idle(path, release):
-  from torchbridge import _native  # pylint: disable=import-outside-toplevel
-  if path == "native" and _native.load() is None:
+  from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
+  if path == "native" and _loader.load() is None:
     pytest.skip("needs the native op")
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2",
              TORCHBRIDGE_DISABLE_NATIVE="1" if path == "py_function" else "0")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks import step_breakdown as sb
-from torchbridge import _native
+from torchbridge._native import _loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def test_each_instant_goes_to_the_span_begun_last():
   assert rows[sb.BRIDGE["torchbridge/kernel"]] == 2 + 2  # 10-12, 78-80
 
 
-@pytest.mark.skipif(not _native.available(), reason="needs the native op")
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_the_rows_add_up_to_the_measured_step(tmp_path):
   out = subprocess.run(
       [sys.executable, "-m", "benchmarks.step_breakdown", "--steps", "10",

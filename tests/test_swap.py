@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from torchbridge import _swap
+from torchbridge._state import _swap
 
 
 class _Shared(torch.nn.Module):

@@ -2,7 +2,7 @@
 
 One step (a TorchModule forward and backward inside a `tf.function`, a Keras
 optimizer step) is recorded on both paths (the native op, and
-`tf.py_function`, forced while tracing with `_native.python_path()`), and
+`tf.py_function`, forced while tracing with `_loader.python_path()`), and
 every phase the README lists must be in the recording, in TF's profiler and
 in torch's; off, the spans are the shared no-op.
 """
@@ -20,10 +20,10 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge import _native
-from torchbridge import _timeline
+from torchbridge._native import _loader
+from torchbridge._runtime import _timeline
 
-NATIVE = _native.available()
+NATIVE = _loader.available()
 PYTHON_PHASES = {_timeline.CALL, _timeline.BIND, _timeline.FORWARD,
                  _timeline.BACKWARD, _timeline.CHECK, _timeline.SAVE}
 PY_FUNCTION_PHASES = {_timeline.HAND_OFF, _timeline.TO_TORCH, _timeline.TO_TF}
@@ -57,7 +57,7 @@ def _training_step(path):
 
   x = tf.ones([4, 3])
   if path == "py_function":
-    with _native.python_path():
+    with _loader.python_path():
       step.get_concrete_function(x)
   step(x)  # traced, optimizer slots made: the recorded step is a steady one
   return lambda: step(x)
@@ -182,7 +182,7 @@ def test_recordings_do_not_nest():
 def test_environment_variable_annotates_the_whole_process(tmp_path):
   code = textwrap.dedent("""
       import torch, tensorflow as tf, torchbridge as tb
-      from torchbridge import _timeline
+      from torchbridge._runtime import _timeline
       f = tf.function(tb.torch_function(lambda x: x + 1))
       config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
       with torch.profiler.profile(experimental_config=config) as prof:

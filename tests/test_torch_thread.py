@@ -16,9 +16,9 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge import _native
-from torchbridge import _torch_thread
-from torchbridge._torch_thread import TorchThread
+from torchbridge._native import _loader
+from torchbridge._runtime import _torch_thread
+from torchbridge._runtime._torch_thread import TorchThread
 
 
 # ------------------------------------------------------------- the thread
@@ -212,7 +212,7 @@ def test_graph_calls_run_on_the_torch_thread_eager_ones_where_called(mode):
     assert seen[0] == threading.get_ident()
   else:
     assert seen[0] != threading.get_ident()
-    if _native.available():  # the native op's own torch thread (C++)
+    if _loader.available():  # the native op's own torch thread (C++)
       tf.function(f)(x)  # another graph's call, while the thread lives
       assert seen[-1] == seen[0]
     else:  # the tf.py_function path hands over in Python
@@ -289,7 +289,7 @@ else:
     g(a, b)
 print("DELTA", threads() - before)
 time.sleep(1.0)  # longer than the torch thread's idle time
-from torchbridge import _torch_thread
+from torchbridge._runtime import _torch_thread
 print("LATER", int(_torch_thread.torch_thread().alive()))
 """
 
@@ -317,7 +317,7 @@ def test_turned_off_graph_calls_run_where_tf_calls_them(tmp_path):
           f = tb.torch_function(
               lambda x: seen.append(threading.get_ident()) or x * 2)
           tf.function(f)(tf.ones([2]))
-          from torchbridge import _torch_thread
+          from torchbridge._runtime import _torch_thread
           print("ALIVE", _torch_thread.torch_thread().started)
           """)],
       cwd=tmp_path, capture_output=True, text=True, timeout=300,

@@ -16,7 +16,7 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge import _aten_table
+from torchbridge._translate._aten import _table
 from torchbridge import ParityError, UntranslatedOpsError, translate
 
 F32 = dict(rtol=1e-5, atol=1e-6)
@@ -387,8 +387,8 @@ def test_a_translation_that_raises_is_reported_as_a_bug_not_a_missing_op(
     monkeypatch):
   def broken(out, x):
     raise ValueError("boom")
-  _, layout, refuse = _aten_table.OPS["aten.relu.default"]
-  monkeypatch.setitem(_aten_table.OPS, "aten.relu.default", (broken, layout, refuse))
+  _, layout, refuse = _table.OPS["aten.relu.default"]
+  monkeypatch.setitem(_table.OPS, "aten.relu.default", (broken, layout, refuse))
   actor = tb.TorchModule(torch.nn.Sequential(torch.nn.ReLU()), name="buggy")
   with pytest.raises(RuntimeError) as err:
     translate(actor, [tf.TensorSpec([None, 3])])
@@ -439,8 +439,8 @@ def test_shapes_the_coverage_run_found(module, spec):
 
 
 def test_parity_error_names_the_difference(monkeypatch):
-  fn, layout, refuse = _aten_table.OPS["aten.relu.default"]
-  monkeypatch.setitem(_aten_table.OPS, "aten.relu.default",
+  fn, layout, refuse = _table.OPS["aten.relu.default"]
+  monkeypatch.setitem(_table.OPS, "aten.relu.default",
                       (lambda out, x: fn(out, x) * 1.001, layout, refuse))
   actor = tb.TorchModule(torch.nn.Sequential(torch.nn.ReLU()), name="wrong")
   with pytest.raises(ParityError, match=r"output 0: .* <- over tolerance"):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from torchbridge import _vjp
+from torchbridge._call import _vjp
 
 
 def _reference(outputs, inputs, grad_outputs, create_graph):

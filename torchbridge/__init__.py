@@ -3,19 +3,19 @@
 # The one thing done at import, first: load triton's native library (if
 # installed) so that TensorFlow's global LLVM symbols cannot capture it (see
 # _load_order.py); then torch before TensorFlow, the order every module keeps.
-from torchbridge import _load_order
+from torchbridge._frameworks import _load_order
 
 _load_order.load_before_tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from torchbridge._stats import exchange_stats
-from torchbridge._stats import reset_exchange_stats
-from torchbridge._exchange import to_tf
-from torchbridge._exchange import to_torch
-from torchbridge._function import torch_function
-from torchbridge._module import TorchModule
-from torchbridge._native import native_available
-from torchbridge._timeline import timeline
+from torchbridge._crossing._stats import exchange_stats
+from torchbridge._crossing._stats import reset_exchange_stats
+from torchbridge._crossing._exchange import to_tf
+from torchbridge._crossing._exchange import to_torch
+from torchbridge._call._function import torch_function
+from torchbridge._wrappers._module import TorchModule
+from torchbridge._native._loader import native_available
+from torchbridge._runtime._timeline import timeline
 
 __all__ = [
     "ParityError",
@@ -45,5 +45,5 @@ def __getattr__(name):
   if name in ("keras", "ray"):
     return importlib.import_module(f"torchbridge.{name}")
   if name in _TRANSLATE_NAMES:
-    return getattr(importlib.import_module("torchbridge._translate"), name)
+    return getattr(importlib.import_module("torchbridge._translate._translated"), name)
   raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")

@@ -1,8 +1,8 @@
-"""`python -m torchbridge {info,build}`: see `torchbridge._cli`."""
+"""`python -m torchbridge {info,build}`: see `torchbridge._cli._commands`."""
 
 import sys
 
-from torchbridge import _cli
+from torchbridge._cli import _commands
 
 if __name__ == "__main__":
-  sys.exit(_cli.main())
+  sys.exit(_commands.main())

@@ -10,7 +10,7 @@ import numpy as np
 import torch  # first, the recommended order: README, "Installs and import order"
 import tensorflow as tf
 
-from torchbridge import _module
+from torchbridge._wrappers import _module
 from torchbridge.ray import _gradients
 from torchbridge.ray import _weights
 from torchbridge.ray import _worker

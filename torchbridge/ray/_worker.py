@@ -9,7 +9,7 @@ import torch  # first, the recommended order: README, "Installs and import order
 import numpy as np
 import tensorflow as tf  # noqa: F401  (imported here, after torch, on purpose)
 
-from torchbridge import _module
+from torchbridge._wrappers import _module
 from torchbridge.ray import _weights
 
 

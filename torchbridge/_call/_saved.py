@@ -1,0 +1,147 @@
+"""The torch-side state a bridged call keeps for its backward, and the backward.
+
+A forward that a gradient may reach keeps a `Saved` record: its torch
+outputs, the torch leaves that stand for its TF arguments, and torch's
+autograd graph between them. The backward never re-runs the forward: it
+computes a vector-Jacobian product on that graph (`backward`), itself as a
+new `Saved` record, so gradients compose to any order. Inside `tf.function`
+the record is owned by a one-byte handle tensor that TF holds as long as a
+gradient may need it (`own`, `lookup`).
+"""
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+
+from torchbridge._runtime import _timeline
+from torchbridge._call import _vjp
+
+# Handle data pointer -> (`Saved`, weak reference to the handle): the record
+# lives as long as the handle's Python object, which TF keeps alive while it
+# holds the handle (see `_own`).
+_SAVED_BY_HANDLE: dict[Any, tuple[Any, weakref.ref]] = {}
+
+
+class Saved:
+  """Torch-side state of one bridged call, kept for its backward."""
+
+  __slots__ = ("outs_torch", "leaves_torch", "has_graph", "regraph",
+               "__weakref__")
+
+  def __init__(self, outs_torch, leaves_torch, has_graph, regraph=None):
+    # Flat torch outputs, and for each TF argument of the call the torch leaf
+    # that stands for it (None where the argument gets no gradient).
+    self.outs_torch = outs_torch
+    self.leaves_torch = leaves_torch
+    self.has_graph = has_graph
+    # Recomputes this record with an autograd graph, for the rare case (a
+    # second-order gradient inside tf.function) where it was made without.
+    self.regraph = regraph
+
+
+def backward(saved, sel_out, diff_args, dys_torch, record, skip=(),
+             none_ok=False):
+  """The vector-Jacobian product of a saved call, as a new `Saved`.
+
+  `dys_torch` are torch views of the upstream gradients of the outputs
+  `sel_out`; the result holds the gradients of the arguments `diff_args`,
+  None at the positions `skip` (gradients nothing consumes).
+  """
+  if not saved.has_graph:
+    saved = saved.regraph()
+  if record:
+    dys_torch = [dy.requires_grad_() for dy in dys_torch]
+  leaves = [saved.leaves_torch[j] for j in diff_args]
+  # Leaves that do not require grad: arguments torch refused to
+  # differentiate (see `_function.call_bridged`).
+  refused = [k for k, leaf in enumerate(leaves)
+             if k not in skip and not leaf.requires_grad]
+  wanted = [k for k in range(len(leaves))
+            if k not in skip and k not in refused]
+  # Outputs torch computed without a graph (detached, integer-valued paths)
+  # contribute nothing, nor do outputs a backward left out (None).
+  pairs = [(saved.outs_torch[i], dy) for i, dy in zip(sel_out, dys_torch)
+           if saved.outs_torch[i] is not None and
+           saved.outs_torch[i].requires_grad]
+  grads_torch = [None] * len(leaves)
+  grad_mode = torch.is_grad_enabled()
+  torch.set_grad_enabled(True)
+  try:
+    with _timeline.span(_timeline.BACKWARD):
+      if pairs and wanted:
+        grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted],
+                                    record, none_ok)
+      else:
+        grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
+  finally:
+    torch.set_grad_enabled(grad_mode)
+  for k, grad in zip(wanted, grads_wanted):
+    grads_torch[k] = grad
+  for k in refused:
+    grads_torch[k] = None if none_ok else torch.zeros_like(leaves[k])
+  # Made without a graph, the record can make itself again with one (and
+  # every gradient), should a second-order gradient ask for it.
+  regraph = None if record else functools.partial(
+      backward, saved, sel_out, diff_args, dys_torch, True,
+      none_ok=none_ok)
+  return Saved(grads_torch, dys_torch + leaves, has_graph=record,
+                regraph=regraph)
+
+
+def _vjp_or_none(pairs, leaves, record, none_ok):
+  """The vector-Jacobian product for `leaves`; for a leaf that torch
+  declares non-differentiable (a loss's target), None (`none_ok`: eagerly,
+  where TF takes a None gradient) or zeros (a graph's op cannot leave out
+  an output it declared), instead of failing."""
+  outs, dys = [o for o, _ in pairs], [dy for _, dy in pairs]
+  try:
+    return _vjp.vjp(outs, leaves, dys, create_graph=record)
+  except RuntimeError as err:
+    if not _is_not_differentiable(err):
+      raise
+  grads = []
+  for leaf in leaves:
+    try:
+      grads.append(_vjp.vjp(outs, [leaf], dys, create_graph=record)[0])
+    except RuntimeError as err:
+      if not _is_not_differentiable(err):
+        raise
+      grads.append(None if none_ok else torch.zeros_like(leaf))
+  return grads
+
+
+def _is_not_differentiable(err):
+  text = str(err)
+  return ("is not differentiable with respect to" in text or
+          ("derivative for" in text and "is not implemented" in text))
+
+
+def own(handle_torch, saved):
+  """Makes `handle_torch` own `saved`.
+
+  TF holds the handle's torch tensor whole (the native op's
+  whole_tensor_outputs; torch's DLPack export on the tf.py_function path),
+  and torch keeps its Python object alive as long as TF does; when that
+  object dies, the weak reference's callback drops the record.
+  """
+  key = handle_torch.data_ptr()
+
+  def forget(ref):
+    # Only this handle's own entry (a later handle may reuse the address).
+    if _SAVED_BY_HANDLE.get(key, (None, None))[1] is ref:
+      _SAVED_BY_HANDLE.pop(key, None)
+
+  _SAVED_BY_HANDLE[key] = (saved, weakref.ref(handle_torch, forget))
+
+
+def lookup(handle_torch):
+  saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
+  if saved is None:
+    raise RuntimeError(
+        "torchbridge lost the saved torch state of a forward call before its "
+        "backward ran (the handle tensor was copied or freed early). This is "
+        "a bug in torchbridge; please report it with the code that "
+        "triggered it.")
+  return saved

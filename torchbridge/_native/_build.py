@@ -1,0 +1,394 @@
+"""Builds the native op library from csrc/ and caches it, once per set-up.
+
+The library is compiled on first use (or ahead of time by
+`python -m torchbridge build`) into a cache directory
+(`$TORCHBRIDGE_CACHE_DIR`, else `~/.cache/torchbridge`), under a name keyed
+by the Python, TF, torch and torchbridge versions, the flags and the
+sources; a later process with the same set-up loads it without a compiler.
+
+Two translation units, compiled side by side, then one link:
+  - TF's side: every csrc/ file but torch_interop.cc, included into one
+    generated file and compiled once with TensorFlow's flags (C++17). One
+    unit parses TF's heavy headers once instead of once per file: 7-8 s
+    here, against 29 s for the five files compiled one by one.
+  - torch's side: csrc/torch_interop.cc alone, with torch's headers and the
+    language standard they require (C++20 since torch 2.14; the same flag
+    torch.utils.cpp_extension passes), and nothing of TF's. The interface
+    between the two (torch_interop.h) is plain C types.
+If torch's side cannot be built (no headers, a compiler without C++20), the
+library is built without it (the op then trades DLPack capsules with
+Python), and the reason and the failed build's log are recorded beside the
+library, so every process that loads it says why, once, at WARNING.
+
+A build says through the "torchbridge" logger when it starts (what, why,
+where, about how long) and when it ends; with no logging configured, those
+lines go to stderr. Builds hold a file lock and rename their result into
+place, so concurrent processes build once. `torchbridge._native._loader.load()` and
+the command line call this; nothing here runs at import.
+"""
+
+import contextlib
+import ctypes
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch  # noqa: F401  (before tensorflow)
+import tensorflow as tf
+
+from torchbridge._crossing import _adopt
+from torchbridge._runtime import _omp_team
+from torchbridge._crossing import _stats
+
+_LOG = logging.getLogger("torchbridge")
+
+CACHE_ENV = "TORCHBRIDGE_CACHE_DIR"
+_LIB_STEM = "torchbridge_op"
+_OP_SOURCE = "torchbridge_op.cc"  # the file that registers the op
+_INTEROP_SOURCE = "torch_interop.cc"  # the only one with torch's headers
+_TF_UNIT = "tf_side.cc"  # the generated unit that includes TF's side
+# torch's headers need C++20 from torch 2.14 on (`#error C++20 or later
+# compatible compiler is required to use ATen`); TF's ask for C++17.
+_TORCH_STD = "-std=c++20"
+
+# How many times this process compiled the library (tests read it).
+build_count = 0
+
+
+class BuildError(RuntimeError):
+  """The library could not be built."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What one build runs: generated files, compile commands, the link."""
+  files: dict  # path -> text, written before compiling
+  compiles: list  # argument lists, run side by side
+  link: list
+
+
+def source_dir():
+  """csrc/: inside the package (installed) or beside it (a checkout)."""
+  package = Path(__file__).resolve().parents[1]  # torchbridge/
+  for candidate in (package / "csrc", package.parent / "csrc"):
+    if (candidate / _OP_SOURCE).is_file():
+      return candidate
+  raise BuildError(f"{_OP_SOURCE} not found next to the torchbridge package")
+
+
+def cache_dir():
+  """Where built libraries are kept."""
+  configured = os.environ.get(CACHE_ENV)
+  if configured:
+    return Path(configured).expanduser()
+  return Path("~/.cache/torchbridge").expanduser()
+
+
+def library_path():
+  """Where this set-up's library is (or would be) cached; no build."""
+  sources = source_dir()
+  interop = _torch_interop_flags(sources)
+  # The key leaves out which compiler builds it (any gives the same ABI), so
+  # a library built once serves a process that has no compiler.
+  digest = hashlib.sha256()
+  plan = _plan("CXX", sources, "OUT", interop)
+  for part in [_versions()] + ["\0".join(c) for c in plan.compiles]:
+    digest.update(part.encode() + b"\0")
+  for path in sorted(sources.glob("*.[ch]*")):
+    digest.update(path.name.encode() + b"\0" + path.read_bytes())
+  return cache_dir() / f"{_LIB_STEM}-{digest.hexdigest()[:20]}.so"
+
+
+def build_record(path):
+  """What the build of the library at `path` recorded beside it, as a dict:
+  `complete` (whether it has torch_interop.cc), `reason` (why not), `log`
+  (the failed attempt's log), `seconds`, `compiler`, `built` (a date);
+  {} for a library built before such records were kept."""
+  try:
+    return json.loads(Path(path).with_suffix(".json").read_text())
+  except (OSError, ValueError):
+    return {}
+
+
+def build_or_reuse(force=False):
+  """The path of a built library for this set-up, building it if needed.
+
+  Args:
+    force: build again even if a library is cached (e.g. after installing
+      a newer compiler where the last build had to fall back).
+
+  Raises:
+    BuildError: no compiler, or the build failed (the message names the
+      log in the cache directory).
+  """
+  target = library_path()
+  if target.is_file() and not force:
+    return target
+  compiler = _find_compiler()
+  target.parent.mkdir(parents=True, exist_ok=True)
+  with _file_lock(target.with_suffix(".lock")):
+    if target.is_file() and not force:  # another process built it meanwhile
+      return target
+    _build(compiler, target)
+  return target
+
+
+def _build(compiler, target):
+  global build_count
+  sources = source_dir()
+  interop = _torch_interop_flags(sources)
+  directory = target.parent
+  last = _last_build_seconds(directory)
+  _say(logging.INFO,
+       "torchbridge: building the native TF op for this set-up (TF %s, "
+       "torch %s; first use, or the set-up changed) with %s into %s. This "
+       "happens once per set-up and takes %s; `python -m torchbridge build` "
+       "does it ahead of time.", tf.__version__, torch.__version__,
+       compiler, directory,
+       f"about {last:.0f} s (the last build here)" if last else
+       "10-30 s on 2 cores")
+  started = time.monotonic()
+  build_count += 1
+  record = {"complete": bool(interop), "reason": None, "log": None,
+            "compiler": compiler}
+  if interop is None:
+    record["reason"] = (
+        "torch's C++ headers or libraries are not installed (looked for "
+        "torch/include/ATen/DLConvertor.h and torch/lib/libtorch_python.so)")
+  with tempfile.TemporaryDirectory(dir=directory,
+                                   prefix=f".{_LIB_STEM}-") as work:
+    output = Path(work, target.name)
+    log_path = target.with_suffix(".log")
+    failure = _run(_plan(compiler, sources, output, interop), log_path)
+    if failure and interop:
+      record.update(complete=False, log=str(log_path), reason=(
+          f"{_INTEROP_SOURCE} (torch's side, {_TORCH_STD}) did not build: "
+          f"{failure}"))
+      failure = _run(_plan(compiler, sources, output, None),
+                     target.with_suffix(".plain.log"))
+    if failure:
+      _say(logging.INFO, "torchbridge: the native TF op did not build "
+           "(%.1f s): %s", time.monotonic() - started, failure)
+      raise BuildError(failure)
+    os.chmod(output, 0o755)  # a shared cache reads it
+    record["seconds"] = round(time.monotonic() - started, 2)
+    record["built"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    _write_atomically(target.with_suffix(".json"), json.dumps(record))
+    os.replace(output, target)
+  _say(logging.INFO, "torchbridge: built the native TF op in %.1f s (%s): %s",
+       record["seconds"], "complete" if record["complete"] else
+       "without torch's side", target)
+
+
+def connect(path, *, dispatch, registry, export_output):
+  """Links the loaded library at `path` to Python; whether it has
+  csrc/torch_interop.cc.
+
+  Checks that its constants (csrc/adopt_rules.h) agree with
+  torchbridge/_crossing/_adopt.py, hands it the Python functions it calls (once, as
+  TF's py_func registers its trampoline) and adds its zero-copy counter to
+  `exchange_stats()`. Raises RuntimeError on a disagreement.
+  """
+  # The op library is loaded already (tf.load_op_library); these open the
+  # same handle. PyDLL keeps the GIL during the call, as
+  # torchbridge_set_python_hooks needs.
+  handle = ctypes.CDLL(str(path))
+  with_gil = ctypes.PyDLL(str(path))
+  alignment = handle.torchbridge_alignment
+  alignment.restype = ctypes.c_int64
+  dtype_table = handle.torchbridge_dtype_table
+  dtype_table.restype = ctypes.c_char_p
+  _adopt.check_native_constants(alignment(), dtype_table().decode())
+  set_hooks = with_gil.torchbridge_set_python_hooks
+  set_hooks.argtypes = [ctypes.py_object] * 3
+  set_hooks.restype = ctypes.c_int
+  set_hooks(dispatch, registry, export_output)
+  count = handle.torchbridge_zero_copy_count
+  count.restype = ctypes.c_int64
+  count.argtypes = []
+  _stats.add_zero_copy_source(count)
+  handle.torchbridge_set_team_release.argtypes = [ctypes.c_void_p]
+  handle.torchbridge_set_team_release(_omp_team.pause_address())
+  return bool(handle.torchbridge_has_torch_interop())
+
+
+def compiler_version():
+  """The first line `$CXX --version` prints, or why there is none."""
+  try:
+    compiler = _find_compiler()
+  except BuildError as err:
+    return str(err)
+  try:
+    out = subprocess.run([compiler, "--version"], capture_output=True,
+                         text=True, timeout=30, check=False).stdout
+  except (OSError, subprocess.TimeoutExpired) as err:
+    return f"{compiler}: {err}"
+  return f"{compiler}: {(out.splitlines() or ['?'])[0]}"
+
+
+def _torch_interop_flags(sources):
+  """(compile flags, link flags) of csrc/torch_interop.cc, or None.
+
+  None when torch's C++ headers or libraries are missing; the op is then
+  built without it and trades DLPack capsules with Python.
+  """
+  torch_dir = Path(torch.__file__).resolve().parent
+  include, lib = torch_dir / "include", torch_dir / "lib"
+  if not ((sources / _INTEROP_SOURCE).is_file() and
+          (include / "ATen" / "DLConvertor.h").is_file() and
+          (lib / "libtorch_python.so").is_file()):
+    return None
+  compile_flags = [
+      _TORCH_STD,
+      f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+      "-I" + str(include),
+      "-I" + str(include / "torch" / "csrc" / "api" / "include")]
+  link_flags = ["-L" + str(lib), "-Wl,-rpath," + str(lib),
+                "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+  return compile_flags, link_flags
+
+
+def _plan(compiler, sources, output, interop):
+  """The build of the library at `output`: TF's side as one generated unit,
+  torch's side (with `interop`, its flags) as another, then the link."""
+  interop_define = f"-DTORCHBRIDGE_TORCH_INTEROP={int(bool(interop))}"
+  common = [compiler, "-fPIC", "-O2",
+            "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
+  tf_files = [s.name for s in sorted(sources.glob("*.cc"))
+              if s.name != _INTEROP_SOURCE]
+  unit = f"{output}.{_TF_UNIT}"
+  unit_text = ("// Generated by torchbridge/_native/_build.py: TF's side of "
+               "the op as one unit.\n" +
+               "".join(f'#include "{name}"\n' for name in tf_files))
+  tf_side = common + ["-std=c++17"] + tf.sysconfig.get_compile_flags()
+  if _gpu_build():
+    tf_side.append("-DTORCHBRIDGE_GPU=1")
+  compiles = [tf_side + [interop_define, "-c", unit, "-o", f"{unit}.o"]]
+  objects = [f"{unit}.o"]
+  if interop:
+    obj = f"{output}.{Path(_INTEROP_SOURCE).stem}.o"
+    compiles.append(common + interop[0] + [
+        "-c", str(sources / _INTEROP_SOURCE), "-o", obj])
+    objects.append(obj)
+  link = [compiler, "-shared", "-o", str(output)] + objects
+  link += tf.sysconfig.get_link_flags() + (interop[1] if interop else [])
+  # Python's symbols come from the running interpreter; linking libpython
+  # too is harmless where it is a shared library.
+  libdir = sysconfig.get_config_var("LIBDIR")
+  ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
+  if (sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and
+      ldlibrary.startswith("lib") and (Path(libdir) / ldlibrary).exists()):
+    link += ["-L" + libdir, "-l" + ldlibrary[3:].split(".so")[0]]
+  return _Plan(files={unit: unit_text}, compiles=compiles, link=link)
+
+
+def _run(plan, log_path):
+  """Runs the compile commands side by side, then the link; None if all
+  worked, else a one-line reason (the full output goes to `log_path`)."""
+  try:
+    for path, text in plan.files.items():
+      Path(path).write_text(text)
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for c in plan.compiles]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    results = [(p.returncode, out) for p, out in zip(procs, outputs)]
+    if all(code == 0 for code, _ in results):
+      proc = subprocess.run(plan.link, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=900,
+                            check=False)
+      results.append((proc.returncode, proc.stdout))
+  except (OSError, subprocess.TimeoutExpired) as err:
+    return f"compiler failed to run: {err}"
+  failed = [out for code, out in results if code != 0]
+  if not failed:
+    return None
+  log_path.write_text("\n".join(failed))
+  first = next((line for line in failed[0].splitlines() if "error" in line),
+               failed[0].strip()[:200])
+  return (f"compiling the native op (csrc/) failed: {first.strip()} "
+          f"(full log: {log_path})")
+
+
+def _find_compiler():
+  for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+    if name:
+      path = shutil.which(name)
+      if path:
+        return path
+  raise BuildError("no C++ compiler found (set CXX, or install g++)")
+
+
+def _gpu_build():
+  try:
+    return bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def _versions():
+  package = sys.modules.get("torchbridge")
+  return "\n".join([
+      sys.version, sys.platform, sysconfig.get_platform(),
+      str(sys.implementation.cache_tag),
+      "tf " + tf.__version__, "torch " + torch.__version__,
+      "torchbridge " + str(getattr(package, "__version__", "?")),
+  ])
+
+
+def _last_build_seconds(directory):
+  """How long the newest recorded build in `directory` took, or None."""
+  records = sorted(directory.glob(f"{_LIB_STEM}-*.json"),
+                   key=lambda p: p.stat().st_mtime)
+  for path in reversed(records):
+    seconds = build_record(path.with_suffix(".so")).get("seconds")
+    if seconds:
+      return seconds
+  return None
+
+
+def _write_atomically(path, text):
+  partial = path.with_name(f".{path.name}.{os.getpid()}")
+  partial.write_text(text)
+  os.replace(partial, path)
+
+
+# A build takes half a minute, which in silence looks like a hung program:
+# its lines reach stderr unless the user's logging shows them or the
+# "torchbridge" logger was set above their level (the way to silence them).
+_STDERR = logging.StreamHandler(sys.stderr)
+_STDERR.setFormatter(logging.Formatter("%(message)s"))
+
+
+def _say(level, message, *args):
+  """Logs to "torchbridge"; to stderr where the configuration hides it."""
+  if _LOG.isEnabledFor(level) and _LOG.hasHandlers():
+    _LOG.log(level, message, *args)
+  elif _LOG.level == logging.NOTSET or _LOG.level <= level:
+    _STDERR.setStream(sys.stderr)  # the current one (tests replace it)
+    _STDERR.handle(_LOG.makeRecord(_LOG.name, level, __file__, 0, message,
+                                   args, None))
+
+
+@contextlib.contextmanager
+def _file_lock(path):
+  try:
+    import fcntl  # pylint: disable=import-outside-toplevel
+  except ImportError:  # not POSIX: os.replace still keeps builds atomic
+    yield
+    return
+  with open(path, "a+") as handle:
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

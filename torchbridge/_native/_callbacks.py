@@ -1,0 +1,176 @@
+"""The native op's Python callbacks: the registry the kernel reads, the
+dispatch it calls, and the DLPack form of a torch callback.
+
+Callables are registered under integer ids that the op carries as an
+attribute. A graph's registrations are dropped when the graph is garbage
+collected (as `tf.py_function` does for its functions).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import tensorflow as tf
+import torch.utils.dlpack as torch_dlpack
+
+from torchbridge._crossing import _adopt
+from torchbridge._crossing import _stats
+from torchbridge._frameworks import _compat
+from torchbridge._runtime import _placement
+
+
+registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
+_registry_lock = threading.Lock()
+_next_id = itertools.count(1)
+# graph -> the ids registered for it (weakly: the graph owns them).
+_ids_of_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register(callback, graph):
+  """Registers `callback`; with a graph, until that graph is collected."""
+  with _registry_lock:
+    callback_id = next(_next_id)
+    registry[callback_id] = callback
+    if graph is not None:
+      ids = _ids_of_graph.get(graph)
+      if ids is None:
+        ids = _ids_of_graph[graph] = []
+        # The finalizer holds the list, not the graph.
+        weakref.finalize(graph, release, ids)
+      ids.append(callback_id)
+  return callback_id
+
+
+def release(ids):
+  with _registry_lock:
+    for callback_id in ids:
+      registry.pop(callback_id, None)
+
+
+def registered_count():
+  """How many callbacks are registered (tests read it)."""
+  return len(registry)
+
+
+def dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
+              cuda_device=None, torch_tensors=False):
+  """Called by the kernel, with the GIL: runs callback `callback_id`.
+
+  `capsules` is a list of DLPack capsules, one per op input (torch tensors
+  for a `torch_tensors` op). `unused_outputs` is None, or a tuple of the
+  indices of the op's outputs that nothing in the running graph consumes;
+  while the callback runs, `output_required(i)` tells it (a `torch_tensors`
+  callback gets it as its second argument), and it may return None for
+  those. The GPU kernel also passes TF's CUDA stream for the op (an int) and
+  its device index; the callback then runs with that stream as torch's
+  current stream, so torch's work is queued after TF's and before TF's next
+  op. (The CPU kernel of a `torch_tensors` op calls its callback without
+  coming here.)
+  """
+  callback = registry.get(callback_id)
+  if callback is None:
+    raise RuntimeError(
+        f"torchbridge native callback {callback_id} is not registered: the "
+        "graph that built this TorchbridgeCall op was garbage collected, or "
+        "the op was loaded from a serialized graph (e.g. a SavedModel), which "
+        "cannot carry Python callables.")
+  args = (capsules, unused_outputs) if torch_tensors else (capsules,)
+  outer_unused = getattr(_op_call, "unused", None)
+  _op_call.unused = unused_outputs
+  try:
+    if cuda_stream is None:
+      return callback(*args)
+    with _placement.on_tf_stream(cuda_stream, cuda_device):
+      outs = callback(*args)
+      # Torch tensors (the torch_tensors op) become capsules here, where
+      # any copy this takes is queued on TF's stream.
+      return [_to_capsule(o) if isinstance(o, torch.Tensor) else o
+              for o in outs]
+  finally:
+    _op_call.unused = outer_unused
+
+
+# Set while a kernel's callback runs on this thread: the op's unused outputs
+# (the GPU kernel's device is `_placement.current_gpu()`).
+_op_call = threading.local()
+
+
+def unused_outputs():
+  """The indices of the running op's outputs that nothing consumes.
+
+  For capsule callbacks (see `output_required`). An empty tuple outside a
+  native op's callback and whenever the executor did not say.
+  """
+  return getattr(_op_call, "unused", None) or ()
+
+
+def output_required(index):
+  """Whether the running op's output `index` is consumed in its graph.
+
+  For capsule callbacks. True outside a native op's callback (the
+  `tf.py_function` path cannot tell) and whenever the executor did not say
+  otherwise. (A `torch_tensors` callback gets the unused outputs as its
+  second argument instead.)
+  """
+  unused = getattr(_op_call, "unused", None)
+  return unused is None or index not in unused
+
+
+
+
+# The capsule-level DLPack functions; torch.utils.dlpack.from_dlpack is a
+# Python wrapper that first asks whether its argument is a capsule.
+_from_dlpack = _compat.torch_from_capsule
+_to_dlpack = torch_dlpack.to_dlpack
+
+
+@tf.autograph.experimental.do_not_convert  # else the callback runs converted
+def torch_callback(fn):
+  """Wraps `fn(torch tensors, unused) -> torch tensors` for `call`.
+
+  `fn` gets a list of torch tensors and the op's unused outputs (None, or a
+  tuple of indices: see `output_required`), as a `torch_tensors` callback
+  does.
+
+  Inputs arrive as zero-copy torch views of the TF tensors. Each output is
+  handed back zero-copy when TF can use its memory as it is (dense,
+  row-major, 64-byte aligned); otherwise one aligned copy is made and
+  counted in `torchbridge.exchange_stats()`, as `to_tf` does. Outputs that
+  require grad are detached (their graph stays with whoever holds them).
+  `fn` may return None for an output that `output_required` says is unused.
+  """
+
+  def callback(capsules):
+    args = [_from_dlpack(c) for c in capsules]
+    outs = fn(args, getattr(_op_call, "unused", None))
+    if _placement.current_gpu() is not None:
+      capsules_out = [_to_capsule(o) for o in outs]
+      _stats.count_zero_copy(len(args))
+      return capsules_out
+    # The CPU kernel: outputs TF can adopt as they are go as they are
+    # (DLPack ignores requires_grad); the kernel checks dtype, shape and
+    # device again, so nothing here can let a bad buffer through.
+    capsules_out = []
+    as_they_are = 0
+    for out in outs:
+      if (type(out) is torch.Tensor and out.is_cpu and  # pylint: disable=unidiomatic-typecheck
+          _adopt.can_adopt_as_is(out)):
+        capsules_out.append(_to_dlpack(out))
+        as_they_are += 1
+      else:
+        capsules_out.append(_to_capsule(out))
+    _stats.count_zero_copy(len(args) + as_they_are)
+    return capsules_out
+
+  return callback
+
+
+def _to_capsule(x_torch):
+  if x_torch is None:
+    return None  # the kernel accepts it only for an unused output
+  return _adopt.export_output(x_torch, None, _placement.current_gpu())

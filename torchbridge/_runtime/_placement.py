@@ -1,0 +1,94 @@
+"""Where the bridge's torch work runs: the thread, the CUDA stream, the device.
+
+The whole policy, for every kind of call, forward and backward alike:
+
+| Call                              | Thread                        | CUDA stream                  |
+|-----------------------------------|-------------------------------|------------------------------|
+| eager                             | the caller's (the user's)     | torch's current one          |
+| graph, native op, CPU kernel      | the C++ torch thread          | (none)                       |
+| graph, native op, GPU kernel      | TF's thread running the op    | TF's stream for the op       |
+| graph, `tf.py_function` path      | the Python torch thread       | torch's current one          |
+
+Why these threads: torch keeps an OpenMP team per thread that starts a
+parallel region, so graph calls on TF's many threads would multiply teams
+and slow every torch op in the process; one torch thread (csrc/torch_thread.h
+for the native op, `_torch_thread` for the `tf.py_function` path) keeps one
+team, with the user's torch thread count (`remember_user_threads` on the
+user's thread, `apply_user_threads` on the torch thread). Eager calls stay on
+the caller's thread, where a hand-over would cost more than the call. GPU
+kernels use no OpenMP team and stay on TF's thread, which holds TF's stream.
+
+Why the order is right (no synchronization is missing or extra):
+- CPU kernel: TF's executor starts a kernel only when its inputs are
+  complete, and the kernel returns only when the torch thread has finished
+  the call, so every op after it reads complete outputs.
+- GPU kernel: torch's work is queued on TF's CUDA stream for the op
+  (`on_tf_stream`): after the TF kernels that wrote the inputs, before the
+  TF kernels that read the outputs, in stream order, without a wait.
+- Eager, and the `tf.py_function` path: TF's DLPack export synchronizes its
+  device before torch reads; TF's DLPack import does not, so torch's current
+  stream is synchronized before TF sees a torch buffer (`ready_for_tf`).
+"""
+
+import contextlib
+import threading
+
+import torch
+
+from torchbridge._runtime import _omp_team
+from torchbridge._runtime import _torch_thread
+
+# Set while a GPU kernel's callback runs on this thread: its CUDA device.
+_gpu_call = threading.local()
+
+
+def remember_user_threads():
+  """Records torch's thread count on the user's thread (the one that makes
+  an eager call or traces a tf.function), for the torch threads to use."""
+  _torch_thread.remember_threads()
+
+
+def graph_call_traced():
+  """On the user's thread, a bridged call was traced into a graph: its
+  calls will run on the torch thread, whose OpenMP team must not be a
+  second one beside the user's idle team (see `_omp_team`)."""
+  _omp_team.release_user_team()
+
+
+def run_graph_call(fn, *args):
+  """Runs a graph call of the `tf.py_function` path on the torch thread."""
+  return _torch_thread.run(fn, *args)
+
+
+def prepare_native_call():
+  """On the thread the native op runs its callback on: the C++ torch thread
+  takes the user's torch thread count; a GPU kernel's thread is left as is."""
+  if current_gpu() is None:
+    _torch_thread.apply_threads()
+
+
+@contextlib.contextmanager
+def on_tf_stream(cuda_stream, cuda_device):
+  """Within it, TF's CUDA stream for the running op is torch's current
+  stream on `cuda_device` (the GPU kernel's callback)."""
+  stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
+  outer = getattr(_gpu_call, "device", None)
+  _gpu_call.device = cuda_device
+  try:
+    with torch.cuda.device(cuda_device), torch.cuda.stream(stream):
+      yield
+  finally:
+    _gpu_call.device = outer
+
+
+def current_gpu():
+  """The CUDA device index of the GPU kernel calling back on this thread,
+  or None."""
+  return getattr(_gpu_call, "device", None)
+
+
+def ready_for_tf(x_torch):
+  """Waits for the torch work that writes `x_torch` before TF reads it
+  through DLPack (which does no synchronization); a no-op on the CPU."""
+  if x_torch.is_cuda:
+    torch.cuda.current_stream(x_torch.device).synchronize()

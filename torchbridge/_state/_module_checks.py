@@ -1,0 +1,154 @@
+"""What a wrapper checks about the torch module and the values it is handed,
+and the errors that teach the fix; and the train/eval mode of one call."""
+
+import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge._crossing import _exchange
+
+_TRAINING_NOT_BOOL = """\
+{name}(training=...) must be None, True or False, got {received!r}. Inside
+tf.function the torch mode is fixed when tracing: pass a Python bool (Keras
+does), or call the module in two tf.functions, one per mode."""
+
+
+def check_is_module(module, owner_name):
+  """Raises a TypeError, with the fix, for anything but a torch module."""
+  if not isinstance(module, torch.nn.Module):
+    raise TypeError(
+        f"{owner_name} expects a torch.nn.Module, got {module!r} of type "
+        f"{type(module).__name__}. Wrap a plain torch function with "
+        "tb.torch_function instead: `f = tb.torch_function(fn)`.")
+
+
+def check_module(module, owner_name):
+  """Raises for modules that cannot be wrapped (not a module, lazy, meta)."""
+  check_is_module(module, owner_name)
+  for n, t in list(module.named_parameters()) + list(module.named_buffers()):
+    if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+      raise ValueError(
+          f"{owner_name}: torch parameter or buffer {n!r} is not initialized "
+          "yet (a lazy module such as nn.LazyLinear). Run the torch module "
+          "once on an example input before wrapping it, e.g. "
+          "`module(torch.zeros(1, in_features))`.")
+    if t.is_meta:
+      raise ValueError(
+          f"{owner_name}: torch parameter or buffer {n!r} is on the meta "
+          "device and holds no values. Materialize it first, e.g. "
+          "`module.to_empty(device='cpu')`, then initialize or load weights.")
+
+
+_DTYPE_MISMATCH = """\
+{name}: the torch module failed on {inputs}.
+Its floating parameters are {param}, and torch does not convert dtypes:
+  {error_type}: {error}
+Cast the inputs to {param} before the call, e.g. `tf.cast(x, tf.{param})` (in
+a Keras model: `keras.Input(shape, dtype="{param}")`){module_fix}."""
+
+
+class explain_dtype_errors:
+  """Re-raises a torch error that inputs of the wrong dtype likely caused
+  with a message naming the input and parameter dtypes and the fix."""
+
+  def __init__(self, name, module, inputs_torch):
+    self._name = name
+    self._module = module
+    self._inputs = inputs_torch
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, err, tb):
+    if not isinstance(err, (RuntimeError, TypeError)) or \
+        "type" not in str(err).lower():
+      return False
+    params = sorted({str(p.dtype).replace("torch.", "")
+                     for p in self._module.parameters()
+                     if p.is_floating_point()})
+    odd = [(k, t) for k, t in enumerate(self._inputs)
+           if str(t.dtype).replace("torch.", "") not in params]
+    if len(params) != 1 or not odd:
+      return False
+    inputs = ", ".join(
+        f"input {k} of dtype {str(t.dtype).replace('torch.', '')} (shape "
+        f"{tuple(t.shape)})" for k, t in odd)
+    module_fix = ""
+    if all(t.is_floating_point() for _, t in odd):
+      module_fix = (", or convert the torch module to the inputs' dtype "
+                    "before wrapping it (e.g. `module.double()`)")
+    message = _DTYPE_MISMATCH.format(
+        name=self._name, inputs=inputs, param=params[0],
+        error_type=type(err).__name__, error=err, module_fix=module_fix)
+    try:
+      explained = type(err)(message)
+    except Exception:  # an exception type whose constructor wants more
+      explained = RuntimeError(message)
+    raise explained from err
+
+
+class torch_mode:
+  """Sets train/eval mode on a torch module for one call, then restores it.
+
+  `training` is None (leave the modes), a bool (for every submodule), or a
+  list of bools, one per module of `modules` (`list(module.modules())`).
+  Modules already in the wanted mode are left alone, so the usual call (the
+  modes as they are) costs a comparison per submodule.
+  """
+
+  def __init__(self, module, modules, training):
+    self._module = module
+    self._modules = modules
+    self._training = training
+    self._saved = None
+
+  def __enter__(self):
+    training = self._training
+    if training is None:
+      return
+    if isinstance(training, bool):
+      if any(m.training != training for m in self._modules):
+        self._saved = [(m, m.training) for m in self._modules]
+        self._module.train(training)
+      return
+    for m, mode in zip(self._modules, training):
+      if m.training != mode:
+        if self._saved is None:
+          self._saved = [(m, m.training) for m in self._modules]
+        m.training = mode
+
+  def __exit__(self, *exc_info):
+    if self._saved is not None:
+      for m, mode in self._saved:
+        m.training = mode
+
+
+def as_python_bool(training, name):
+  if isinstance(training, (bool, np.bool_)):
+    return bool(training)
+  if (isinstance(training, (tf.Tensor, tf.Variable)) and
+      tf.executing_eagerly() and training.dtype == tf.bool and
+      training.shape.rank == 0):
+    return bool(training.numpy())
+  raise TypeError(_TRAINING_NOT_BOOL.format(name=name, received=training))
+
+
+def as_numpy(value, key, name):
+  if isinstance(value, torch.Tensor):
+    value = value.detach().cpu()
+    if value.dtype == torch.bfloat16:
+      return _exchange.tensor_to_tf(value).numpy()
+    return value.numpy()
+  if isinstance(value, (tf.Tensor, tf.Variable)):
+    return value.numpy()
+  try:
+    array = np.asarray(value)
+  except Exception as err:
+    raise TypeError(
+        f"{name}.set_weights(): entry {key!r} is a {type(value).__name__}, "
+        "expected a numpy array or a tensor.") from err
+  if array.dtype == object or array.dtype.kind in "USV":
+    raise TypeError(
+        f"{name}.set_weights(): entry {key!r} has dtype {array.dtype}, "
+        "expected numeric values (a numpy array or a tensor).")
+  return array

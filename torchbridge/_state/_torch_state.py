@@ -1,0 +1,279 @@
+"""The variables that mirror a torch module's state, and calls through them.
+
+Shared by `TorchModule` (plain `tf.Variable`s) and `keras.TorchLayer`
+(`keras.Variable`s): both hand this class a dict of variables, and it runs
+the torch module on their current values.
+"""
+
+import collections.abc
+import functools
+import threading
+
+import numpy as np
+import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
+import tensorflow as tf
+
+from torchbridge._call import _bridge
+from torchbridge._frameworks import _compiled
+from torchbridge._state import _distribute
+from torchbridge._crossing import _exchange
+from torchbridge._call import _function
+from torchbridge._state import _module_checks
+from torchbridge._state import _swap
+from torchbridge._runtime import _timeline
+from torchbridge._state import _torch_views
+from torchbridge._state import _write_recorder
+
+class TorchState:
+  """A torch module whose parameters and buffers live in TF variables.
+
+  Args:
+    module: the torch `nn.Module`.
+    owner_name: the wrapper's name, for errors.
+    make_variable: `make_variable(name, initial_value_tf, trainable,
+      aggregation)` -> a variable (`tf.Variable` or `keras.Variable`);
+      `aggregation` is a `tf.VariableAggregation`, how replicas of a
+      `tf.distribute` strategy combine their writes.
+  """
+
+  def __init__(self, module, owner_name, make_variable):
+    _module_checks.check_module(module, owner_name)
+    _distribute.check_strategy(owner_name)
+    self.module = module
+    self.name = owner_name
+    params = dict(module.named_parameters())  # tied parameters appear once
+    buffers = dict(module.named_buffers())
+    _torch_views.lend_from_holders(list(params.values()) + list(buffers.values()))
+    self.param_names = list(params)
+    self.buffer_names = list(buffers)
+    # state_dict name -> canonical name of the tensor it holds (tied
+    # parameters have several state_dict names for one tensor).
+    by_id = {id(t): n for n, t in list(params.items()) + list(buffers.items())}
+    self.state_names = {n: by_id[id(t)] for n, t in
+                        module.state_dict(keep_vars=True).items()}
+    # torch modes -> names of the buffers the forward writes (learnt while
+    # tracing or on the first eager call), so later calls copy only those.
+    self._mutated_buffers = {}
+    # One forward at a time: a call swaps tensors into the shared
+    # torch module for the duration of a call.
+    self._lock = threading.RLock()
+    self._slots = _swap.TensorSlots(module, self.param_names +
+                                    self.buffer_names)
+    self._modules = list(module.modules())
+    self.variables = {}
+    for n, t in list(params.items()) + list(buffers.items()):
+      trainable = n in params and t.requires_grad
+      value_tf = tf_owned_copy(t)
+      # Only buffers are written in replica context (by the forward).
+      aggregation = (tf.VariableAggregation.NONE if n in params else
+                     _distribute.buffer_aggregation(value_tf.dtype))
+      self.variables[n] = make_variable(n, value_tf, trainable, aggregation)
+    # The weights are held once, by the variables: the torch module's own
+    # tensors now hold views of them (see `_torch_views.TorchViews`).
+    self._views = _torch_views.TorchViews(
+        self, module, {n: (t, self.variables[n]) for n, t in
+               list(params.items()) + list(buffers.items())})
+
+  def sync_torch(self):
+    """Points the torch module's tensors at the variables; returns it.
+
+    Zero-copy views of the current values, kept until the next bridged
+    call (see `_torch_views.TorchViews`).
+    """
+    with self._lock:
+      self._views.lend()
+    return self.module
+
+  @tf.autograph.experimental.do_not_convert
+  def call(self, args, kwargs, training, output_signature=None):
+    """Runs the forward on TF tensors; see `TorchModule.__call__`.
+
+    With `output_signature` (the result's `tf.TensorSpec`s), nothing is
+    inferred while tracing, and every buffer is written back after each
+    call (which buffers the forward writes is not learnt either).
+    """
+    if training is not None:
+      training = _module_checks.as_python_bool(training, self.name)
+    elif not tf.executing_eagerly():
+      # The traced graph depends on the modes (which buffers the forward
+      # writes, hence the op's outputs): every run of it uses the modes the
+      # submodules had when it was traced.
+      training = [m.training for m in self._modules]
+    call = _function.bind_arguments(self.name, (args, kwargs))
+    _distribute.check_call_context(self.name, self.variables.values())
+    if not tf.executing_eagerly():
+      _function.check_not_xla(self.name)
+    names = self.param_names + self.buffer_names
+    vars_tf = [tf.convert_to_tensor(self.variables[n]) for n in names]
+    n_params, n_vars = len(self.param_names), len(names)
+    mode_key = self._mode_key(training)
+
+    def run(args_torch):
+      with self._lock:
+        bind = _timeline.span(_timeline.BIND)  # until the forward starts
+        views = self._views
+        views.take_back()
+        views.calls_running += 1
+        if views.calls_running == 1:
+          views.suspend_hooks()
+        try:
+          return locked_run(args_torch, bind)
+        finally:
+          bind.stop()
+          views.calls_running -= 1
+          if not views.calls_running:
+            views.resume_hooks()
+
+    def locked_run(args_torch, bind):
+      known_mutated = (frozenset(self.buffer_names) if output_signature
+                       is not None else self._mutated_buffers.get(mode_key))
+      buffers_torch = {}
+      for n, b in zip(self.buffer_names, args_torch[n_params:n_vars]):
+        if b.is_meta and b.dim() == 0:
+          # Finding the output shapes on meta tensors while tracing: scalar
+          # buffers (BatchNorm's num_batches_tracked, which its forward may
+          # read with `.item()`) get their current value, on the CPU, where
+          # torch lets 0-d tensors mix with any device.
+          with tf.init_scope():
+            b = _exchange.tensor_to_torch(
+                tf.convert_to_tensor(self.variables[n])).cpu()
+        # Buffers the forward may write get a private copy, so torch never
+        # writes into a TF buffer behind TF's back; the copy is then
+        # assigned to the variable (which adopts it without copying).
+        if known_mutated is None or n in known_mutated:
+          b = b.clone()
+        buffers_torch[n] = b
+      tensors = dict(zip(self.param_names, args_torch[:n_params]))
+      tensors.update(buffers_torch)
+      a, kw = call.substitute(args_torch[n_vars:])
+      bind.stop()
+      with _module_checks.torch_mode(self.module, self._modules, training), \
+          _module_checks.explain_dtype_errors(self.name, self.module, args_torch[n_vars:]):
+        if known_mutated is None:
+          # The first call in this mode (eagerly, or on meta tensors while
+          # tracing) finds the buffers the forward writes; later calls in
+          # this mode copy and write back exactly those.
+          versions = {n: b._version for n, b in buffers_torch.items()}
+          with _compiled.run_uncompiled(), _write_recorder.WriteRecorder() as recorder:
+            result, reassigned = self._slots.call(tensors, a, kw)
+          known_mutated = frozenset(
+              n for n, b in buffers_torch.items()
+              if b._version != versions[n] or recorder.wrote(b) or
+              n in reassigned)
+        else:
+          result, reassigned = self._slots.call(tensors, a, kw)
+      # A buffer the forward replaced (`self.buf = ...`) has its new value
+      # in the new tensor.
+      for n, t in reassigned.items():
+        if n in buffers_torch:
+          buffers_torch[n] = t
+      # The written buffers cross as extra outputs, to be assigned.
+      return _function.Outputs(result, {
+          n: b for n, b in buffers_torch.items() if n in known_mutated})
+
+    differentiable = (
+        [self.variables[n].trainable for n in self.param_names] +
+        [False] * len(self.buffer_names) +
+        [_bridge.is_differentiable(a.dtype) for a in call.args_tf])
+    extra_signature = None
+    if output_signature is not None:
+      extra_signature = {n: tf.TensorSpec(self.variables[n].shape,
+                                          self.variables[n].dtype)
+                         for n in self.buffer_names}
+    # Should the output specs have to be found by a real run while tracing,
+    # the weights are the variables' current values.
+    stand_ins = [functools.partial(self._current_value, n) for n in names]
+    outputs = _function.call_bridged(
+        run, vars_tf + call.args_tf, self.name,
+        output_signature=output_signature, differentiable=differentiable,
+        extra_signature=extra_signature,
+        stand_ins=stand_ins + [None] * len(call.args_tf))
+    self._mutated_buffers[mode_key] = frozenset(outputs.extra)
+    for n, value_tf in outputs.extra.items():
+      self.variables[n].assign(value_tf)
+    return outputs.result
+
+  def _current_value(self, name):
+    with tf.init_scope():
+      return _exchange.tensor_to_torch(
+          tf.convert_to_tensor(self.variables[name]))
+
+  def _mode_key(self, training):
+    if isinstance(training, list):
+      return "".join("1" if mode else "0" for mode in training)
+    if training is not None:
+      return str(bool(training))
+    return "".join("1" if m.training else "0" for m in self._modules)
+
+  def get_weights(self):
+    """`{state_dict name: np.ndarray}`, copies of the current values."""
+    return {n: np.array(self.variables[c].numpy(), copy=True)
+            for n, c in self.state_names.items()}
+
+  def set_weights(self, weights):
+    """Sets every variable from `{state_dict name: array}`, all or nothing."""
+    if not isinstance(weights, collections.abc.Mapping):
+      raise TypeError(
+          f"{self.name}.set_weights() expects a mapping from torch "
+          f"state_dict names to arrays, got {type(weights).__name__}. Pass "
+          "the dict that get_weights() returns, or a torch state_dict.")
+    expected = set(self.state_names)
+    missing = sorted(expected - set(weights))
+    unexpected = sorted(set(weights) - expected)
+    problems = []
+    if missing:
+      problems.append(f"missing names: {missing}")
+    if unexpected:
+      problems.append(f"unexpected names: {unexpected}")
+    values = {}
+    first_name = {}  # canonical name -> the state_dict name that set it
+    for n in sorted(expected & set(weights)):
+      var = self.variables[self.state_names[n]]
+      value = _module_checks.as_numpy(weights[n], n, self.name)
+      if tuple(value.shape) != tuple(var.shape):
+        problems.append(
+            f"{n!r} has shape {tuple(value.shape)}, expected "
+            f"{tuple(var.shape)}")
+        continue
+      canonical = self.state_names[n]
+      if canonical in values:
+        if not np.array_equal(values[canonical], value):
+          problems.append(
+              f"{first_name[canonical]!r} and {n!r} are one tied tensor in "
+              "torch but have different values")
+        continue
+      values[canonical] = value
+      first_name[canonical] = n
+    if problems:
+      raise ValueError(
+          f"{self.name}.set_weights() got weights that do not fit the torch "
+          f"module: {'; '.join(problems)}. Expected exactly the names of "
+          f"its state_dict: {sorted(expected)}.")
+    for canonical, value in values.items():
+      var = self.variables[canonical]
+      dtype = tf.as_dtype(var.dtype)
+      var.assign(_tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))
+
+
+def tf_owned_copy(tensor_torch):
+  """A TF tensor holding a copy of a torch tensor, in a TF-allocated buffer.
+
+  A variable whose buffer came from DLPack or numpy cannot be updated in
+  place: TF copies it on the first optimizer step. Starting from a buffer TF
+  allocated keeps every update in place. Placed on the torch tensor's device.
+  """
+  if tensor_torch.is_cuda:
+    device = f"/GPU:{tensor_torch.device.index}"
+  else:
+    device = "/CPU:0"
+  with tf.device(device):
+    return _tf_owned(_exchange.tensor_to_tf(tensor_torch.detach()))
+
+
+def _tf_owned(value_tf):
+  try:
+    return tf.raw_ops.DeepCopy(x=value_tf)
+  except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+    return value_tf  # no kernel for this dtype and device: TF copies once
+
+

@@ -1,0 +1,212 @@
+"""The weights held once: a wrapped torch module's tensors as views of its
+TF variables between bridged calls (see `TorchViews`)."""
+
+import copy
+import functools
+import threading
+import weakref
+
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge._frameworks import _compat
+from torchbridge._crossing import _exchange
+
+_HOLDERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(torch tensor) -> (weakref to it, weakref to TorchViews)
+
+
+class TorchViews:
+  """The torch module's own tensors, pointed at its variables' values.
+
+  TF copies a variable's buffer before an in-place update when anything
+  else references it (`PrepareToUpdateVariable`), so a torch view kept
+  across an optimizer step would cost a copy of the weights per step and go
+  stale. The module's tensors are therefore lent zero-copy views of the
+  current values only between bridged calls: right after wrapping, when
+  `torch_module` is read, and when the torch module or any submodule is
+  called or its `state_dict()` taken outside a bridged call (hooks, taken
+  out during bridged calls).
+  A bridged call takes them back, leaving placeholders that hold no memory
+  (one element, NaN for floating dtypes, broadcast to the tensor's shape);
+  calls never read these tensors, they swap the variables' values into the
+  module's slots. While taken back, each tensor's class is a subclass of its
+  own (`_lending_class`) whose `copy.deepcopy` and pickling (`torch.save`)
+  lend the views first, so copies hold the values.
+
+  When the wrapper is garbage collected, the torch tensors get copies of
+  the last values and the hooks are removed, so a torch module outlives its
+  wrapper intact. A tensor held by another live wrapper (a module wrapped
+  twice, or a submodule of a wrapped module) is first pointed at that
+  wrapper's current values (`lend_from_holders`).
+  """
+
+  def __init__(self, state, module, pairs):
+    # canonical name -> (torch tensor, variable)
+    self._pairs = pairs
+    self.lent = False
+    self.calls_running = 0
+    ref = weakref.ref(self)
+    for t, _ in pairs.values():
+      _HOLDERS[id(t)] = (weakref.ref(t, _forget(id(t))), ref)
+    hooks = []
+    # (the module's forward pre-hook dict, key, hook): taken out during
+    # bridged calls, where the hooks would only cost time.
+    self._forward_hooks = []
+    for sub in module.modules():
+      handle = sub.register_forward_pre_hook(_LendOnUse(ref, "forward"))
+      hooks.append(handle)
+      table = _compat.forward_pre_hook_table(sub)
+      self._forward_hooks.append((table, handle.id, table[handle.id]))
+      hooks.append(sub.register_state_dict_pre_hook(
+          _LendOnUse(ref, "state_dict")))
+    self.lend()
+    finalizer = weakref.finalize(state, _copy_back, list(pairs.values()),
+                                 hooks)
+    finalizer.atexit = False  # at exit nothing reads the torch module again
+
+  def lend(self):
+    """Points every torch tensor at a zero-copy view of its variable."""
+    with tf.init_scope(), torch.no_grad():
+      for t, var in self._pairs.values():
+        t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var))
+        original = getattr(type(t), "_torchbridge_original_class", None)
+        if original is not None:
+          t.__class__ = original
+    self.lent = True
+
+  def suspend_hooks(self):
+    """Takes the forward hooks out for a bridged call."""
+    for table, key, _ in self._forward_hooks:
+      table.pop(key, None)
+
+  def resume_hooks(self):
+    for table, key, hook in self._forward_hooks:
+      table[key] = hook
+
+  def take_back(self):
+    """Replaces the views with placeholders (no-op when none are lent)."""
+    if not self.lent:
+      return
+    with torch.no_grad():
+      for t, _ in self._pairs.values():
+        t.data = _placeholder(t)
+        t.__class__ = _lending_class(type(t))
+    self.lent = False
+
+
+class _LendOnUse:
+  """A hook on each torch submodule: lends the views when torch code uses
+  the module outside a bridged call (a forward, `state_dict()`).
+
+  Pickled or deep-copied with the module (`torch.save(module)`,
+  `copy.deepcopy(module)`), it becomes a no-op that needs no torchbridge
+  to load: the copy is a plain torch module.
+  """
+
+  def __init__(self, views_ref, kind):
+    self._views_ref = views_ref
+    self._kind = kind
+
+  def __call__(self, module, *unused):
+    views = self._views_ref()
+    if views is not None and not views.lent and not views.calls_running:
+      views.lend()
+
+  def __reduce__(self):
+    if self._kind == "forward":  # `{}.get(module, args)` returns args
+      return getattr, ({}, "get")
+    return functools.partial, (slice,)  # takes three arguments, unused
+
+
+_LENDING_CLASSES: dict[type, type] = {}
+
+
+def _lending_class(cls):
+  """A subclass of a torch tensor class whose deepcopy and pickling first
+  lend the views of the wrapper holding the tensor (see `TorchViews`)."""
+  if "_torchbridge_original_class" in cls.__dict__:
+    return cls
+  lending = _LENDING_CLASSES.get(cls)
+  if lending is None:
+    lending = type(cls.__name__, (cls,), {
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "_torchbridge_original_class": cls,
+        "__torch_function__": _compat.disabled_torch_function_impl(),
+        "__deepcopy__": _deepcopy_lent,
+        "__reduce_ex__": _reduce_ex_lent,
+    })
+    _LENDING_CLASSES[cls] = lending
+  return lending
+
+
+def _lend_or_restore(tensor_torch):
+  lend_from_holders([tensor_torch])
+  original = getattr(type(tensor_torch), "_torchbridge_original_class", None)
+  if original is not None:  # no live holder: nothing to lend
+    tensor_torch.__class__ = original
+
+
+def _deepcopy_lent(self, memo):
+  _lend_or_restore(self)
+  return copy.deepcopy(self, memo)
+
+
+def _reduce_ex_lent(self, protocol):
+  _lend_or_restore(self)
+  return self.__reduce_ex__(protocol)
+
+
+def lend_from_holders(tensors_torch):
+  """Points tensors that another live wrapper holds at its values."""
+  for t in tensors_torch:
+    entry = _HOLDERS.get(id(t))
+    if entry is not None and entry[0]() is t:
+      holder = entry[1]()
+      if holder is not None:
+        holder.lend()
+
+
+def _forget(key):
+  def callback(_):
+    entry = _HOLDERS.get(key)
+    if entry is not None and entry[0]() is None:
+      del _HOLDERS[key]
+  return callback
+
+
+def _copy_back(pairs, hooks):
+  """Gives torch tensors copies of their variables' last values."""
+  for handle in hooks:
+    handle.remove()
+  # On a thread of its own, which starts eager and with no tape: garbage
+  # collection runs this wherever it happens, e.g. while a tf.Graph is the
+  # default (inside tf.saved_model.save), or inside another call's
+  # tf.custom_gradient, whose variable watcher would record these reads
+  # and fail that call ("grad_fn must accept keyword argument
+  # 'variables'", seen in tests/test_ppo.py).
+  copier = threading.Thread(target=_copy_values, args=(pairs,))
+  copier.start()
+  copier.join()
+
+
+def _copy_values(pairs):
+  with tf.init_scope(), torch.no_grad():
+    for t, var in pairs:
+      t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var)).clone()
+      original = getattr(type(t), "_torchbridge_original_class", None)
+      if original is not None:
+        t.__class__ = original
+
+
+def _placeholder(tensor_torch):
+  fill = (float("nan") if tensor_torch.is_floating_point() or
+          tensor_torch.is_complex() else 0)
+  one = torch.full((), fill, dtype=tensor_torch.dtype,
+                   device=tensor_torch.device)
+  return one.expand(tensor_torch.shape)
+
+
+# Kernels that update the running statistics (arguments 3 and 4) in place when
+# their `training` argument (5) is true, with no write annotation in their
+# schema, and so without bumping the tensors' version counters.

@@ -1,0 +1,181 @@
+"""Translations of ATen's neural-network ops that TF has whole: matmuls and
+`linear`, attention, softmax, GELU, batch, instance, group and layer norm,
+embeddings (see `_aten_table`; convolutions and pooling are in
+`_aten_conv_to_tf`)."""
+
+import math
+
+import tensorflow as tf
+
+from torchbridge._translate._aten import _table
+from torchbridge._translate._aten._table import translates
+from torchbridge._translate._channels_last import ChannelsLast
+
+
+def _matmul_2d(x, w, transpose_w=False):
+  """`x @ w` (`x @ w.T` with `transpose_w`) for x of any rank >= 2, as one
+  2-D matmul (TFLite's FULLY_CONNECTED, XLA's dot)."""
+  if x.shape.rank == 2:
+    return tf.matmul(x, w, transpose_b=transpose_w)
+  lead = tf.shape(x)[:-1]
+  # The inner size from the weight: x's last dimension may be unknown in
+  # the graph (after a reshape with -1) while the weight's never is.
+  inner = w.shape[-1 if transpose_w else 0]
+  inner = inner if inner is not None else tf.shape(x)[-1]
+  y = tf.matmul(tf.reshape(x, [-1, inner]), w, transpose_b=transpose_w)
+  return tf.reshape(y, tf.concat([lead, tf.shape(y)[-1:]], 0))
+
+
+@translates("aten.linear.default")
+def _linear(out, x, weight, bias=None):
+  # transpose_b, not tf.transpose(weight): a transposed variable inside a
+  # nested function makes XLA recompile a jit-compiled training step on
+  # every call (TF 2.21), and the matmul reads the weight as it is anyway.
+  y = _matmul_2d(x, weight, transpose_w=True)
+  return y if bias is None else y + bias
+
+
+@translates("aten.mm.default", "aten.bmm.default", "aten.matmul.default")
+def _mm(out, a, b):
+  if b.shape.rank == 2 and a.shape.rank > 2:
+    return _matmul_2d(a, b)
+  return tf.matmul(a, b)
+
+
+@translates("aten.addmm.default")
+def _addmm(out, bias, a, b, beta=1, alpha=1):
+  product = tf.matmul(a, b)
+  product = product if alpha == 1 else product * alpha
+  return product + (bias if beta == 1 else bias * beta)
+
+
+@translates("aten.baddbmm.default")
+def _baddbmm(out, bias, a, b, beta=1, alpha=1):
+  return _addmm(out, bias, a, b, beta, alpha)
+
+
+def _refuse_attention_dropout(node):
+  dropout = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4
+                            else 0.0)
+  return "attention dropout (dropout_p > 0)" if dropout else None
+
+
+@translates("aten.scaled_dot_product_attention.default",
+            refuse=_refuse_attention_dropout)
+def _attention(out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+               scale=None, enable_gqa=False):
+  del dropout_p  # refused above
+  if enable_gqa and k.shape[-3] != q.shape[-3]:
+    repeats = q.shape[-3] // k.shape[-3]
+    k = tf.repeat(k, repeats, axis=-3)
+    v = tf.repeat(v, repeats, axis=-3)
+  if scale is None:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+  logits = tf.matmul(q, k, transpose_b=True) * scale
+  if is_causal:
+    rows = tf.range(_table.dim_size(q, -2))[:, None]
+    cols = tf.range(_table.dim_size(k, -2))[None, :]
+    logits = tf.where(cols <= rows, logits, logits.dtype.min)
+  if attn_mask is not None:
+    if attn_mask.dtype == tf.bool:
+      logits = tf.where(attn_mask, logits, logits.dtype.min)
+    else:
+      logits = logits + attn_mask
+  return tf.matmul(tf.nn.softmax(logits, axis=-1), v)
+
+
+@translates("aten._softmax.default", "aten.softmax.int")
+def _softmax(out, x, dim, *unused):
+  if x.shape.rank == 0:  # torch: a 0-d tensor is one class
+    return tf.reshape(tf.nn.softmax(tf.reshape(x, [1])), [])
+  return tf.nn.softmax(x, axis=dim)
+
+
+@translates("aten._log_softmax.default", "aten.log_softmax.int")
+def _log_softmax(out, x, dim, *unused):
+  if x.shape.rank == 0:
+    return tf.reshape(tf.nn.log_softmax(tf.reshape(x, [1])), [])
+  return tf.nn.log_softmax(x, axis=dim)
+
+
+@translates("aten.gelu.default", channels_last=True)
+def _gelu(out, x, approximate="none"):
+  if isinstance(x, ChannelsLast):
+    return ChannelsLast(_gelu(out, x.tensor_tf, approximate))
+  return tf.nn.gelu(x, approximate=approximate == "tanh")
+
+
+# --- normalization and embeddings ---------------------------------------------
+
+@translates("aten._native_batch_norm_legit_no_training.default",
+            channels_last=True)
+def _batch_norm(out, x, weight, bias, mean, var, momentum, eps):
+  del momentum  # eval mode: the running statistics are read, not updated
+  if isinstance(x, ChannelsLast):
+    x_tf, shape = x.tensor_tf, [-1]
+  else:
+    x_tf, shape = x, [-1] + [1] * (x.shape.rank - 2)
+  scale = tf.math.rsqrt(var + eps)
+  if weight is not None:
+    scale = scale * weight
+  shift = -mean * scale if bias is None else bias - mean * scale
+  y_tf = x_tf * tf.reshape(scale, shape) + tf.reshape(shift, shape)
+  result = ChannelsLast(y_tf) if isinstance(x, ChannelsLast) else y_tf
+  return result, None, None
+
+
+@translates("aten._native_batch_norm_legit.no_stats", channels_last=True)
+def _batch_norm_batch_stats(out, x, weight, bias, *args):
+  """Normalization by the input's own statistics (InstanceNorm's and
+  GroupNorm-like uses; BatchNorm in eval mode reads its running ones)."""
+  eps = args[-1]
+  channels_last = isinstance(x, ChannelsLast)
+  x_tf = x.tensor_tf if channels_last else x
+  channel = x_tf.shape.rank - 1 if channels_last else 1
+  axes = [a for a in range(x_tf.shape.rank) if a != channel]
+  mean, var = tf.nn.moments(x_tf, axes, keepdims=True)
+  rstd = tf.math.rsqrt(var + eps)
+  shape = [-1 if a == channel else 1 for a in range(x_tf.shape.rank)]
+  y_tf = (x_tf - mean) * rstd
+  if weight is not None:
+    y_tf = y_tf * tf.reshape(weight, shape)
+  if bias is not None:
+    y_tf = y_tf + tf.reshape(bias, shape)
+  result = ChannelsLast(y_tf) if channels_last else y_tf
+  return result, tf.reshape(mean, [-1]), tf.reshape(rstd, [-1])
+
+
+@translates("aten.layer_norm.default", "aten.native_layer_norm.default")
+def _layer_norm(out, x, normalized_shape, weight=None, bias=None, eps=1e-5,
+                *unused):
+  axes = list(range(x.shape.rank - len(normalized_shape), x.shape.rank))
+  mean, var = tf.nn.moments(x, axes, keepdims=True)
+  rstd = tf.math.rsqrt(var + eps)
+  y = (x - mean) * rstd
+  if weight is not None:
+    y = y * weight
+  if bias is not None:
+    y = y + bias
+  return (y, mean, rstd) if isinstance(out, (tuple, list)) else y
+
+
+@translates("aten.native_group_norm.default")
+def _group_norm(out, x, weight, bias, n, c, hw, groups, eps):
+  del n, hw
+  shape = tf.shape(x)
+  grouped = tf.reshape(x, tf.concat([shape[:1], [groups, -1]], 0))
+  mean, var = tf.nn.moments(grouped, [2], keepdims=True)
+  rstd = tf.math.rsqrt(var + eps)
+  y = tf.reshape((grouped - mean) * rstd, shape)
+  channel_shape = [c] + [1] * (x.shape.rank - 2)
+  if weight is not None:
+    y = y * tf.reshape(weight, channel_shape)
+  if bias is not None:
+    y = y + tf.reshape(bias, channel_shape)
+  return y, tf.squeeze(mean, -1), tf.squeeze(rstd, -1)
+
+
+@translates("aten.embedding.default")
+def _embedding(out, weight, indices, *unused):
+  return tf.gather(weight, indices)
+

@@ -1,0 +1,296 @@
+"""`translate`: a TorchModule as pure TF ops reading the same variables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge._translate._aten import _table
+from torchbridge._translate import _fx_to_tf
+from torchbridge._translate import _export
+
+_UNTRANSLATED = """\
+translate({name!r}): {count} op(s) of this model have no TensorFlow
+translation:
+{ops}
+The way out: keep calling the module through the bridge
+(`tb.TorchModule` / `tb.keras.TorchLayer`), which runs any torch code but
+needs torch and Python at run time; or change the model to use ops with a
+translation (the README lists them)."""
+
+_MISMATCH = """\
+translate({name!r}): the TF graph does not compute what torch computes on
+the example input (largest |tf - torch| per output, with the tolerance
+atol + rtol * |torch|):
+{rows}
+This is a bug in the translation of one of the model's ops: please report
+it with the model. Until then, keep calling the module through the bridge,
+or pass looser rtol/atol if the difference is expected (e.g. float16)."""
+
+_DEFAULT_TOLERANCES = {tf.float64: (1e-10, 1e-10), tf.float32: (1e-5, 1e-6),
+                       tf.float16: (1e-2, 1e-3), tf.bfloat16: (2e-2, 1e-2)}
+
+
+_FAILED = """\
+translate({name!r}): the translation of an op raised on this model:
+  {error}
+This is a bug of torchbridge's translation, not a missing op: please report
+it with the model. Until then, keep calling the module through the bridge
+(`tb.TorchModule` / `tb.keras.TorchLayer`)."""
+
+
+class UntranslatedOpsError(NotImplementedError):
+  """Some ops of a model have no TF translation (all are listed).
+
+  `ops` maps each op (`aten.<name>.<overload>`, with the node where it was
+  met when known) to the reason.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> class Spectrum(torch.nn.Module):
+    ...   def __init__(self):
+    ...     super().__init__()
+    ...     self.scale = torch.nn.Parameter(torch.ones(4))
+    ...   def forward(self, x):
+    ...     return torch.fft.fft(x * self.scale).real
+    >>> try:
+    ...   tb.translate(tb.TorchModule(Spectrum()), [tf.TensorSpec([2, 4])])
+    ... except tb.UntranslatedOpsError as err:
+    ...   print(sorted(err.ops)[0].split(" ")[0])
+    aten._fft_r2c.default
+  """
+
+  def __init__(self, message: str,
+               ops: Mapping[str, Any] | None = None) -> None:
+    super().__init__(message)
+    self.ops = dict(ops or {})
+
+
+class ParityError(ValueError):
+  """The translated graph's outputs differ from torch's beyond tolerance.
+
+  Raised by `translate`, whose message names each output and its largest
+  difference; `rtol=` and `atol=` set the tolerance.
+  """
+
+
+class Translated(tf.Module):
+  """A translated torch module: pure TF ops reading the bridge's variables.
+
+  Call it like the torch module, with tensors that match `input_signature`;
+  `__call__` is a `tf.function` (save it with `tf.saved_model.save`; it
+  becomes the `serving_default` signature). `parity` holds the largest
+  absolute difference from torch per output (in torch's flattening order)
+  on the example input checked at translation.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> served = tb.translate(tb.TorchModule(torch.nn.Linear(3, 2)),
+    ...                       [tf.TensorSpec([None, 3], tf.float32)])
+    >>> served(tf.ones([4, 3])).shape.as_list()
+    [4, 2]
+    >>> len(served.parity), served.parity[0] < 1e-5
+    (1, True)
+  """
+
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
+      ("_graph", "_structure", "_user_inputs", "_constants", "_state_inputs",
+       "_input_signature", "_jit_compile", "parity")).union(
+          tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+
+  def __init__(self, program, variables, input_signature, name, jit_compile):
+    super().__init__(name=name)
+    self._graph = program.graph
+    self._structure = program.structure
+    self._user_inputs = program.user_inputs
+    self._constants = program.constants
+    self._state_inputs = program.state_inputs  # placeholder -> torch name
+    # Tracked under the torch state_dict names, as TorchModule's variables
+    # are: a checkpoint of either has the same keys.
+    self._tf_variables = variables
+    self.parity = ()
+    self._input_signature, self._jit_compile = tuple(input_signature), jit_compile
+    def call(*inputs_tf):  # one Python function per module: TF's retracing
+      return self._run(*inputs_tf)  # warning counts traces per function
+    self.__call__ = tf.function(call, input_signature=input_signature,
+                                jit_compile=jit_compile, autograph=False)
+
+  def __call__(self, *args):  # pylint: disable=method-hidden
+    if tf.inside_function() and not self._jit_compile:
+      # In the caller's graph the ops go in directly, not as a nested
+      # function call: a nested function that transposes a variable (every
+      # convolution's weight) makes XLA recompile a jit-compiled training
+      # step on every call (TF 2.21).
+      return self._run(*self._checked(args))
+    return self.__dict__["__call__"](*args)
+
+  def _checked(self, args):
+    """`args` as tensors of the input signature, as the tf.function does."""
+    if len(args) != len(self._input_signature):
+      raise TypeError(f"{self.name}: expected {len(self._input_signature)} "
+                      f"input(s) ({self._input_signature}), got {len(args)}")
+    inputs_tf = []
+    for k, (arg, spec) in enumerate(zip(args, self._input_signature)):
+      x_tf = tf.convert_to_tensor(arg, dtype_hint=spec.dtype)
+      if not spec.is_compatible_with(x_tf):
+        raise TypeError(f"{self.name}: input {k} is {x_tf.dtype.name} "
+                        f"{x_tf.shape}, which does not match its input_signature "
+                        f"{spec}; cast or reshape it to match.")
+      inputs_tf.append(x_tf)
+    return inputs_tf
+
+  def _run(self, *inputs_tf):
+    values = dict(zip(self._user_inputs, inputs_tf))
+    values.update({placeholder: tf.convert_to_tensor(self._tf_variables[name])
+                   for placeholder, name in self._state_inputs.items()})
+    values.update({n: tf.constant(c) for n, c in self._constants.items()})
+    flat_tf = _fx_to_tf.run(self._graph, values)
+    return tf.nest.map_structure(lambda i: flat_tf[i], self._structure)
+
+
+def translate(module: Any, input_signature: Sequence[tf.TensorSpec], *,
+              example_inputs: Sequence[Any] | None = None,
+              rtol: float | None = None, atol: float | None = None,
+              jit_compile: bool | None = None,
+              name: str | None = None) -> Translated:
+  """Translates a `TorchModule` (or `TorchLayer`) into pure TF ops.
+
+  The torch module is exported with `torch.export` in eval mode (dropout
+  off, BatchNorm reading its running statistics), with a dynamic size for
+  every `None` of `input_signature`; each ATen op of the exported graph
+  becomes TF ops that read the **same** variables as `module` (no copy of
+  the weights: what TF trained through the bridge is what is served, and
+  later `assign`s are seen too). The result runs without torch: eagerly,
+  in `tf.function`, with `jit_compile=True`, in a SavedModel, in TFLite.
+
+  Translation checks itself: it runs torch and the TF graph on an example
+  input (`example_inputs`, or random values of `input_signature` with batch
+  size 2) and raises `ParityError` if an output differs by more than
+  `atol + rtol * |torch|`; the largest differences are kept in `.parity`.
+
+  Args:
+    module: a `tb.TorchModule` or `tb.keras.TorchLayer`.
+    input_signature: a list of `tf.TensorSpec`, one per positional input of
+      the torch forward.
+    example_inputs: optional list of arrays or tensors (one per spec) for
+      the export and the parity check; needed where random values do not
+      fit the model (e.g. token ids below the vocabulary size: the default
+      ids are 0 and 1).
+    rtol: the parity tolerance, relative; default by dtype (float32: 1e-5,
+      float64: 1e-10).
+    atol: the parity tolerance, absolute; default by dtype (float32: 1e-6,
+      float64: 1e-10).
+    jit_compile: passed to the `tf.function` of `__call__`.
+    name: the `tf.Module` name; default `<module name>_translated`.
+
+  Returns:
+    A `Translated` `tf.Module` whose `variables` are `module`'s.
+
+  Raises:
+    UntranslatedOpsError: ops of the model have no translation (all named).
+    ParityError: the TF graph differs from torch beyond the tolerance.
+    TypeError, ValueError: bad arguments, or torch.export refused the model.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> actor = tb.TorchModule(torch.nn.Sequential(
+    ...     torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
+    >>> served = tb.translate(actor, [tf.TensorSpec([None, 3], tf.float32)])
+    >>> served(tf.ones([5, 3])).shape.as_list()
+    [5, 2]
+    >>> all(a is b for a, b in zip(sorted(served.variables, key=id),
+    ...                            sorted(actor.variables, key=id)))
+    True
+  """
+  state, module_name = _torch_state_of(module)
+  specs = _export.check_signature(input_signature)
+  torch_module = module.torch_module
+  modes = {m: m.training for m in torch_module.modules()}
+  torch_module.eval()
+  try:
+    examples_torch = _export.example_inputs(specs, example_inputs)
+    program = _export.export(torch_module, specs, examples_torch,
+                                       module_name)
+    missing = _fx_to_tf.untranslated(program.graph)
+    if missing:
+      ops = "\n".join(f"  {op}: {why}" for op, why in sorted(missing.items()))
+      raise UntranslatedOpsError(_UNTRANSLATED.format(
+          name=module_name, count=len(missing), ops=ops), missing)
+    variables = {target: _variable(state, target, module_name)
+                 for target in program.state_inputs.values()}
+    served = Translated(program, variables, specs,
+                        name or f"{module_name}_translated", jit_compile)
+    with torch.no_grad():
+      expected_torch = torch_module(*examples_torch)
+  finally:
+    for m, training in modes.items():
+      m.train(training)
+  try:
+    result_tf = served(*[tf.constant(e.numpy()) for e in examples_torch])
+  except _table.Refused as err:  # "<op> (node ...): <reason>"
+    op, _, why = str(err).partition(": ")
+    raise UntranslatedOpsError(_UNTRANSLATED.format(
+        name=module_name, count=1, ops=f"  {err}"), {op: why}) from err
+  except _table.Failed as err:
+    raise RuntimeError(_FAILED.format(name=module_name, error=err)) from err
+  served.parity = _check_parity(program.structure, result_tf, expected_torch,
+                                rtol, atol, module_name)
+  return served
+
+
+def _torch_state_of(module):
+  state = getattr(module, "_state", None) or getattr(module, "_torch_state",
+                                                     None)
+  if state is None or not hasattr(module, "torch_module"):
+    raise TypeError(
+        f"translate(module): expected a tb.TorchModule or tb.keras.TorchLayer, "
+        f"got {type(module).__name__}. Wrap a torch module first: "
+        f"translate(tb.TorchModule(torch_module), input_signature=...).")
+  return state, module.name
+
+
+def _variable(state, target, module_name):
+  canonical = state.state_names.get(target, target)
+  try:
+    variable = state.variables[canonical]
+  except KeyError:
+    raise ValueError(
+        f"translate({module_name!r}): torch.export reads the tensor "
+        f"{target!r}, which is not a parameter or buffer of the module "
+        f"({sorted(state.variables)}); translation needs every tensor the "
+        "forward reads registered with nn.Parameter or register_buffer."
+    ) from None
+  # keras.Variable (TorchLayer) holds a tf.Variable: bind that one.
+  return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def _check_parity(structure, result_tf, expected_torch, rtol, atol, name):
+  flat_index = tf.nest.flatten(structure)
+  flat_tf = dict(zip(flat_index, tf.nest.flatten(result_tf)))
+  flat_torch = _export.flatten_like(structure, expected_torch)
+  rows, parity, failed = [], [], False
+  for i in range(len(flat_tf)):
+    got = flat_tf[i].numpy().astype(np.float64)
+    want = flat_torch[i].detach().to(torch.float64).numpy()
+    default_rtol, default_atol = _DEFAULT_TOLERANCES.get(
+        flat_tf[i].dtype, (0.0, 0.0))
+    r = default_rtol if rtol is None else rtol
+    a = default_atol if atol is None else atol
+    ok = got.shape == want.shape
+    diff = float(np.max(np.abs(got - want), initial=0.0)) if ok else np.inf
+    ok = ok and np.allclose(got, want, rtol=r, atol=a, equal_nan=True)
+    if ok:  # NaN where torch has NaN is a match
+      diff = float(np.nanmax(np.abs(got - want), initial=0.0))
+    failed |= not ok
+    parity.append(diff)
+    rows.append(f"  output {i}: {diff:.3g} (shape {list(want.shape)}, "
+                f"{flat_tf[i].dtype.name}, rtol={r}, atol={a})"
+                f"{'' if ok else '  <- over tolerance'}")
+  if failed:
+    raise ParityError(_MISMATCH.format(name=name, rows="\n".join(rows)))
+  return tuple(parity)
+

@@ -1,0 +1,205 @@
+"""`TorchLayer`: a torch module as a Keras 3 layer under the TF backend."""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import io
+from typing import Any
+
+import torch  # before TensorFlow (and Keras, which imports it)
+import keras
+import tensorflow as tf
+
+from torchbridge._frameworks import _compat
+from torchbridge._call import _function
+from torchbridge._state import _module_checks
+from torchbridge._state import _torch_state
+
+_UNSAFE_LOAD = """\
+Refusing to load the torch module stored in the config of TorchLayer {name!r}:
+it is a pickle, and unpickling it with `torch.load` carries a risk of
+arbitrary code execution. If you trust the file, load it with
+`keras.models.load_model(path, safe_mode=False)` (or pass `safe_mode=False`
+to `TorchLayer.from_config` / `keras.saving.deserialize_keras_object`, or
+call `keras.config.enable_unsafe_deserialization()` first). To load in safe
+mode instead, build the torch module in code: a subclass of TorchLayer whose
+`__init__` creates its torch module (and takes no `module` argument), or a
+subclassed keras.Model that creates the TorchLayer in its `__init__`."""
+
+_NO_STATE = """\
+TorchLayer {name!r}: the torch module {module_type} has no parameters and no
+buffers, so there is nothing for Keras to train or save. If the module keeps
+submodules or tensors in plain Python lists or dicts, torch does not see
+them: use nn.ModuleList / nn.ModuleDict / nn.Parameter / register_buffer. If
+the module is stateless on purpose, wrap its function instead:
+  keras.layers.Lambda(tb.torch_function(module))"""
+
+
+@keras.saving.register_keras_serializable(package="torchbridge")
+class TorchLayer(keras.layers.Layer):
+  """A torch `nn.Module` as a Keras 3 layer (TensorFlow backend).
+
+  Its weights are `keras.Variable`s, one per torch parameter and buffer,
+  named after the torch path (`l1.weight`); parameters with
+  `requires_grad=True` are trainable, frozen parameters and buffers are not.
+  The forward runs in torch on zero-copy views of the weights, as in
+  `tb.TorchModule`; it works in `Sequential`, functional and subclassed
+  models, with `fit` / `evaluate` / `predict` (compiled or `run_eagerly`).
+
+  `training` follows Keras: `True` in `fit`, `False` in `evaluate` and
+  `predict`; a direct call without `training` leaves torch's own mode.
+
+  XLA cannot call into torch, so the layer sets `supports_jit = False`:
+  Keras' default `jit_compile="auto"` then compiles without XLA, and an
+  explicit `model.compile(jit_compile=True)` warns and falls back to
+  `jit_compile=False` (Keras' rule for layers without XLA support). A
+  `tf.function(jit_compile=True)` around the layer raises an error that says
+  so.
+
+  Saving: `save_weights` / `load_weights` store the weights as any layer's.
+  `model.save("m.keras")` also stores the torch module itself (pickled with
+  `torch.save`, as Keras' own `TorchModuleWrapper` does), and
+  `keras.models.load_model` unpickles it only with `safe_mode=False`, since
+  unpickling can run arbitrary code. Models that build their torch modules in
+  code load in safe mode: subclass `TorchLayer` with an `__init__` that
+  creates the torch module and takes no `module` argument (the config then
+  holds no pickle), or build the `TorchLayer` in a subclassed `keras.Model`.
+
+  Args:
+    module: the torch module, with all parameters initialized.
+    output_signature: optional `tf.TensorSpec` or nest of them, the
+      forward's result (None for unknown dimensions): declared, nothing is
+      inferred while tracing (see `tb.TorchModule`); every buffer is then
+      written back after each call. Not part of the layer's config.
+    **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
+      defaults to the dtype of the module's floating parameters, and must
+      match it when given (Keras casts floating inputs to it).
+
+  Examples:
+    >>> import torch, keras, torchbridge as tb
+    >>> model = keras.Sequential([
+    ...     keras.Input((4,)),
+    ...     tb.keras.TorchLayer(torch.nn.Linear(4, 1), name="linear")])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> [w.path for w in model.trainable_weights]
+    ['linear/weight', 'linear/bias']
+  """
+
+  def __init__(self, module: torch.nn.Module, output_signature: Any = None,
+               **kwargs: Any) -> None:
+    name = kwargs.get("name") or "torch_layer"
+    _module_checks.check_module(module, f"TorchLayer {name!r}")
+    if not any(True for _ in module.parameters()) and \
+        not any(True for _ in module.buffers()):
+      raise ValueError(_NO_STATE.format(
+          name=name, module_type=type(module).__name__))
+    module_dtype = _floating_dtype(module)
+    kwargs.setdefault("dtype", module_dtype)
+    super().__init__(**kwargs)
+    _check_dtype(self, module_dtype)
+    self.supports_jit = False
+    self._output_signature = _function.check_output_signature(
+        output_signature, f"TorchLayer {name!r}")
+    self._torch_state = _torch_state.TorchState(
+        module, self.name, self._make_weight)
+    # Tracked by torch name, in a trackable holder, so that
+    # tf.train.Checkpoint and tf.saved_model find them through the layer's
+    # attributes, as they find a Dense layer's kernel (Keras' own tracking,
+    # which `weights` and `save_weights` use, keeps them once, through
+    # add_weight, and ignores the holder).
+    holder = tf.Module()
+    for name, variable in self._torch_state.variables.items():
+      setattr(holder, name, variable)
+    self._torch_variables = holder
+    self.built = True
+
+  def _make_weight(self, name, value_tf, trainable, aggregation):
+    return self.add_weight(
+        shape=tuple(value_tf.shape), dtype=value_tf.dtype.name,
+        initializer=lambda shape, dtype: value_tf, trainable=trainable,
+        autocast=False, name=name, aggregation=_KERAS_AGGREGATION[aggregation])
+
+  @property
+  def torch_module(self) -> torch.nn.Module:
+    """The torch module, its tensors viewing the layer's current weights.
+
+    As `TorchModule.torch_module`: zero-copy views, lent until the next
+    bridged call.
+    """
+    return self._torch_state.sync_torch()
+
+  def call(self, *args, training=None, **kwargs):
+    return self._torch_state.call(args, kwargs, training,
+                                  self._output_signature)
+
+  def get_weights_by_name(self):
+    """The weights as `{torch state_dict name: np.ndarray}`."""
+    return self._torch_state.get_weights()
+
+  def set_weights_by_name(self, weights):
+    """Sets the weights from `{torch state_dict name: array}` (strict)."""
+    self._torch_state.set_weights(weights)
+
+  def get_config(self):
+    config = super().get_config()
+    # Subclasses whose __init__ builds the module (and so takes no `module`
+    # argument) are rebuilt by their code: no pickle in their config.
+    if "module" in inspect.signature(type(self).__init__).parameters:
+      buffer = io.BytesIO()
+      torch.save(self.torch_module, buffer)
+      config["module"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return config
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None, safe_mode=None):
+    """Rebuilds the layer; unpickles a stored torch module only when unsafe.
+
+    As Keras' own `TorchModuleWrapper.from_config`: `safe_mode=False` allows
+    `torch.load` of the pickled module; `None` follows the enclosing
+    deserialization scope (`load_model(..., safe_mode=...)`), and a call
+    outside any scope counts as safe (fails closed). `custom_objects` is
+    accepted for Keras' signature and unused.
+    """
+    del custom_objects  # nothing in the config refers to custom objects
+    config = dict(config)
+    if "module" in config:
+      if safe_mode is None:
+        safe_mode = _in_safe_mode()
+      # Unset (a direct from_config call) counts as safe: fail closed.
+      if safe_mode is not False:
+        raise ValueError(_UNSAFE_LOAD.format(name=config.get("name")))
+      config["module"] = torch.load(
+          io.BytesIO(base64.b64decode(config["module"])), weights_only=False)
+    return cls(**config)
+
+
+_KERAS_AGGREGATION = {
+    tf.VariableAggregation.NONE: "none",
+    tf.VariableAggregation.MEAN: "mean",
+    tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
+}
+
+
+def _in_safe_mode():
+  return _compat.keras_in_safe_mode()
+
+
+def _check_dtype(layer, module_dtype):
+  if module_dtype is None or layer.compute_dtype == module_dtype:
+    return
+  raise ValueError(
+      f"TorchLayer {layer.name!r} got dtype={layer.dtype_policy.name!r}, but "
+      f"the torch module's floating parameters and buffers are "
+      f"{module_dtype}. Keras casts floating inputs to the layer's compute "
+      f"dtype ({layer.compute_dtype}), and torch does not convert them "
+      f"again. Leave dtype out (it defaults to {module_dtype}), or convert "
+      "the torch module first, e.g. `module.float()` / `module.double()`.")
+
+
+def _floating_dtype(module):
+  dtypes = {t.dtype for t in list(module.parameters()) + list(module.buffers())
+            if t.is_floating_point()}
+  if len(dtypes) == 1:
+    return tf.as_dtype(str(dtypes.pop()).replace("torch.", "")).name
+  return None

@@ -1,0 +1,183 @@
+"""`TorchModule`: a torch `nn.Module` whose state lives in TF variables."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge._frameworks import _compat
+from torchbridge._call import _function
+from torchbridge._state import _module_checks
+from torchbridge._state import _torch_state
+
+class TorchModule(tf.Module):
+  """A torch `nn.Module` as a `tf.Module`, its state held by TF variables.
+
+  Each parameter and buffer of the torch module gets one `tf.Variable`,
+  named after its torch path (`actor/l1.weight`); the variables are the
+  truth. Each call hands torch zero-copy views of their current values
+  (swapped into the module for the call, as `torch.func.functional_call`
+  does), so any TF optimizer, `assign` or checkpoint restore is seen by the
+  next call, and nothing is copied per step. Buffers that torch updates in
+  the forward (BatchNorm running statistics, counters) are written back to
+  their variables.
+
+  Calls work eagerly and inside `tf.function`, with the gradient behaviour of
+  `tb.torch_function`: gradients reach the floating inputs and the trainable
+  variables (parameters with `requires_grad=True`); frozen parameters and
+  buffers get none.
+
+  `training=True/False` puts the torch module (and every submodule) in
+  train or eval mode for that call only; `training=None` leaves torch's own
+  mode as it is (inside `tf.function`: the modes the submodules had when the
+  function was traced, since the traced graph depends on them).
+
+  The weights are held once: the torch module's own tensors become views
+  of the variables between calls (see `torch_module`).
+
+  Inside `tf.function`, the output shapes are found while tracing: on meta
+  tensors (nothing computed), else, for code that meta tensors cannot run
+  (it reads values, as Hugging Face models' masking does), by running the
+  forward on stand-in values of the traced shapes; or they are declared,
+  `output_signature=` (a `tf.TensorSpec` or nest of them as the forward
+  returns; every buffer is then written back after each call).
+
+  `torch_module` gives back the torch module holding the current TF values;
+  `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> torch.manual_seed(0) and None
+    >>> actor = tb.TorchModule(torch.nn.Linear(3, 2), name="actor")
+    >>> [v.name for v in actor.trainable_variables]
+    ['actor/bias:0', 'actor/weight:0']
+    >>> opt = tf.keras.optimizers.SGD(0.1)
+    >>> with tf.GradientTape() as tape:
+    ...   loss = tf.reduce_sum(actor(tf.ones([4, 3])) ** 2)
+    >>> _ = opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
+    ...                             actor.trainable_variables))
+    >>> bool(torch.equal(actor.torch_module.weight,
+    ...                  torch.from_numpy(actor.get_weights()["weight"])))
+    True
+  """
+
+  def __init__(self, module: torch.nn.Module, name: str | None = None,
+               output_signature: Any = None) -> None:
+    _module_checks.check_is_module(module, "TorchModule(module)")
+    _function.check_output_signature(output_signature, "TorchModule()")
+    super().__init__(name=name or _snake_case(type(module).__name__))
+    with self.name_scope:
+      state = _torch_state.TorchState(
+          module, f"TorchModule {self.name!r}", _make_variable)
+    self._init_untracked(state, output_signature)
+    # Tracked by name: the checkpoint keys are the torch paths.
+    self._tf_variables = dict(state.variables)
+
+  # Plain Python state, kept out of TF's checkpoint dependencies and out of
+  # `tf.Module.variables`: only the variables are the module's TF state.
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
+      ("_state", "_output_signature")).union(
+          tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+
+  @_compat.no_dependency_tracking
+  def _init_untracked(self, state, output_signature):
+    state.name = self.name  # errors raised by calls name the module
+    self._state = state
+    self._output_signature = output_signature
+
+  @property
+  def torch_module(self) -> torch.nn.Module:
+    """The torch module, its parameters and buffers viewing the TF values.
+
+    Zero-copy views of the variables' current values, lent until the next
+    bridged call (which puts placeholders back: the weights are held once,
+    by the variables), so `torch.save(m.torch_module.state_dict(), path)`
+    saves what TF trained. Calling the torch module, its `state_dict()`,
+    `copy.deepcopy` and `torch.save` lend the views too. Writing into them
+    writes the variables; load values with `set_weights`.
+    """
+    return self._state.sync_torch()
+
+  @tf.autograph.experimental.do_not_convert
+  def __call__(self, *args, training=None, **kwargs):
+    """Runs the torch module's forward on TF tensors.
+
+    Args:
+      *args: positional inputs: TF tensors or nests of them, and static
+        values passed to torch as they are.
+      training: None, True or False: the torch mode for this call. With
+        None, torch's own modes; inside `tf.function`, the modes the
+        submodules had when the function was traced.
+      **kwargs: keyword inputs, as `args`.
+
+    Returns:
+      The forward's result with TF tensors in place of torch tensors.
+    """
+    return self._state.call(args, kwargs, training, self._output_signature)
+
+  def __deepcopy__(self, memo):
+    """An independent TorchModule around a deep copy of the torch module,
+    starting from this one's current values (as a tf.Module copies)."""
+    import copy  # pylint: disable=import-outside-toplevel
+    module_copy = copy.deepcopy(self.torch_module, memo)
+    return _rebuild_torch_module(type(self), module_copy, self.name,
+                                 self._output_signature)
+
+  def __reduce__(self):
+    # Pickled as its torch module (holding the current values) and name.
+    return (_rebuild_torch_module, (type(self), self.torch_module, self.name,
+                                    self._output_signature))
+
+  def get_weights(self) -> dict[str, np.ndarray]:
+    """The state as `{torch state_dict name: np.ndarray}`.
+
+    The arrays are copies: later training does not change them. Tied
+    parameters appear under each of their state_dict names.
+
+    Examples:
+      >>> import torch, torchbridge as tb
+      >>> sorted(tb.TorchModule(torch.nn.Linear(3, 2)).get_weights())
+      ['bias', 'weight']
+    """
+    return self._state.get_weights()
+
+  def set_weights(self, weights: Mapping[str, Any]) -> None:
+    """Sets the state from `{torch state_dict name: array}`.
+
+    Accepts the form `get_weights()` returns, and also torch tensors or TF
+    tensors as values, so a torch `state_dict` (or `torch.load` of one)
+    loads directly. Strict: every state_dict name must be present, no other
+    name may be, and each shape must match; nothing changes unless all
+    entries are valid.
+
+    Args:
+      weights: a mapping from state_dict names to arrays or tensors.
+
+    Raises:
+      TypeError: `weights` is not a mapping, or a value is not numeric.
+      ValueError: missing, unexpected or mis-shaped entries (all named).
+    """
+    self._state.set_weights(weights)
+
+
+def _rebuild_torch_module(cls, module, name, output_signature=None):
+  wrapper = cls.__new__(cls)
+  TorchModule.__init__(wrapper, module, name=name,
+                       output_signature=output_signature)
+  return wrapper
+
+
+def _make_variable(name, value_tf, trainable, aggregation):
+  return tf.Variable(value_tf, name=name, trainable=trainable,
+                     aggregation=aggregation)
+
+
+def _snake_case(class_name):
+  name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)
+  name = re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+  return re.sub(r"\W", "_", name) or "torch_module"
