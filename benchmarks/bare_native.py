@@ -13,7 +13,6 @@ import numpy as np
 import tensorflow as tf
 import torch
 
-from torchbridge._native import _loader
 from torchbridge._native import _op
 from torchbridge._runtime import _omp_team
 

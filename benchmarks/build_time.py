@@ -28,6 +28,7 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
 from torchbridge._native import _build
+from torchbridge._native import _compiler
 
 _ROOT = Path(__file__).resolve().parent.parent
 _FIRST_CALL = _ROOT / "benchmarks" / "first_call.py"
@@ -35,7 +36,7 @@ _FIRST_CALL = _ROOT / "benchmarks" / "first_call.py"
 
 def old_plan(compiler, sources, output, with_interop):
   """The build as _native_build ran it before: a process per .cc file."""
-  interop = _build._torch_interop_flags(sources) if with_interop else None  # pylint: disable=protected-access
+  interop = _compiler.torch_interop_flags(sources) if with_interop else None  # pylint: disable=protected-access
   common = [compiler, "-std=c++17", "-fPIC", "-O2",
             "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
   common += tf.sysconfig.get_compile_flags()
@@ -53,32 +54,32 @@ def old_plan(compiler, sources, output, with_interop):
     compiles.append(common + [define] + flags + ["-c", str(source), "-o", obj])
     objects.append(obj)
   # The link is today's, with these objects: it did not change.
-  new = _build._plan(compiler, sources, output, interop)  # pylint: disable=protected-access
+  new = _compiler.plan(compiler, sources, output, interop)  # pylint: disable=protected-access
   link = ([compiler, "-shared", "-o", str(output)] + objects +
           [a for a in new.link[4:] if not a.endswith(".o")])
-  return _build._Plan(files={}, compiles=compiles, link=link)  # pylint: disable=protected-access
+  return _compiler.Plan(files={}, compiles=compiles, link=link)  # pylint: disable=protected-access
 
 
 def time_build(kind, work):
   """Seconds to build into `work`, and whether the result is complete."""
-  compiler = _build._find_compiler()  # pylint: disable=protected-access
+  compiler = _compiler.find_compiler()  # pylint: disable=protected-access
   sources = _build.source_dir()
   output = Path(work, "lib.so")
   log = Path(work, "build.log")
   start = time.perf_counter()
-  interop = _build._torch_interop_flags(sources)  # pylint: disable=protected-access
+  interop = _compiler.torch_interop_flags(sources)  # pylint: disable=protected-access
 
   def plan(with_interop):
     if kind == "old":
       return old_plan(compiler, sources, output, with_interop)
-    return _build._plan(compiler, sources, output,  # pylint: disable=protected-access
+    return _compiler.plan(compiler, sources, output,  # pylint: disable=protected-access
                                interop if with_interop else None)
 
   # Both fall back the same way: built again without torch_interop.cc.
-  failure = _build._run(plan(True), log)  # pylint: disable=protected-access
+  failure = _compiler.run(plan(True), log)  # pylint: disable=protected-access
   complete = failure is None
   if failure:
-    failure = _build._run(plan(False), log)  # pylint: disable=protected-access
+    failure = _compiler.run(plan(False), log)  # pylint: disable=protected-access
   seconds = time.perf_counter() - start
   if failure:
     raise RuntimeError(failure)
@@ -128,7 +129,7 @@ def main(argv=None):
           flush=True)
   results = {
       "torch": torch.__version__, "tensorflow": tf.__version__,
-      "compiler": _build.compiler_version(),
+      "compiler": _compiler.compiler_version(),
       "cpus": os.cpu_count(), "builds": builds, "first_calls": calls,
   }
   out = Path(args.out)

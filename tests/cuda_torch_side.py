@@ -1,7 +1,7 @@
 """Checks the torch side of the native op's GPU path on a machine with CUDA.
 
 The GPU kernel of `csrc/torchbridge_op.cc` hands its Python callback TF's
-CUDA stream and device (`_native._dispatch(..., cuda_stream, cuda_device)`).
+CUDA stream and device (`_native.dispatch(..., cuda_stream, cuda_device)`).
 This script plays the kernel's part with a CUDA stream of its own and checks
 what torch does with it: the callback runs on that stream and device, inputs
 arrive zero-copy, outputs leave as DLPack tensors in GPU memory (int32 in host
@@ -11,7 +11,7 @@ no synchronization.
 
 It needs torch with CUDA, not TensorFlow: where TF is missing (the lent GPU
 machines have none), a stand-in module takes its name so that
-`torchbridge/_crossing/_exchange.py` and `torchbridge/_native/_loader.py` import; nothing here
+`torchbridge/_crossing/_exchange.py` and `torchbridge/_native/_callbacks.py` import; nothing here
 calls TF. Run: `python tests/cuda_torch_side.py` (exit status 1 on a
 failure, 0 with "skipped" when CUDA is absent). The pytest suite does not
 collect it; the GPU tests there need TF built with CUDA.
@@ -65,15 +65,11 @@ def _load_torchbridge_modules():
   package = types.ModuleType("torchbridge")
   package.__path__ = [str(_ROOT / "torchbridge")]
   sys.modules["torchbridge"] = package
-  loaded = {}
-  for name in ("_exchange", "_native"):
-    spec = importlib.util.spec_from_file_location(
-        f"torchbridge.{name}", _ROOT / "torchbridge" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[f"torchbridge.{name}"] = module
-    spec.loader.exec_module(module)
-    setattr(package, name, module)
-    loaded[name] = module
+  # The layers' own __init__ files import nothing: only these modules and
+  # what they import run.
+  loaded = {name: importlib.import_module(f"torchbridge.{path}")
+            for name, path in (("_exchange", "_crossing._exchange"),
+                               ("_native", "_native._callbacks"))}
   return loaded["_exchange"], loaded["_native"]
 
 
@@ -85,16 +81,16 @@ def _dispatch(native, fn, inputs_torch, stream, device, torch_tensors=False):
   capsule op running `torch_callback(fn)` (its inputs are capsules).
   """
   if torch_tensors:
-    callback_id = native._register(fn, None)  # pylint: disable=protected-access
+    callback_id = native.register(fn, None)  # pylint: disable=protected-access
     args = list(inputs_torch)
   else:
-    callback_id = native._register(native.torch_callback(fn), None)  # pylint: disable=protected-access
+    callback_id = native.register(native.torch_callback(fn), None)  # pylint: disable=protected-access
     args = [torch_dlpack.to_dlpack(t) for t in inputs_torch]
   try:
-    return native._dispatch(callback_id, args, None, stream.cuda_stream,  # pylint: disable=protected-access
+    return native.dispatch(callback_id, args, None, stream.cuda_stream,  # pylint: disable=protected-access
                             device, torch_tensors)
   finally:
-    native._release([callback_id])  # pylint: disable=protected-access
+    native.release([callback_id])  # pylint: disable=protected-access
 
 
 def main():

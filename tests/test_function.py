@@ -15,7 +15,7 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge._native import _loader
+from torchbridge._native import _op
 from conftest import random_tf
 from conftest import tolerance
 
@@ -939,7 +939,7 @@ def test_eager_calls_do_not_use_py_function(monkeypatch):
 
   monkeypatch.setattr(tf, "py_function", forbidden)
   monkeypatch.setattr(tf.compat.v1, "py_func", forbidden)
-  monkeypatch.setattr(_native, "call", forbidden)  # the graph-mode native op
+  monkeypatch.setattr(_op, "call", forbidden)  # the graph-mode native op
   bridged = tb.torch_function(lambda a, b: torch.sin(a) * b)
   a = tf.constant([0.5, 1.5], tf.float64)
   b = tf.constant([2.0, 3.0], tf.float64)

@@ -15,6 +15,7 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
+from torchbridge._crossing import _adopt
 from _module_helpers import BNNet
 from _module_helpers import MLP
 from _module_helpers import data
@@ -42,7 +43,7 @@ def test_one_variable_per_parameter_and_buffer_named_after_torch_path():
   for n, t in list(params.items()) + list(buffers.items()):
     v = var(actor, n)
     assert tuple(v.shape) == tuple(t.shape)
-    assert v.dtype == tb._adopt.tf_dtype(t.dtype)
+    assert v.dtype == _adopt.tf_dtype(t.dtype)
     np.testing.assert_array_equal(v.numpy(), t.detach().numpy())
     assert v.trainable == (n in params)
 
@@ -222,7 +223,7 @@ def test_positional_keyword_and_nested_inputs_and_outputs(mode):
   flat_out, flat_ref = tf.nest.flatten(out), tf.nest.flatten(ref)
   assert len(flat_out) == len(flat_ref) == 5
   for o, r in zip(flat_out, flat_ref):
-    assert o.dtype == tb._adopt.tf_dtype(r.dtype)
+    assert o.dtype == _adopt.tf_dtype(r.dtype)
     assert tuple(o.shape) == tuple(r.shape)
     np.testing.assert_allclose(o.numpy(), r.detach().numpy(), rtol=1e-6)
   # A Python static argument and a missing keyword reach torch as given.

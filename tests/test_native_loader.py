@@ -20,6 +20,7 @@ import tensorflow as tf  # noqa: F401
 
 from torchbridge._native import _loader
 from torchbridge._native import _build
+from torchbridge._native import _compiler
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +29,7 @@ def _run_subprocess(code, env_update, timeout=300):
   """Runs `code` in a new Python; returns the JSON of its last stdout line.
 
   `records` holds what the "torchbridge" logger showed at INFO and above;
-  `json`, `torch`, `tf`, `_native` and `_native_build` are imported.
+  `json`, `torch`, `tf` and the `_native` modules are imported.
   `env_update` sets (or, for None, removes) environment variables.
   """
   env = dict(os.environ)
@@ -50,8 +51,11 @@ def _run_subprocess(code, env_update, timeout=300):
       logging.getLogger("torchbridge").propagate = False
       import torch
       import tensorflow as tf
-      from torchbridge._native import _loader
       from torchbridge._native import _build
+      from torchbridge._native import _callbacks
+      from torchbridge._native import _compiler
+      from torchbridge._native import _loader
+      from torchbridge._native import _op
       """)
   proc = subprocess.run(
       [sys.executable, "-c", prologue + textwrap.dedent(code)], env=env,
@@ -68,7 +72,7 @@ def _real_library():
     return _build.build_or_reuse()
   except _build.BuildError as err:
     try:
-      _build._find_compiler()  # pylint: disable=protected-access
+      _compiler.find_compiler()  # pylint: disable=protected-access
     except _build.BuildError:
       pytest.skip(f"needs a C++ compiler to build the op: {err}")
     raise

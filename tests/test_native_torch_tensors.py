@@ -31,7 +31,7 @@ if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (
               allow_module_level=True)
 
 
-def _op(callback, inputs, dtypes, shapes, **kwargs):
+def _torch_op(callback, inputs, dtypes, shapes, **kwargs):
   return _op.call(callback, inputs, dtypes, shapes, torch_tensors=True,
                       **kwargs)
 
@@ -54,7 +54,7 @@ def test_inputs_and_outputs_share_memory_with_tf():
 
   @tf.function
   def f(x):
-    return _op(callback, [x], [tf.float32], [x.shape])[0]
+    return _torch_op(callback, [x], [tf.float32], [x.shape])[0]
 
   x_tf = tf.random.normal([16, 5])
   y_tf = f(x_tf)
@@ -77,7 +77,7 @@ def test_input_views_write_through_to_tf():
     return [args[0] * 0]
 
   x_tf = tf.constant([1.0, 2.0, 3.0]) + 0.0  # a buffer of its own
-  f = tf.function(lambda x: _op(callback, [x], [tf.float32], [[3]])[0])
+  f = tf.function(lambda x: _torch_op(callback, [x], [tf.float32], [[3]])[0])
   f(x_tf)
   assert x_tf.numpy()[0] == 42.0
 
@@ -98,7 +98,7 @@ def test_outputs_tf_cannot_view_are_copied_once_and_counted():
 
   @tf.function
   def f(x):
-    return _op(callback, [x], [tf.float32] * 3 + [tf.complex64],
+    return _torch_op(callback, [x], [tf.float32] * 3 + [tf.complex64],
                [x.shape, [1024], [4, 8], [3]])
 
   tb.reset_exchange_stats()
@@ -130,8 +130,8 @@ def test_an_output_holds_only_memory_unless_asked_to_hold_the_tensor():
     weakref.finalize(y, freed.append, 1)
     return [y]
 
-  plain = tf.function(lambda x: _op(callback, [x], [tf.float32], [[4]])[0])
-  whole = tf.function(lambda x: _op(callback, [x], [tf.float32], [[4]],
+  plain = tf.function(lambda x: _torch_op(callback, [x], [tf.float32], [[4]])[0])
+  whole = tf.function(lambda x: _torch_op(callback, [x], [tf.float32], [[4]],
                                     whole_tensor_outputs=[0])[0])
   x_tf = tf.zeros([4])
   y_tf = plain(x_tf)
@@ -166,19 +166,19 @@ def test_an_output_holds_only_memory_unless_asked_to_hold_the_tensor():
 ])
 def test_bad_outputs_give_clear_errors_and_the_op_goes_on(make, error,
                                                           pattern):
-  f = tf.function(lambda x: _op(lambda args, unused: make(), [x],
+  f = tf.function(lambda x: _torch_op(lambda args, unused: make(), [x],
                                 [tf.float32], [[4]])[0] + 1.0)
   with pytest.raises(error) as info:
     f(tf.zeros([4]))
   assert pattern in info.value.message
   assert "TorchbridgeCall" in info.value.message
-  good = tf.function(lambda x: _op(lambda args, unused: [args[0] + 1], [x],
+  good = tf.function(lambda x: _torch_op(lambda args, unused: [args[0] + 1], [x],
                                    [tf.float32], [[4]])[0])
   np.testing.assert_array_equal(good(tf.zeros([4])).numpy(), np.ones(4))
 
 
 def test_whole_tensor_output_index_out_of_range_is_a_clear_error():
-  f = tf.function(lambda x: _op(lambda args, unused: [args[0]], [x],
+  f = tf.function(lambda x: _torch_op(lambda args, unused: [args[0]], [x],
                                 [tf.float32], [[2]],
                                 whole_tensor_outputs=[3])[0])
   with pytest.raises(tf.errors.InvalidArgumentError,
@@ -197,7 +197,7 @@ def test_python_exception_keeps_its_message_and_the_process_goes_on():
       raise ValueError("torch said no: bad value 42")
     return [args[0]]
 
-  f = tf.function(lambda x: _op(callback, [x], [tf.float32], [[2]])[0])
+  f = tf.function(lambda x: _torch_op(callback, [x], [tf.float32], [[2]])[0])
   with pytest.raises(tf.errors.InvalidArgumentError) as info:
     f(tf.ones([2]))
   assert "torch said no: bad value 42" in info.value.message
@@ -214,7 +214,7 @@ def test_unused_outputs_are_passed_and_may_be_none():
     return [None if unused and 0 in unused else x + 1, x * 2]
 
   def two(x):
-    return _op(callback, [x], [tf.float32, tf.float32], [x.shape, x.shape])
+    return _torch_op(callback, [x], [tf.float32, tf.float32], [x.shape, x.shape])
 
   only_second = tf.function(lambda x: two(x)[1])
   both = tf.function(lambda x: tf.add_n(two(x)))
@@ -235,7 +235,7 @@ def test_dtypes_round_trip_zero_copy():
   for dtype in (tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32,
                 tf.int64, tf.uint8, tf.bool, tf.complex128):
     x_tf = tf.cast(tf.reshape(tf.range(12), [3, 4]) % 2, dtype)
-    f = tf.function(lambda x: _op(identity, [x], [x.dtype], [x.shape])[0])
+    f = tf.function(lambda x: _torch_op(identity, [x], [x.dtype], [x.shape])[0])
     seen.clear()
     tb.reset_exchange_stats()
     y_tf = f(x_tf)
@@ -257,7 +257,7 @@ def test_concurrent_calls_from_eight_threads():
 
   @tf.function
   def f(x, k):
-    return _op(callback, [x, k], [tf.float32], [x.shape])[0]
+    return _torch_op(callback, [x, k], [tf.float32], [x.shape])[0]
 
   check_from_eight_threads(f)
 
@@ -276,7 +276,7 @@ def test_outputs_dying_inside_the_graph_free_their_memory():
 
   @tf.function
   def internal(x):
-    return tf.reduce_sum(_op(callback, [x], [tf.float32], [x.shape])[0])
+    return tf.reduce_sum(_torch_op(callback, [x], [tf.float32], [x.shape])[0])
 
   x_tf = tf.zeros([1000])
   for _ in range(100):
@@ -290,9 +290,8 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   # Where torch_interop.cc does not build, the loader builds the op without
   # it, and torch_tensors callbacks run through torch_callback in Python.
   result = _run_subprocess("""
-      from torchbridge._native import _build
       # torch_interop.cc's own flags now make its compilation fail.
-      _build._torch_interop_flags = lambda sources: (
+      _compiler.torch_interop_flags = lambda sources: (
           ["-include", "/nonexistent/header.h"], [])
       import numpy as np
       import torchbridge as tb
@@ -321,8 +320,7 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   # A later process loads the cached fallback without building, and says
   # why again (once): nothing about the op it gets is silent.
   later = _run_subprocess("""
-      from torchbridge._native import _build
-      _build._torch_interop_flags = lambda sources: (
+      _compiler.torch_interop_flags = lambda sources: (
           ["-include", "/nonexistent/header.h"], [])
       ok = _loader.available() and _loader.available()
       print(json.dumps({"available": ok, "records": records,

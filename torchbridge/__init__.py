@@ -12,7 +12,7 @@ from torchbridge._crossing._stats import exchange_stats
 from torchbridge._crossing._stats import reset_exchange_stats
 from torchbridge._crossing._exchange import to_tf
 from torchbridge._crossing._exchange import to_torch
-from torchbridge._call._function import torch_function
+from torchbridge._wrappers._function import torch_function
 from torchbridge._wrappers._module import TorchModule
 from torchbridge._native._loader import native_available
 from torchbridge._runtime._timeline import timeline

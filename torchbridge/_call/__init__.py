@@ -1,10 +1,33 @@
 """The call: one differentiable TF op around one torch forward.
 
-Knows flat lists of tensors, not modules: the call protocol (`_protocol`),
-binding arguments, the adapter from a torch result to flat outputs
-(`_function.call_bridged`), output specs, the op and its gradient, the
-state kept for the backward and torch's autograd engine. Never imports
-Keras or Ray, nor anything about modules (`_state`, `_wrappers`).
+Knows flat lists of tensors, not modules: the call protocol (`_protocol`:
+the one `Forward` the core runs), binding a call's arguments
+(`_arguments`), the adapter from a wrapper's torch result to that protocol
+(`_call_bridged`), output specs (`_signature`, `_output_check`), the op and
+its gradient (`_bridge`, `_eager`, `_graph`, `_gradients`), the state kept
+for the backward (`_saved`) and torch's autograd engine (`_vjp`). Never
+imports Keras or Ray, nor anything about modules (`_state`, `_wrappers`).
+
+The names below are the layer's entry: a wrapper binds its arguments and
+calls `call_bridged`, and needs nothing else of this layer.
 
 May import: _native, _crossing, _runtime, _frameworks.
 """
+
+from torchbridge._call._arguments import bind_arguments
+from torchbridge._call._arguments import check_not_xla
+from torchbridge._call._arguments import check_output_signature
+from torchbridge._call._call_bridged import call_bridged
+from torchbridge._call._gradients import is_differentiable
+from torchbridge._call._protocol import Forward
+from torchbridge._call._protocol import Outputs
+
+__all__ = [
+    "Forward",
+    "Outputs",
+    "bind_arguments",
+    "call_bridged",
+    "check_not_xla",
+    "check_output_signature",
+    "is_differentiable",
+]

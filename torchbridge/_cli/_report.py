@@ -28,6 +28,7 @@ import tensorflow as tf
 from torchbridge._frameworks import _load_order
 from torchbridge._native import _loader
 from torchbridge._native import _build
+from torchbridge._native import _compiler
 from torchbridge._runtime import _torch_thread
 
 
@@ -96,7 +97,7 @@ def _versions():
       "keras": keras_version,
       "python": platform.python_version(),
       "platform": platform.platform(),
-      "compiler": _build.compiler_version(),
+      "compiler": _compiler.compiler_version(),
   }
 
 
@@ -184,4 +185,4 @@ def _gpus():
   note = "; ".join(" ".join(str(w.message).split())[:200] for w in caught)
   return {"torch": torch_gpus, "tensorflow": tf_gpus,
           "torch_note": note or None,
-          "tf_cuda_build": bool(_build._gpu_build())}  # pylint: disable=protected-access
+          "tf_cuda_build": bool(_compiler.gpu_build())}  # pylint: disable=protected-access

@@ -29,13 +29,10 @@ the command line call this; nothing here runs at import.
 
 import contextlib
 import ctypes
-import dataclasses
 import hashlib
 import json
 import logging
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -46,6 +43,7 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
 from torchbridge._crossing import _adopt
+from torchbridge._native import _compiler
 from torchbridge._runtime import _omp_team
 from torchbridge._crossing import _stats
 
@@ -54,26 +52,11 @@ _LOG = logging.getLogger("torchbridge")
 CACHE_ENV = "TORCHBRIDGE_CACHE_DIR"
 _LIB_STEM = "torchbridge_op"
 _OP_SOURCE = "torchbridge_op.cc"  # the file that registers the op
-_INTEROP_SOURCE = "torch_interop.cc"  # the only one with torch's headers
-_TF_UNIT = "tf_side.cc"  # the generated unit that includes TF's side
-# torch's headers need C++20 from torch 2.14 on (`#error C++20 or later
-# compatible compiler is required to use ATen`); TF's ask for C++17.
-_TORCH_STD = "-std=c++20"
+
+BuildError = _compiler.BuildError
 
 # How many times this process compiled the library (tests read it).
 build_count = 0
-
-
-class BuildError(RuntimeError):
-  """The library could not be built."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-  """What one build runs: generated files, compile commands, the link."""
-  files: dict  # path -> text, written before compiling
-  compiles: list  # argument lists, run side by side
-  link: list
 
 
 def source_dir():
@@ -96,11 +79,11 @@ def cache_dir():
 def library_path():
   """Where this set-up's library is (or would be) cached; no build."""
   sources = source_dir()
-  interop = _torch_interop_flags(sources)
+  interop = _compiler.torch_interop_flags(sources)
   # The key leaves out which compiler builds it (any gives the same ABI), so
   # a library built once serves a process that has no compiler.
   digest = hashlib.sha256()
-  plan = _plan("CXX", sources, "OUT", interop)
+  plan = _compiler.plan("CXX", sources, "OUT", interop)
   for part in [_versions()] + ["\0".join(c) for c in plan.compiles]:
     digest.update(part.encode() + b"\0")
   for path in sorted(sources.glob("*.[ch]*")):
@@ -133,7 +116,7 @@ def build_or_reuse(force=False):
   target = library_path()
   if target.is_file() and not force:
     return target
-  compiler = _find_compiler()
+  compiler = _compiler.find_compiler()
   target.parent.mkdir(parents=True, exist_ok=True)
   with _file_lock(target.with_suffix(".lock")):
     if target.is_file() and not force:  # another process built it meanwhile
@@ -145,7 +128,7 @@ def build_or_reuse(force=False):
 def _build(compiler, target):
   global build_count
   sources = source_dir()
-  interop = _torch_interop_flags(sources)
+  interop = _compiler.torch_interop_flags(sources)
   directory = target.parent
   last = _last_build_seconds(directory)
   _say(logging.INFO,
@@ -168,12 +151,12 @@ def _build(compiler, target):
                                    prefix=f".{_LIB_STEM}-") as work:
     output = Path(work, target.name)
     log_path = target.with_suffix(".log")
-    failure = _run(_plan(compiler, sources, output, interop), log_path)
+    failure = _compiler.run(_compiler.plan(compiler, sources, output, interop), log_path)
     if failure and interop:
       record.update(complete=False, log=str(log_path), reason=(
-          f"{_INTEROP_SOURCE} (torch's side, {_TORCH_STD}) did not build: "
+          f"{_compiler.INTEROP_SOURCE} (torch's side, {_compiler.TORCH_STD}) did not build: "
           f"{failure}"))
-      failure = _run(_plan(compiler, sources, output, None),
+      failure = _compiler.run(_compiler.plan(compiler, sources, output, None),
                      target.with_suffix(".plain.log"))
     if failure:
       _say(logging.INFO, "torchbridge: the native TF op did not build "
@@ -219,120 +202,6 @@ def connect(path, *, dispatch, registry, export_output):
   handle.torchbridge_set_team_release.argtypes = [ctypes.c_void_p]
   handle.torchbridge_set_team_release(_omp_team.pause_address())
   return bool(handle.torchbridge_has_torch_interop())
-
-
-def compiler_version():
-  """The first line `$CXX --version` prints, or why there is none."""
-  try:
-    compiler = _find_compiler()
-  except BuildError as err:
-    return str(err)
-  try:
-    out = subprocess.run([compiler, "--version"], capture_output=True,
-                         text=True, timeout=30, check=False).stdout
-  except (OSError, subprocess.TimeoutExpired) as err:
-    return f"{compiler}: {err}"
-  return f"{compiler}: {(out.splitlines() or ['?'])[0]}"
-
-
-def _torch_interop_flags(sources):
-  """(compile flags, link flags) of csrc/torch_interop.cc, or None.
-
-  None when torch's C++ headers or libraries are missing; the op is then
-  built without it and trades DLPack capsules with Python.
-  """
-  torch_dir = Path(torch.__file__).resolve().parent
-  include, lib = torch_dir / "include", torch_dir / "lib"
-  if not ((sources / _INTEROP_SOURCE).is_file() and
-          (include / "ATen" / "DLConvertor.h").is_file() and
-          (lib / "libtorch_python.so").is_file()):
-    return None
-  compile_flags = [
-      _TORCH_STD,
-      f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
-      "-I" + str(include),
-      "-I" + str(include / "torch" / "csrc" / "api" / "include")]
-  link_flags = ["-L" + str(lib), "-Wl,-rpath," + str(lib),
-                "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-  return compile_flags, link_flags
-
-
-def _plan(compiler, sources, output, interop):
-  """The build of the library at `output`: TF's side as one generated unit,
-  torch's side (with `interop`, its flags) as another, then the link."""
-  interop_define = f"-DTORCHBRIDGE_TORCH_INTEROP={int(bool(interop))}"
-  common = [compiler, "-fPIC", "-O2",
-            "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
-  tf_files = [s.name for s in sorted(sources.glob("*.cc"))
-              if s.name != _INTEROP_SOURCE]
-  unit = f"{output}.{_TF_UNIT}"
-  unit_text = ("// Generated by torchbridge/_native/_build.py: TF's side of "
-               "the op as one unit.\n" +
-               "".join(f'#include "{name}"\n' for name in tf_files))
-  tf_side = common + ["-std=c++17"] + tf.sysconfig.get_compile_flags()
-  if _gpu_build():
-    tf_side.append("-DTORCHBRIDGE_GPU=1")
-  compiles = [tf_side + [interop_define, "-c", unit, "-o", f"{unit}.o"]]
-  objects = [f"{unit}.o"]
-  if interop:
-    obj = f"{output}.{Path(_INTEROP_SOURCE).stem}.o"
-    compiles.append(common + interop[0] + [
-        "-c", str(sources / _INTEROP_SOURCE), "-o", obj])
-    objects.append(obj)
-  link = [compiler, "-shared", "-o", str(output)] + objects
-  link += tf.sysconfig.get_link_flags() + (interop[1] if interop else [])
-  # Python's symbols come from the running interpreter; linking libpython
-  # too is harmless where it is a shared library.
-  libdir = sysconfig.get_config_var("LIBDIR")
-  ldlibrary = sysconfig.get_config_var("LDLIBRARY") or ""
-  if (sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and
-      ldlibrary.startswith("lib") and (Path(libdir) / ldlibrary).exists()):
-    link += ["-L" + libdir, "-l" + ldlibrary[3:].split(".so")[0]]
-  return _Plan(files={unit: unit_text}, compiles=compiles, link=link)
-
-
-def _run(plan, log_path):
-  """Runs the compile commands side by side, then the link; None if all
-  worked, else a one-line reason (the full output goes to `log_path`)."""
-  try:
-    for path, text in plan.files.items():
-      Path(path).write_text(text)
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for c in plan.compiles]
-    outputs = [p.communicate(timeout=900)[0] for p in procs]
-    results = [(p.returncode, out) for p, out in zip(procs, outputs)]
-    if all(code == 0 for code, _ in results):
-      proc = subprocess.run(plan.link, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, timeout=900,
-                            check=False)
-      results.append((proc.returncode, proc.stdout))
-  except (OSError, subprocess.TimeoutExpired) as err:
-    return f"compiler failed to run: {err}"
-  failed = [out for code, out in results if code != 0]
-  if not failed:
-    return None
-  log_path.write_text("\n".join(failed))
-  first = next((line for line in failed[0].splitlines() if "error" in line),
-               failed[0].strip()[:200])
-  return (f"compiling the native op (csrc/) failed: {first.strip()} "
-          f"(full log: {log_path})")
-
-
-def _find_compiler():
-  for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-    if name:
-      path = shutil.which(name)
-      if path:
-        return path
-  raise BuildError("no C++ compiler found (set CXX, or install g++)")
-
-
-def _gpu_build():
-  try:
-    return bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
-  except Exception:  # pylint: disable=broad-except
-    return False
 
 
 def _versions():

@@ -13,11 +13,10 @@ import numpy as np
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
-from torchbridge._call import _bridge
 from torchbridge._frameworks import _compiled
 from torchbridge._state import _distribute
 from torchbridge._crossing import _exchange
-from torchbridge._call import _function
+from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _swap
 from torchbridge._runtime import _timeline
@@ -99,10 +98,10 @@ class TorchState:
       # writes, hence the op's outputs): every run of it uses the modes the
       # submodules had when it was traced.
       training = [m.training for m in self._modules]
-    call = _function.bind_arguments(self.name, (args, kwargs))
+    call = _call.bind_arguments(self.name, (args, kwargs))
     _distribute.check_call_context(self.name, self.variables.values())
     if not tf.executing_eagerly():
-      _function.check_not_xla(self.name)
+      _call.check_not_xla(self.name)
     names = self.param_names + self.buffer_names
     vars_tf = [tf.convert_to_tensor(self.variables[n]) for n in names]
     n_params, n_vars = len(self.param_names), len(names)
@@ -168,13 +167,13 @@ class TorchState:
         if n in buffers_torch:
           buffers_torch[n] = t
       # The written buffers cross as extra outputs, to be assigned.
-      return _function.Outputs(result, {
+      return _call.Outputs(result, {
           n: b for n, b in buffers_torch.items() if n in known_mutated})
 
     differentiable = (
         [self.variables[n].trainable for n in self.param_names] +
         [False] * len(self.buffer_names) +
-        [_bridge.is_differentiable(a.dtype) for a in call.args_tf])
+        [_call.is_differentiable(a.dtype) for a in call.args_tf])
     extra_signature = None
     if output_signature is not None:
       extra_signature = {n: tf.TensorSpec(self.variables[n].shape,
@@ -183,7 +182,7 @@ class TorchState:
     # Should the output specs have to be found by a real run while tracing,
     # the weights are the variables' current values.
     stand_ins = [functools.partial(self._current_value, n) for n in names]
-    outputs = _function.call_bridged(
+    outputs = _call.call_bridged(
         run, vars_tf + call.args_tf, self.name,
         output_signature=output_signature, differentiable=differentiable,
         extra_signature=extra_signature,

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from torchbridge._frameworks import _compat
-from torchbridge._call import _function
+from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _torch_state
 
@@ -99,7 +99,7 @@ class TorchLayer(keras.layers.Layer):
     super().__init__(**kwargs)
     _check_dtype(self, module_dtype)
     self.supports_jit = False
-    self._output_signature = _function.check_output_signature(
+    self._output_signature = _call.check_output_signature(
         output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(
         module, self.name, self._make_weight)

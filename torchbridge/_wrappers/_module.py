@@ -11,7 +11,7 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge._frameworks import _compat
-from torchbridge._call import _function
+from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _torch_state
 
@@ -69,7 +69,7 @@ class TorchModule(tf.Module):
   def __init__(self, module: torch.nn.Module, name: str | None = None,
                output_signature: Any = None) -> None:
     _module_checks.check_is_module(module, "TorchModule(module)")
-    _function.check_output_signature(output_signature, "TorchModule()")
+    _call.check_output_signature(output_signature, "TorchModule()")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(

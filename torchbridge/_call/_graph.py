@@ -1,0 +1,175 @@
+"""A bridged call inside a graph: one stateful op that returns a handle too.
+
+The op is the native `TorchbridgeCall` op of csrc/, or a `tf.py_function`.
+Besides the outputs it returns a one-byte handle tensor: a DLPack view of a
+torch tensor that owns the call's `_saved.Saved` record. TF keeps the handle
+exactly as long as a gradient may still need it (not at all in an inference
+call, until the backward in a training call) and then frees it, which frees
+the record. The native op also tells the callback whether anything in the
+running graph consumes the handle; when nothing does (an inference call), no
+autograd graph is recorded and no handle is made at all.
+"""
+
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge._call import _gradients
+from torchbridge._call import _output_check
+from torchbridge._call import _saved
+from torchbridge._call import _signature
+from torchbridge._crossing import _exchange
+from torchbridge._frameworks import _compat
+from torchbridge._native import _loader
+from torchbridge._native import _op
+from torchbridge._runtime import _placement
+from torchbridge._runtime import _thread_state
+from torchbridge._runtime import _timeline
+
+
+def call_graph(forward, grad_args_tf, py_args_tf, out_specs, record, name,
+               differentiable, specs_found=_signature.DECLARED):
+  """`forward` inside a graph, as one stateful op returning a handle too.
+
+  `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
+  tensors the Python body receives (for a backward: the handle of the
+  forward and the upstream gradients, not the forward's arguments, which
+  live on in its `_saved.Saved` record).
+  """
+
+  check_outputs = _output_check.OutputCheck(out_specs, name, specs_found)
+
+  def run(py_args_torch, unused=None):
+    # The tf.py_function path: handed to the torch thread from here.
+    with _timeline.span(_timeline.HAND_OFF):
+      return _placement.run_graph_call(run_here, py_args_torch, unused)
+
+  def run_native(py_args_torch, unused=None):
+    # On the native op's torch thread already (CPU), or on TF's thread with
+    # TF's CUDA stream as torch's (GPU: no OpenMP teams there).
+    _placement.prepare_native_call()
+    return run_here(py_args_torch, unused)
+
+  def run_here(py_args_torch, unused=None):
+    # `unused`: the outputs nothing in the running graph consumes (None: not
+    # known). In an inference call nothing consumes the handle (output 0):
+    # then no autograd graph is recorded and no handle is made.
+    with _timeline.span(_timeline.CALL):
+      return _run_here(py_args_torch, unused)
+
+  def _run_here(py_args_torch, unused):
+    inference = unused is not None and 0 in unused
+    grad_mode = torch.is_grad_enabled()
+    torch.set_grad_enabled(record and not inference)
+    try:
+      if inference:
+        saved = None
+        outs_torch = forward(py_args_torch, record=False,
+                             unused=unused).outs_torch
+      else:
+        saved = forward(py_args_torch, record=record)
+        outs_torch = saved.outs_torch
+    finally:
+      torch.set_grad_enabled(grad_mode)
+    with _timeline.span(_timeline.CHECK):
+      check_outputs(outs_torch)
+    if saved is None:
+      return [None] + outs_torch
+    with _timeline.span(_timeline.SAVE):
+      handle_torch = torch.empty(1, dtype=torch.int8,
+                                 device=_handle_device(outs_torch))
+      _saved.own(handle_torch, saved)
+    return [handle_torch] + outs_torch
+
+  @tf.custom_gradient
+  def bridged(*grad_args):
+    results = _stateful_op(run, run_native, py_args_tf,
+                           [tf.int8] + [s.dtype for s in out_specs],
+                           [[1]] + [s.shape for s in out_specs], name)
+    handle_tf, outs_tf = results[0], results[1:]
+
+    def grad(*dys_tf):
+      sel_out, diff_args = _gradients.grad_positions(out_specs, differentiable, dys_tf)
+
+      def backward(py_args_torch, *, record, unused=None):  # a `Forward`
+        saved = _saved.lookup(py_args_torch[0])
+        # Output k + 1 of this op is the gradient of argument diff_args[k];
+        # the native op says which ones nothing consumes (e.g. those of
+        # inputs no tape watches): those are not computed, unless a
+        # higher-order gradient will differentiate this backward (it then
+        # consumes the handle, output 0, and `unused` is not passed), which
+        # reaches them through torch's graph rather than through TF's edges.
+        skip = [k - 1 for k in unused or () if k > 0]
+        return _saved.backward(saved, sel_out, diff_args, py_args_torch[1:],
+                               record, skip)
+
+      dys_sel_tf = [dys_tf[i] for i in sel_out]
+      # The backward may be traced in another graph than the forward (the
+      # backward function of a tf.function); identities capture the
+      # forward's tensors there, so that a gradient of this backward, traced
+      # in yet another graph, refers to tensors of its parent graph only.
+      xs_tf = [_in_current_graph(grad_args[j]) for j in diff_args]
+      grads_tf = call_graph(
+          backward,
+          dys_sel_tf + xs_tf,
+          [_in_current_graph(handle_tf)] + dys_sel_tf,
+          [tf.TensorSpec(grad_args[j].shape, grad_args[j].dtype)
+           for j in diff_args],
+          # Build the double-backward graph only when a tape records this
+          # backward; otherwise a later request recomputes it (regraph).
+          _compat.tape_could_record(),
+          name + "_grad",
+          [True] * (len(sel_out) + len(diff_args)))
+      return _gradients.scatter(grads_tf, diff_args, len(grad_args))
+
+    return outs_tf, grad
+
+  return list(bridged(*grad_args_tf))
+
+
+def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
+  """One stateful graph op running `run(list of torch views) -> tensors`.
+
+  The native op of `csrc/` when it is available (it hands torch tensors to
+  `run_native` directly, on its torch thread); otherwise a
+  `tf.py_function`, whose body receives eager tensors and returns eager
+  tensors, both through DLPack, and calls `run`.
+  """
+  if _loader.available():
+    # Output 0 is the handle, whose Python object owns the `_saved.Saved`
+    # record.
+    return _op.call(run_native, inputs_tf, out_dtypes, out_shapes, name=name,
+                        torch_tensors=True, whole_tensor_outputs=[0])
+
+  def body(*inputs_eager):
+    _thread_state.keep_for_this_thread()
+    with _timeline.span(_timeline.TO_TORCH):
+      inputs_torch = _views(inputs_eager)
+    outs_torch = run(inputs_torch)
+    with _timeline.span(_timeline.TO_TF):
+      return [_exchange.tensor_to_tf(o) for o in outs_torch]
+
+  outs_tf = tf.py_function(body, inputs_tf, Tout=out_dtypes, name=name)
+  for out_tf, shape in zip(outs_tf, out_shapes):
+    out_tf.set_shape(shape)
+  return outs_tf
+
+
+def _views(tensors_tf):
+  return [_exchange.tensor_to_torch(t) for t in tensors_tf]
+
+
+
+def _handle_device(outs_torch):
+  """Where the handle lives: on the op's device, so TF never moves it."""
+  gpu = _placement.current_gpu()
+  if gpu is not None:
+    return torch.device("cuda", gpu)
+  return next((o.device for o in outs_torch if o is not None and o.is_cuda),
+              torch.device("cpu"))
+
+
+
+def _in_current_graph(tensor_tf):
+  if tensor_tf.graph is tf.compat.v1.get_default_graph():
+    return tensor_tf
+  return tf.identity(tensor_tf)  # captures it into this graph
