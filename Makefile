@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test test-user user-venv bench bench-user bench-build venv clean docs lint
+.PHONY: demo ppo test check test-user user-venv bench bench-user bench-build venv clean docs lint
 
 venv: $(STAMP)
 
@@ -42,6 +42,21 @@ ppo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q tests
+
+# The contributor's loop, under 5 minutes here: lint, type check, and the
+# tests of the call path, the exchange and the layering on the native op,
+# without the suites marked slow (module_db, transformers, the installs,
+# the examples, the benchmarks, the docs' code), which `make test` and CI
+# run.
+CHECK_TESTS := tests/test_function.py tests/test_function_runtime.py \
+	tests/test_module.py tests/test_module_errors.py \
+	tests/test_module_training.py tests/test_swap.py tests/test_vjp.py \
+	tests/test_exchange.py tests/test_native.py \
+	tests/test_native_torch_tensors.py tests/test_keras_layer.py \
+	tests/test_call_protocol.py tests/test_layering.py tests/test_layout.py \
+	tests/conformance tests/test_trace_fallback.py
+check: lint
+	$(PY) -m pytest -q -m "not slow" $(CHECK_TESTS)
 
 # Lint: ruff over the repository, mypy over the package (pyproject.toml).
 lint: $(STAMP)

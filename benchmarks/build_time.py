@@ -6,7 +6,7 @@ alternating order, into empty directories:
     in a process of its own, side by side, all with `-std=c++17` and TF's
     flags, torch_interop.cc with torch's headers too; when that fails (torch
     >= 2.14 needs C++20), built again without torch_interop.cc, as it did;
-  - "two units" (today's `_native_build`): TF's side as one unit (C++17),
+  - "two units" (today's `_native/_build.py`): TF's side as one unit (C++17),
     torch_interop.cc alone with C++20, side by side, then the link;
 and then, in processes of their own, the README's first example
 (benchmarks/first_call.py): its first graph call with an empty cache (the
@@ -35,7 +35,7 @@ _FIRST_CALL = _ROOT / "benchmarks" / "first_call.py"
 
 
 def old_plan(compiler, sources, output, with_interop):
-  """The build as _native_build ran it before: a process per .cc file."""
+  """The build as the native op's build ran it before: a process per .cc file."""
   interop = _compiler.torch_interop_flags(sources) if with_interop else None  # pylint: disable=protected-access
   common = [compiler, "-std=c++17", "-fPIC", "-O2",
             "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]

@@ -37,6 +37,7 @@ import pytest
 import torch
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(torch.version.cuda is None,
                        reason="torch is not a CUDA build"),
     pytest.mark.skipif(not sys.platform.startswith("linux"),

@@ -64,6 +64,9 @@ import tensorflow as tf
 import torch
 import torchbridge as tb
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 torch.manual_seed(0)
 linear_torch = torch.nn.Linear(3, 2)
 layer = tb.TorchModule(linear_torch, name="linear")

@@ -22,6 +22,9 @@ if os.environ.get("TORCHBRIDGE_DISABLE_NATIVE", "").strip() not in ("", "0"):
 
 import _module_db_cases as cases  # noqa: E402  pylint: disable=wrong-import-position
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("name", sorted(cases.MODULES))
 def test_module_db_sample_matches_pure_torch(name):

@@ -22,6 +22,9 @@ import torchbridge as tb
 sys.path.insert(0, str(Path(__file__).parent))
 import _multi_worker  # noqa: E402
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 WORKER_SCRIPT = Path(__file__).with_name("_multi_worker.py")
 TIMEOUT_S = 300
 

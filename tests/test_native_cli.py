@@ -21,6 +21,9 @@ import tensorflow as tf  # noqa: F401
 from torchbridge._native import _loader
 from torchbridge._native import _build
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 DISABLED = os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0")
 
 

@@ -1,4 +1,4 @@
-"""The native op's loader and build cache (_loader.load, _native_build).
+"""The native op's loader and build cache (_loader.load, _build).
 
 Each test runs the loader in a Python process of its own, so these run
 wherever the native op is unavailable too (no compiler,

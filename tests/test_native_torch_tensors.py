@@ -286,6 +286,7 @@ def test_outputs_dying_inside_the_graph_free_their_memory():
   assert len(freed) == 100
 
 
+@pytest.mark.slow  # it builds the op a second time (about 25 s)
 def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   # Where torch_interop.cc does not build, the loader builds the op without
   # it, and torch_tensors callbacks run through torch_callback in Python.

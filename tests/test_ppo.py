@@ -25,6 +25,9 @@ from ppo import agents  # noqa: E402
 from ppo import networks  # noqa: E402
 from ppo import sequences  # noqa: E402
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 OBS_DIM, N_ACTIONS = 2, 2
 
 

@@ -4,6 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -20,6 +20,9 @@ import tensorflow as tf
 
 import torchbridge as tb
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

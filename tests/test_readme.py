@@ -19,6 +19,9 @@ import sys
 
 import pytest
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
 DOCUMENTS = [README] + sorted((ROOT / "docs").rglob("*.md"))

@@ -10,6 +10,9 @@ import pytest
 from benchmarks import step_breakdown as sb
 from torchbridge._native import _loader
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -19,6 +19,9 @@ sys.path.insert(0, EXAMPLES)
 
 from td3 import agents  # noqa: E402
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 
 def _batch(rng, n=32):
   return (rng.standard_normal((n, 3)).astype(np.float32),

@@ -41,6 +41,9 @@ import tensorflow as tf
 import torch
 import torchbridge as tb
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 
 def report(**values):
   print({RESULT_PREFIX!r} + json.dumps(values), flush=True)

@@ -25,6 +25,9 @@ transformers = pytest.importorskip("transformers")
 
 import torchbridge as tb  # noqa: E402  pylint: disable=wrong-import-position
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name -> the source of `build()` (the model in eval-equivalent form: all

@@ -23,6 +23,9 @@ import tensorflow as tf
 from benchmarks import harness
 from benchmarks import translate_bench as tbb
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 
 def test_run_measures_the_same_computation_and_reports_ratios(tmp_path):
   first = {}
@@ -109,4 +112,4 @@ def test_a_contender_process_prints_its_record():
   assert record["threads"] == {"torch_intra": 1, "tf_intra": 1}
   assert set(record["timings"]) == {tbb.infer_key("td3_actor", b)
                                     for b in tbb.BATCHES}
-  assert record["native"] == tbb._native.available()
+  assert record["native"] == tbb._loader.available()

@@ -10,6 +10,9 @@ pytest.importorskip("expecttest")  # torch.testing._internal needs it
 
 from benchmarks import translate_coverage as coverage  # noqa: E402  pylint: disable=wrong-import-position
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 
 @functools.cache
 def _record(name, limit):

@@ -23,9 +23,9 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("build") is None,
-    reason="needs the `build` package (requirements-dev.txt)")
+    reason="needs the `build` package (requirements-dev.txt)")]
 
 
 def _run(args, **kwargs):

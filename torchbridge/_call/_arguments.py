@@ -16,7 +16,7 @@ Python and PyTorch. Compile without XLA instead: `tf.function(fn)` or
 jit_compile=False)`. The rest of the model can stay compiled if it lives in a
 separate tf.function. To run a trained `tb.TorchModule` under XLA, translate
 it into TF ops that read the same variables: `tb.translate(module,
-input_signature)` (README, "Serving without torch")."""
+input_signature)` (docs/guides/translate.md, "Serving without torch")."""
 
 
 

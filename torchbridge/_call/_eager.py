@@ -20,7 +20,7 @@ def call_eager(forward, args_tf, differentiable, n_used=None):
   if n_used is None:
     n_used = len(args_tf)
   # On the calling thread, the user's own: no hand-over (see
-  # README, "One torch thread": one costs 40-90 us here, more than an
+  # docs/guides/threads.md: one costs 40-90 us here, more than an
   # eager call).
   if not (_compat.tape_could_record() and any(differentiable)):
     with torch.no_grad(), _timeline.span(_timeline.CALL):

@@ -55,7 +55,7 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(),
     dys_torch = [dy.requires_grad_() for dy in dys_torch]
   leaves = [saved.leaves_torch[j] for j in diff_args]
   # Leaves that do not require grad: arguments torch refused to
-  # differentiate (see `_function.call_bridged`).
+  # differentiate (see `_call_bridged.call_bridged`).
   refused = [k for k, leaf in enumerate(leaves)
              if k not in skip and not leaf.requires_grad]
   wanted = [k for k in range(len(leaves))

@@ -6,7 +6,7 @@ tensors made in C++ (`torch_tensors=True`, what the bridge uses), or DLPack
 capsules both ways. It replaces `tf.py_function` (no EagerTensor wrapping,
 static output shapes, TF's CUDA stream handed to torch on GPUs).
 
-`load()` builds the library on first use (`_native_build`), loads it, and
+`load()` builds the library on first use (`_build`), loads it, and
 hands it the three Python functions it calls (`_callbacks.dispatch`, `_callbacks.registry`,
 `_adopt.export_output`), once, as TF's own py_func registers its trampoline.
 Nothing happens at import. When the op cannot be had

@@ -14,7 +14,7 @@ kernel hands its calls to a thread of its own, in C++, without the GIL
 `tf.py_function` path, and `apply_threads` gives the native one the user's
 thread count. Eager calls run on the
 calling thread, the user's own (a hand-over costs more than an eager call;
-see the README, "One torch thread"). `TORCHBRIDGE_TORCH_THREAD=0` runs
+see docs/guides/threads.md, "One torch thread"). `TORCHBRIDGE_TORCH_THREAD=0` runs
 graph calls where TF calls them too, as before: the lowest latency per
 call, and a team per TF thread.
 

@@ -1,5 +1,5 @@
 """The torch side of `translate`: input signatures, example inputs, and
-`torch.export` down to the ATen ops `_aten_table` translates."""
+`torch.export` down to the ATen ops `_table` translates."""
 
 import collections
 import warnings

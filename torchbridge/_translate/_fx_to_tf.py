@@ -1,7 +1,7 @@
 """Runs an exported torch graph (`torch.fx`, ATen ops) as TF ops.
 
 The interpreter walks the graph once per TF trace: each `call_function`
-node becomes the TF ops of its `_aten_table` entry, with the node's recorded
+node becomes the TF ops of its `_table` entry, with the node's recorded
 dtype enforced on the result (torch's type promotion is in the graph's
 records, not in TF's rules). Values stay channels-last between the ops that
 allow it (`_channels_last`).

@@ -1,5 +1,5 @@
 """Translations of ATen's convolutions and pooling, channels-last (TF's CPU
-kernels run NHWC only; see `_channels_last` and `_aten_table`)."""
+kernels run NHWC only; see `_channels_last` and `_table`)."""
 
 import math
 

@@ -1,5 +1,5 @@
 """Translations of ATen's tensor ops: elementwise math, comparisons,
-reductions (see `_aten_table` for the form)."""
+reductions (see `_table` for the form)."""
 
 import tensorflow as tf
 

@@ -1,7 +1,7 @@
 """Translations of ATen's neural-network ops that TF has whole: matmuls and
 `linear`, attention, softmax, GELU, batch, instance, group and layer norm,
-embeddings (see `_aten_table`; convolutions and pooling are in
-`_aten_conv_to_tf`)."""
+embeddings (see `_table`; convolutions and pooling are in
+`_conv`)."""
 
 import math
 

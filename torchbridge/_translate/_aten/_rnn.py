@@ -1,5 +1,5 @@
 """Translations of ATen's recurrent layers (`lstm`, `gru`, `rnn_tanh`,
-`rnn_relu`), unrolled over a fixed sequence length (see `_aten_table`).
+`rnn_relu`), unrolled over a fixed sequence length (see `_table`).
 
 torch.export keeps `nn.LSTM` / `nn.GRU` / `nn.RNN` whole as one ATen op
 holding every layer's and direction's weights. Unrolled, the graph is plain

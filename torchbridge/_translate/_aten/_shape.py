@@ -1,6 +1,6 @@
 """Translations of ATen's shape, indexing and creation ops, and of the
 Python arithmetic on sizes that `torch.export` records for dynamic shapes
-(see `_aten_table` for the form)."""
+(see `_table` for the form)."""
 
 import operator
 
