@@ -58,9 +58,11 @@ CHECK_TESTS := tests/test_function.py tests/test_function_runtime.py \
 check: lint
 	$(PY) -m pytest -q -m "not slow" $(CHECK_TESTS)
 
-# Lint: ruff over the repository, mypy over the package (pyproject.toml).
+# Lint: ruff (lint and format check) over the repository, mypy over the
+# package (pyproject.toml).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 # The documentation site (docs/, mkdocs.yml) into site/: MkDocs with Material,

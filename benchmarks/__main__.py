@@ -17,27 +17,29 @@ from benchmarks import suite  # noqa: E402
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks",
-                                   description=__doc__)
-  parser.add_argument("--quick", action="store_true",
-                      help="a smoke run of about a minute: fewer sizes, "
-                      "models, contenders, processes; no TD3")
+  parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+  parser.add_argument(
+    "--quick",
+    action="store_true",
+    help="a smoke run of about a minute: fewer sizes, models, contenders, processes; no TD3",
+  )
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   args = parser.parse_args(argv)
 
   harness.configure_threads(args.threads)
-  device = ("cuda" if torch.cuda.is_available() and tf.config.list_physical_devices("GPU")
-            else "cpu")
+  device = "cuda" if torch.cuda.is_available() and tf.config.list_physical_devices("GPU") else "cpu"
   start = time.time()
-  results = {"quick": args.quick,
-             "environment": harness.environment(args.threads, device)}
+  results = {"quick": args.quick, "environment": harness.environment(args.threads, device)}
 
   def log(message):
     print(f"[{time.time() - start:6.0f} s] {message}", flush=True)
 
-  print(f"benchmarks on {device} ({results['environment']['cpu']}), "
-        f"{args.threads} threads each, quick={args.quick}", flush=True)
+  print(
+    f"benchmarks on {device} ({results['environment']['cpu']}), "
+    f"{args.threads} threads each, quick={args.quick}",
+    flush=True,
+  )
   log("exchange and per-call overhead (in this process)")
   results["exchange"] = suite.exchange(args.quick, device)
   results["overhead"] = suite.overhead(args.quick, device)
@@ -46,18 +48,28 @@ def main(argv=None):
   for model in models:
     log(f"training steps: {model}, a process per contender")
     results["train_steps"][model] = suite.train_steps(
-        model, args.quick, device, args.threads, log=log)
+      model, args.quick, device, args.threads, log=log
+    )
   if not args.quick:
     log("TD3 train steps: examples/td3_pendulum.py, a process per backend")
     results["td3"] = suite.td3(args.quick, args.threads, log=log)
   log("pure torch before and after 1,000 bridged calls")
-  results["torch_after_bridge"] = suite.torch_after_bridge(
-      args.quick, args.threads, log=log)
+  results["torch_after_bridge"] = suite.torch_after_bridge(args.quick, args.threads, log=log)
   if not args.quick:
     log("step breakdown: TD3 and small-MLP steps split phase by phase")
-    subprocess.run([sys.executable, "-m", "benchmarks.step_breakdown",
-                    "--threads", str(args.threads), "--out", args.out],
-                   cwd=harness.ROOT, check=True)
+    subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "benchmarks.step_breakdown",
+        "--threads",
+        str(args.threads),
+        "--out",
+        args.out,
+      ],
+      cwd=harness.ROOT,
+      check=True,
+    )
   if not args.quick:
     log("peak memory")
     results["peak_memory"] = {"large_mlp": suite.peak_memory("large_mlp", device)}

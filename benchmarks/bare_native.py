@@ -34,8 +34,10 @@ class BareNativeModule(tf.Module):
     super().__init__(name=name)
     self._module_torch = module_torch
     with self.name_scope:
-      self.params = [tf.Variable(p.detach().numpy(), name=n.replace(".", "_"))
-                     for n, p in module_torch.named_parameters()]
+      self.params = [
+        tf.Variable(p.detach().numpy(), name=n.replace(".", "_"))
+        for n, p in module_torch.named_parameters()
+      ]
     self._out_shapes = {}
 
   @property
@@ -69,13 +71,17 @@ class BareNativeModule(tf.Module):
 
     @tf.custom_gradient
     def call(*args_tf):  # the inputs, then the variables' values
-      outs_tf = _op.call(_hand_back(len(shapes)), zeros_tf + list(args_tf),
-                             [tf.float32] * len(shapes), shapes)
+      outs_tf = _op.call(
+        _hand_back(len(shapes)), zeros_tf + list(args_tf), [tf.float32] * len(shapes), shapes
+      )
 
       def grad(*dys_tf):
-        return _op.call(_hand_back(n_args), list(args_tf) + list(dys_tf),
-                            [a.dtype for a in args_tf],
-                            [a.shape for a in args_tf])
+        return _op.call(
+          _hand_back(n_args),
+          list(args_tf) + list(dys_tf),
+          [a.dtype for a in args_tf],
+          [a.shape for a in args_tf],
+        )
 
       return outs_tf, grad
 

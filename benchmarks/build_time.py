@@ -37,8 +37,14 @@ _FIRST_CALL = _ROOT / "benchmarks" / "first_call.py"
 def old_plan(compiler, sources, output, with_interop):
   """The build as the native op's build ran it before: a process per .cc file."""
   interop = _compiler.torch_interop_flags(sources) if with_interop else None  # pylint: disable=protected-access
-  common = [compiler, "-std=c++17", "-fPIC", "-O2",
-            "-I" + sysconfig.get_paths()["include"], "-I" + str(sources)]
+  common = [
+    compiler,
+    "-std=c++17",
+    "-fPIC",
+    "-O2",
+    "-I" + sysconfig.get_paths()["include"],
+    "-I" + str(sources),
+  ]
   common += tf.sysconfig.get_compile_flags()
   define = f"-DTORCHBRIDGE_TORCH_INTEROP={int(bool(interop))}"
   compiles, objects = [], []
@@ -48,15 +54,17 @@ def old_plan(compiler, sources, output, with_interop):
     flags = []
     if source.name == "torch_interop.cc":
       # As before: torch's flags after TF's, C++17 with a warning silenced.
-      flags = ["-Wno-c++20-extensions"] + [
-          f for f in interop[0] if not f.startswith("-std=")]
+      flags = ["-Wno-c++20-extensions"] + [f for f in interop[0] if not f.startswith("-std=")]
     obj = f"{output}.{source.stem}.o"
     compiles.append(common + [define] + flags + ["-c", str(source), "-o", obj])
     objects.append(obj)
   # The link is today's, with these objects: it did not change.
   new = _compiler.plan(compiler, sources, output, interop)  # pylint: disable=protected-access
-  link = ([compiler, "-shared", "-o", str(output)] + objects +
-          [a for a in new.link[4:] if not a.endswith(".o")])
+  link = (
+    [compiler, "-shared", "-o", str(output)]
+    + objects
+    + [a for a in new.link[4:] if not a.endswith(".o")]
+  )
   return _compiler.Plan(files={}, compiles=compiles, link=link)  # pylint: disable=protected-access
 
 
@@ -72,8 +80,12 @@ def time_build(kind, work):
   def plan(with_interop):
     if kind == "old":
       return old_plan(compiler, sources, output, with_interop)
-    return _compiler.plan(compiler, sources, output,  # pylint: disable=protected-access
-                               interop if with_interop else None)
+    return _compiler.plan(
+      compiler,
+      sources,
+      output,  # pylint: disable=protected-access
+      interop if with_interop else None,
+    )
 
   # Both fall back the same way: built again without torch_interop.cc.
   failure = _compiler.run(plan(True), log)  # pylint: disable=protected-access
@@ -83,17 +95,20 @@ def time_build(kind, work):
   seconds = time.perf_counter() - start
   if failure:
     raise RuntimeError(failure)
-  return {"seconds": round(seconds, 2), "complete": complete,
-          "bytes": output.stat().st_size}
+  return {"seconds": round(seconds, 2), "complete": complete, "bytes": output.stat().st_size}
 
 
 def first_call(cache):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-             **{_build.CACHE_ENV: str(cache)})
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **{_build.CACHE_ENV: str(cache)})
   env.pop("TORCHBRIDGE_DISABLE_NATIVE", None)
-  out = subprocess.run([sys.executable, str(_FIRST_CALL)], env=env,
-                       capture_output=True, text=True, check=True,
-                       timeout=900)
+  out = subprocess.run(
+    [sys.executable, str(_FIRST_CALL)],
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=900,
+  )
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -101,12 +116,12 @@ LABELS = {"old": "per file, C++17 (before)", "new": "two units, C++20 for torch'
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.build_time",
-                                   description=__doc__)
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.build_time", description=__doc__)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--out", default=str(_ROOT / "benchmarks" / "results"))
-  parser.add_argument("--markdown-only", action="store_true",
-                      help="rewrite the .md files from the .json files")
+  parser.add_argument(
+    "--markdown-only", action="store_true", help="rewrite the .md files from the .json files"
+  )
   args = parser.parse_args(argv)
   if args.markdown_only:
     for path in Path(args.out).glob("build_time_torch*.json"):
@@ -114,7 +129,7 @@ def main(argv=None):
     return 0
   builds = {"old": [], "new": []}
   for r in range(args.rounds):
-    for kind in (("old", "new") if r % 2 == 0 else ("new", "old")):
+    for kind in ("old", "new") if r % 2 == 0 else ("new", "old"):
       with tempfile.TemporaryDirectory(prefix=f"tb_build_{kind}_") as work:
         builds[kind].append(time_build(kind, work))
       print(f"round {r + 1}: {LABELS[kind]}: {builds[kind][-1]}", flush=True)
@@ -123,14 +138,19 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="tb_first_call_") as cache:
       cold, warm = first_call(cache), first_call(cache)
     calls.append({"cold": cold, "warm": warm})
-    print(f"round {r + 1}: cold first call {cold['first_call_s']} s "
-          f"(built: {cold['builds']}), warm first call "
-          f"{warm['first_call_s']} s, warm load {warm['load_s']} s",
-          flush=True)
+    print(
+      f"round {r + 1}: cold first call {cold['first_call_s']} s "
+      f"(built: {cold['builds']}), warm first call "
+      f"{warm['first_call_s']} s, warm load {warm['load_s']} s",
+      flush=True,
+    )
   results = {
-      "torch": torch.__version__, "tensorflow": tf.__version__,
-      "compiler": _compiler.compiler_version(),
-      "cpus": os.cpu_count(), "builds": builds, "first_calls": calls,
+    "torch": torch.__version__,
+    "tensorflow": tf.__version__,
+    "compiler": _compiler.compiler_version(),
+    "cpus": os.cpu_count(),
+    "builds": builds,
+    "first_calls": calls,
   }
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
@@ -142,24 +162,30 @@ def main(argv=None):
 
 
 def markdown(results):
-  lines = [f"Native op build, torch {results['torch']}, TF "
-           f"{results['tensorflow']}, {results['compiler']}, "
-           f"{results['cpus']} CPUs; alternated, one run.", "",
-           "| build | seconds per round | complete op |", "|---|---|---|"]
+  lines = [
+    f"Native op build, torch {results['torch']}, TF "
+    f"{results['tensorflow']}, {results['compiler']}, "
+    f"{results['cpus']} CPUs; alternated, one run.",
+    "",
+    "| build | seconds per round | complete op |",
+    "|---|---|---|",
+  ]
   for kind, runs in results["builds"].items():
-    lines.append(f"| {LABELS[kind]} | "
-                 + ", ".join(f"{r['seconds']:.1f}" for r in runs) + " | "
-                 + ", ".join("yes" if r["complete"] else "no (fallback)"
-                             for r in runs) + " |")
-  lines += ["", "| README example, first graph call | seconds per round |",
-            "|---|---|"]
+    lines.append(
+      f"| {LABELS[kind]} | "
+      + ", ".join(f"{r['seconds']:.1f}" for r in runs)
+      + " | "
+      + ", ".join("yes" if r["complete"] else "no (fallback)" for r in runs)
+      + " |"
+    )
+  lines += ["", "| README example, first graph call | seconds per round |", "|---|---|"]
   calls = results["first_calls"]
   for label, key, field in (
-      ("cold cache (build included)", "cold", "first_call_s"),
-      ("warm cache", "warm", "first_call_s"),
-      ("warm cache: loading the op (in it)", "warm", "load_s")):
-    lines.append(f"| {label} | " + ", ".join(
-        f"{c[key][field]:.3f}" for c in calls) + " |")
+    ("cold cache (build included)", "cold", "first_call_s"),
+    ("warm cache", "warm", "first_call_s"),
+    ("warm cache: loading the op (in it)", "warm", "load_s"),
+  ):
+    lines.append(f"| {label} | " + ", ".join(f"{c[key][field]:.3f}" for c in calls) + " |")
   return "\n".join(lines) + "\n"
 
 

@@ -47,8 +47,9 @@ def bridged_callback():
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.callback_cost",
-                                   description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.callback_cost", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("--calls", type=int, default=20000)
   args = parser.parse_args(argv)
   if not _loader.available():
@@ -61,8 +62,7 @@ def main(argv=None):
   # known, so state is saved for a backward.
   for label, unused in (("inference_us", (0,)), ("training_forward_us", None)):
     callback([x_torch], unused)
-    seconds = timeit.timeit(lambda u=unused: callback([x_torch], u),
-                            number=args.calls)
+    seconds = timeit.timeit(lambda u=unused: callback([x_torch], u), number=args.calls)
     result[label] = 1e6 * seconds / args.calls
   print(json.dumps(result))
   return 0

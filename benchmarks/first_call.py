@@ -23,9 +23,9 @@ from torchbridge._native import _build
 
 imported = time.perf_counter()
 
-actor = tb.TorchModule(torch.nn.Sequential(
-    torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)),
-                       name="actor")
+actor = tb.TorchModule(
+  torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)), name="actor"
+)
 opt = tf.keras.optimizers.Adam(1e-3)
 
 
@@ -60,15 +60,19 @@ first_call = time.perf_counter() - before
 before = time.perf_counter()
 float(train_step(obs))
 second_call = time.perf_counter() - before
-print(json.dumps({
-    "first_call_s": round(first_call, 3),
-    "second_call_ms": round(second_call * 1e3, 3),
-    "load_s": round(load_seconds[0], 3) if load_seconds else None,
-    "import_s": round(imported - started, 3),
-    "builds": _build.build_count,
-    "native": _loader.available(),
-    "complete": _loader.has_torch_interop(),
-    "status": _loader.status(),
-    "torch": torch.__version__,
-    "loss": loss,
-}))
+print(
+  json.dumps(
+    {
+      "first_call_s": round(first_call, 3),
+      "second_call_ms": round(second_call * 1e3, 3),
+      "load_s": round(load_seconds[0], 3) if load_seconds else None,
+      "import_s": round(imported - started, 3),
+      "builds": _build.build_count,
+      "native": _loader.available(),
+      "complete": _loader.has_torch_interop(),
+      "status": _loader.status(),
+      "torch": torch.__version__,
+      "loss": loss,
+    }
+  )
+)

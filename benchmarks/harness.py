@@ -35,39 +35,45 @@ def environment(n_threads, device):
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
-      cpu = next(line.split(":", 1)[1].strip() for line in f
-                 if line.startswith("model name"))
+      cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
   except (OSError, StopIteration):
     pass
   return {
-      "python": platform.python_version(),
-      "torch": torch.__version__,
-      "tensorflow": tf.__version__,
-      "numpy": np.__version__,
-      "cpu": cpu,
-      "cpu_count": os.cpu_count(),
-      "threads": {"torch_intra": torch.get_num_threads(),
-                  "torch_inter": torch.get_num_interop_threads(),
-                  "tf_intra": tf.config.threading.get_intra_op_parallelism_threads(),
-                  "tf_inter": tf.config.threading.get_inter_op_parallelism_threads(),
-                  "requested": n_threads},
-      "device": device,
-      "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-      "source": _source(),
+    "python": platform.python_version(),
+    "torch": torch.__version__,
+    "tensorflow": tf.__version__,
+    "numpy": np.__version__,
+    "cpu": cpu,
+    "cpu_count": os.cpu_count(),
+    "threads": {
+      "torch_intra": torch.get_num_threads(),
+      "torch_inter": torch.get_num_interop_threads(),
+      "tf_intra": tf.config.threading.get_intra_op_parallelism_threads(),
+      "tf_inter": tf.config.threading.get_inter_op_parallelism_threads(),
+      "requested": n_threads,
+    },
+    "device": device,
+    "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+    "source": _source(),
   }
 
 
 def _source():
   """The commit measured, and the bridge's files changed since (if any)."""
+
   def git(*args):
     try:
-      return subprocess.run(["git", "-C", ROOT, *args], capture_output=True,
-                            text=True, timeout=30).stdout.strip()
+      return subprocess.run(
+        ["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30
+      ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
       return None
+
   changed = git("status", "--porcelain", "--", "torchbridge", "csrc")
-  return {"commit": git("rev-parse", "HEAD"),
-          "changed_since": changed.splitlines() if changed else []}
+  return {
+    "commit": git("rev-parse", "HEAD"),
+    "changed_since": changed.splitlines() if changed else [],
+  }
 
 
 def interleaved(contenders, repeats, calls, warmup, sync=None):
@@ -95,7 +101,7 @@ def interleaved(contenders, repeats, calls, warmup, sync=None):
     sync()
   samples = {name: [] for name in names}
   for r in range(repeats):
-    order = names[r % len(names):] + names[:r % len(names)]
+    order = names[r % len(names) :] + names[: r % len(names)]
     for name in order:
       fn = contenders[name]
       start = time.perf_counter()
@@ -109,10 +115,12 @@ def interleaved(contenders, repeats, calls, warmup, sync=None):
 
 def summarize(samples_us):
   s = np.asarray(samples_us)
-  return {"median_us": float(np.median(s)),
-          "p25_us": float(np.percentile(s, 25)),
-          "p75_us": float(np.percentile(s, 75)),
-          "samples_us": [float(v) for v in s]}
+  return {
+    "median_us": float(np.median(s)),
+    "p25_us": float(np.percentile(s, 25)),
+    "p75_us": float(np.percentile(s, 75)),
+    "samples_us": [float(v) for v in s],
+  }
 
 
 def timed_repeats(fn, repeats, calls, sync=None):
@@ -176,8 +184,7 @@ def wait_for_quiet(max_wait=QUIET_MAX_WAIT, threshold=QUIET_CORES):
   return waited
 
 
-def run_process(module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT,
-                retries=2):
+def run_process(module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT, retries=2):
   """Runs `python -m module *args` in a fresh process (from the repository
   root) and returns the JSON object on the last line of its output, with
   "foreign_load_cores": the cores other processes kept busy meanwhile, on
@@ -192,23 +199,36 @@ def run_process(module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT,
     busy, children = _busy_seconds(), _children_cpu_seconds()
     start = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", module, *[str(a) for a in args]],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+      [sys.executable, "-m", module, *[str(a) for a in args]],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     wall = time.perf_counter() - start
     own = _children_cpu_seconds() - children
     foreign = max(0.0, (_busy_seconds() - busy - own) / wall)
     if out.returncode == 0:
       break
     command = f"python -m {module} {' '.join(map(str, args))}"
-    FAILURES.append({"command": command, "returncode": out.returncode,
-                     "attempt": attempt + 1, "stderr_tail": out.stderr[-2000:]})
+    FAILURES.append(
+      {
+        "command": command,
+        "returncode": out.returncode,
+        "attempt": attempt + 1,
+        "stderr_tail": out.stderr[-2000:],
+      }
+    )
     if attempt == retries:
-      raise RuntimeError(f"{command} failed ({out.returncode}):\n"
-                         f"{out.stderr[-3000:]}")
+      raise RuntimeError(f"{command} failed ({out.returncode}):\n{out.stderr[-3000:]}")
   record = json.loads(out.stdout.strip().splitlines()[-1])
-  record.update(foreign_load_cores=round(foreign, 3), waited_s=round(waited, 1),
-                wall_s=round(wall, 1), attempts=attempt + 1)
+  record.update(
+    foreign_load_cores=round(foreign, 3),
+    waited_s=round(waited, 1),
+    wall_s=round(wall, 1),
+    attempts=attempt + 1,
+  )
   return record
 
 
@@ -227,7 +247,7 @@ def alternated(jobs, rounds, log=None):
   names = list(jobs)
   results = {name: [] for name in names}
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in names[r % len(names) :] + names[: r % len(names)]:
       if log:
         log(f"round {r + 1}/{rounds}: {name}")
       results[name].append(jobs[name]())
@@ -243,6 +263,10 @@ def over_processes(records, key="median_us"):
   """
   values = np.asarray([r[key] for r in records], dtype=float)
   median = float(np.median(values))
-  return {key: median, "min": float(values.min()), "max": float(values.max()),
-          "spread": float((values.max() - values.min()) / median),
-          "processes": records}
+  return {
+    key: median,
+    "min": float(values.min()),
+    "max": float(values.max()),
+    "spread": float((values.max() - values.min()) / median),
+    "processes": records,
+  }

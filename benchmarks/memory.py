@@ -53,8 +53,7 @@ def main(contender, model_name, device):
   for _ in range(3):
     step().numpy()
   peak = _rss_mb("VmHWM")
-  print(json.dumps({"rss_before_mb": before, "peak_rss_mb": peak,
-                    "step_peak_mb": peak - before}))
+  print(json.dumps({"rss_before_mb": before, "peak_rss_mb": peak, "step_peak_mb": peak - before}))
 
 
 if __name__ == "__main__":

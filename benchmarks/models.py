@@ -5,9 +5,9 @@ import torch
 
 # name -> (layer widths or "cnn", batch size)
 MODELS = {
-    "small_mlp": ((32, 256, 256, 8), 64),
-    "large_mlp": ((1024, 4096, 4096, 1024), 256),
-    "cnn": ("cnn", 64),
+  "small_mlp": ((32, 256, 256, 8), 64),
+  "large_mlp": ((1024, 4096, 4096, 1024), 256),
+  "cnn": ("cnn", 64),
 }
 
 
@@ -15,13 +15,17 @@ def torch_model(name):
   widths, _ = MODELS[name]
   if widths == "cnn":
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(),
-        torch.nn.Linear(64 * 8 * 8, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 10))
+      torch.nn.Conv2d(3, 32, 3, padding=1),
+      torch.nn.ReLU(),
+      torch.nn.MaxPool2d(2),
+      torch.nn.Conv2d(32, 64, 3, padding=1),
+      torch.nn.ReLU(),
+      torch.nn.MaxPool2d(2),
+      torch.nn.Flatten(),
+      torch.nn.Linear(64 * 8 * 8, 128),
+      torch.nn.ReLU(),
+      torch.nn.Linear(128, 10),
+    )
   layers = []
   for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
     layers.append(torch.nn.Linear(n_in, n_out))
@@ -35,7 +39,8 @@ def keras_model(name):
   convolutions support only NHWC), the torch CNN NCHW."""
   widths, _ = MODELS[name]
   if widths == "cnn":
-    return keras.Sequential([
+    return keras.Sequential(
+      [
         keras.Input((32, 32, 3)),
         keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
         keras.layers.MaxPooling2D(2),
@@ -43,7 +48,9 @@ def keras_model(name):
         keras.layers.MaxPooling2D(2),
         keras.layers.Flatten(),
         keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(10)])
+        keras.layers.Dense(10),
+      ]
+    )
   layers = [keras.Input((widths[0],))]
   for i, n_out in enumerate(widths[1:]):
     last = i == len(widths) - 2

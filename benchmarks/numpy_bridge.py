@@ -30,16 +30,16 @@ class NumpyBridgeModule(tf.Module):
     self._names = [n for n, _ in module.named_parameters()]
     with self.name_scope:
       self.params = [
-          tf.Variable(p.detach().numpy().copy(), name=n.replace(".", "_"))
-          for n, p in module.named_parameters()]
+        tf.Variable(p.detach().numpy().copy(), name=n.replace(".", "_"))
+        for n, p in module.named_parameters()
+      ]
 
   def __call__(self, x_tf):
     out_dtype = self.params[0].dtype
 
     def to_torch(values, requires_grad):
       # tfpyth: th.tensor(x.numpy()) - a fresh copy for every tensor.
-      return [torch.tensor(v.numpy(), requires_grad=requires_grad)
-              for v in values]
+      return [torch.tensor(v.numpy(), requires_grad=requires_grad) for v in values]
 
     def forward_torch(tensors):
       params = dict(zip(self._names, tensors[:-1]))
@@ -60,8 +60,9 @@ class NumpyBridgeModule(tf.Module):
           grads = torch.autograd.grad(out, tensors, torch.tensor(dy_value.numpy()))
           return [g.numpy() for g in grads]
 
-        grads = tf.py_function(bwd, [dy] + list(params) + [x],
-                               Tout=[v.dtype for v in params] + [x.dtype])
+        grads = tf.py_function(
+          bwd, [dy] + list(params) + [x], Tout=[v.dtype for v in params] + [x.dtype]
+        )
         return [grads[-1]] + grads[:-1]
 
       return y, grad

@@ -26,13 +26,19 @@ def main():
   harness.configure_threads(threads)
   quick = "--quick" in sys.argv
   overhead = suite.overhead(quick, "cpu")
-  print(json.dumps({
-      "torch": torch.__version__, "tensorflow": tf.__version__,
-      "torchbridge_file": torchbridge.__file__,
-      "native": _loader.available(), "complete": _loader.has_torch_interop(),
-      "status": _loader.status(),
-      "overhead": {name: t["median_us"] for name, t in overhead.items()},
-  }))
+  print(
+    json.dumps(
+      {
+        "torch": torch.__version__,
+        "tensorflow": tf.__version__,
+        "torchbridge_file": torchbridge.__file__,
+        "native": _loader.available(),
+        "complete": _loader.has_torch_interop(),
+        "status": _loader.status(),
+        "overhead": {name: t["median_us"] for name, t in overhead.items()},
+      }
+    )
+  )
 
 
 if __name__ == "__main__":

@@ -23,29 +23,35 @@ from pathlib import Path
 import numpy as np
 
 _ROOT = Path(__file__).resolve().parent.parent
-ROWS = ("tf.function identity",
-        "native op doing nothing (in tf.function)",
-        "native op, torch tensors handed back (in tf.function)",
-        "torchbridge identity, native op (in tf.function)",
-        "torchbridge identity, tf.py_function path (in tf.function)",
-        "eager torchbridge identity")
+ROWS = (
+  "tf.function identity",
+  "native op doing nothing (in tf.function)",
+  "native op, torch tensors handed back (in tf.function)",
+  "torchbridge identity, native op (in tf.function)",
+  "torchbridge identity, tf.py_function path (in tf.function)",
+  "eager torchbridge identity",
+)
 
 
 def run_one(python, threads, path_dir):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path_dir)
   env.pop("TORCHBRIDGE_DISABLE_NATIVE", None)
-  out = subprocess.run([python, "-P", "-m", "benchmarks.per_call_process",
-                        str(threads)], env=env, cwd=tempfile.gettempdir(),
-                       capture_output=True, text=True, timeout=1800,
-                       check=False)
+  out = subprocess.run(
+    [python, "-P", "-m", "benchmarks.per_call_process", str(threads)],
+    env=env,
+    cwd=tempfile.gettempdir(),
+    capture_output=True,
+    text=True,
+    timeout=1800,
+    check=False,
+  )
   if out.returncode != 0:
     raise RuntimeError(f"{python}: {out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.per_call_venvs",
-                                   description=__doc__)
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.per_call_venvs", description=__doc__)
   parser.add_argument("--python", action="append", required=True)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -61,25 +67,29 @@ def main(argv=None):
       order = args.python if r % 2 == 0 else list(reversed(args.python))
       for python in order:
         runs[python].append(run_one(python, args.threads, path_dir))
-        print(f"round {r + 1}: {python}: torch {runs[python][-1]['torch']}",
-              flush=True)
+        print(f"round {r + 1}: {python}: torch {runs[python][-1]['torch']}", flush=True)
   venvs = []
   for python, records in runs.items():
-    venvs.append({
-        "python": python, "torch": records[0]["torch"],
+    venvs.append(
+      {
+        "python": python,
+        "torch": records[0]["torch"],
         "tensorflow": records[0]["tensorflow"],
         "torchbridge_file": records[0]["torchbridge_file"],
         "complete": all(r["complete"] for r in records),
         "status": records[0]["status"],
-        "median_us": {name: float(np.median([r["overhead"][name]
-                                             for r in records]))
-                      for name in records[0]["overhead"]},
-        "processes": records})
+        "median_us": {
+          name: float(np.median([r["overhead"][name] for r in records]))
+          for name in records[0]["overhead"]
+        },
+        "processes": records,
+      }
+    )
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "per_call_venvs.json").write_text(json.dumps(
-      {"threads": args.threads, "rounds": args.rounds, "venvs": venvs},
-      indent=2) + "\n")
+  (out / "per_call_venvs.json").write_text(
+    json.dumps({"threads": args.threads, "rounds": args.rounds, "venvs": venvs}, indent=2) + "\n"
+  )
   text = markdown(venvs, args.rounds)
   (out / "per_call_venvs.md").write_text(text)
   print(text)
@@ -87,15 +97,19 @@ def main(argv=None):
 
 
 def markdown(venvs, rounds):
-  head = " | ".join(f"torch {v['torch']} ({'complete op' if v['complete'] else 'FALLBACK op'})"
-                    for v in venvs)
-  lines = [f"Per-call time, us (median over {rounds} processes per venv, "
-           "alternated; each process's figure is a median of 15 timings)",
-           "", f"| call | {head} |", "|---|" + "---|" * len(venvs)]
+  head = " | ".join(
+    f"torch {v['torch']} ({'complete op' if v['complete'] else 'FALLBACK op'})" for v in venvs
+  )
+  lines = [
+    f"Per-call time, us (median over {rounds} processes per venv, "
+    "alternated; each process's figure is a median of 15 timings)",
+    "",
+    f"| call | {head} |",
+    "|---|" + "---|" * len(venvs),
+  ]
   for row in ROWS:
     if all(row in v["median_us"] for v in venvs):
-      lines.append(f"| {row} | " + " | ".join(
-          f"{v['median_us'][row]:.1f}" for v in venvs) + " |")
+      lines.append(f"| {row} | " + " | ".join(f"{v['median_us'][row]:.1f}" for v in venvs) + " |")
   return "\n".join(lines) + "\n"
 
 

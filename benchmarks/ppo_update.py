@@ -44,9 +44,18 @@ def time_updates(backend, iterations, threads, seed=0):
   torch.set_num_threads(threads)
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   tf.config.threading.set_inter_op_parallelism_threads(1)
-  args = ppo_lstm_cartpole.parse_args([
-      "--backend", backend, "--seed", str(seed), "--out", os.devnull,
-      "--steps", str(iterations * 256)])
+  args = ppo_lstm_cartpole.parse_args(
+    [
+      "--backend",
+      backend,
+      "--seed",
+      str(seed),
+      "--out",
+      os.devnull,
+      "--steps",
+      str(iterations * 256),
+    ]
+  )
   run = ppo_lstm_cartpole.Run(args)
   durations, update = [], run.agent.update
   batches = []
@@ -99,37 +108,57 @@ def _loss_and_gradients_ms(agent, batch, calls=60):
 
 
 def process_main(args):
-  durations, loss_and_gradients_ms = time_updates(args.process, args.iterations,
-                                                 args.threads)
+  durations, loss_and_gradients_ms = time_updates(args.process, args.iterations, args.threads)
   timed = np.asarray(durations[WARM_UPDATES:]) * 1e3
-  print(json.dumps({"backend": args.process, "pid": os.getpid(),
-                    "ms_per_update": float(np.median(timed)),
-                    "ms_loss_and_gradients": loss_and_gradients_ms,
-                    "mean_ms_per_update": float(timed.mean()),
-                    "updates_timed": int(timed.size)}))
+  print(
+    json.dumps(
+      {
+        "backend": args.process,
+        "pid": os.getpid(),
+        "ms_per_update": float(np.median(timed)),
+        "ms_loss_and_gradients": loss_and_gradients_ms,
+        "mean_ms_per_update": float(timed.mean()),
+        "updates_timed": int(timed.size),
+      }
+    )
+  )
 
 
 def driver_main(args):
   backends = {"torchbridge": "torchbridge", "pure torch": "torch"}
-  jobs = {name: (lambda b=backend: harness.run_process("benchmarks.ppo_update", [
-      "--process", b, "--iterations", args.iterations, "--threads", args.threads],
-      quiet_wait=args.quiet_wait)) for name, backend in backends.items()}
+  jobs = {
+    name: (
+      lambda b=backend: harness.run_process(
+        "benchmarks.ppo_update",
+        ["--process", b, "--iterations", args.iterations, "--threads", args.threads],
+        quiet_wait=args.quiet_wait,
+      )
+    )
+    for name, backend in backends.items()
+  }
   runs = harness.alternated(jobs, rounds=args.rounds, log=print)
-  results = {name: harness.over_processes(records, "ms_per_update")
-             for name, records in runs.items()}
+  results = {
+    name: harness.over_processes(records, "ms_per_update") for name, records in runs.items()
+  }
   for name, records in runs.items():  # the update's first part, alone
     results[name]["ms_loss_and_gradients"] = float(
-        np.median([r["ms_loss_and_gradients"] for r in records]))
+      np.median([r["ms_loss_and_gradients"] for r in records])
+    )
   ratio = results["torchbridge"]["ms_per_update"] / results["pure torch"]["ms_per_update"]
-  out = {"ppo_update": results, "ratio_torchbridge_over_torch": ratio,
-         "environment": harness.environment(args.threads, "cpu")}
+  out = {
+    "ppo_update": results,
+    "ratio_torchbridge_over_torch": ratio,
+    "environment": harness.environment(args.threads, "cpu"),
+  }
   os.makedirs(os.path.dirname(args.results), exist_ok=True)
   with open(args.results, "w") as f:
     json.dump(out, f, indent=1)
   for name, r in results.items():
-    print(f"{name:12s} {r['ms_per_update']:7.2f} ms per PPO update "
-          f"(processes {r['min']:.2f}-{r['max']:.2f}); forward, loss and "
-          f"gradients alone {r['ms_loss_and_gradients']:.2f} ms")
+    print(
+      f"{name:12s} {r['ms_per_update']:7.2f} ms per PPO update "
+      f"(processes {r['min']:.2f}-{r['max']:.2f}); forward, loss and "
+      f"gradients alone {r['ms_loss_and_gradients']:.2f} ms"
+    )
   print(f"torchbridge / pure torch: {ratio:.2f}x  -> {args.results}")
 
 

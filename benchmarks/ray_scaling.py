@@ -41,23 +41,29 @@ def big_module():
 def mlp():
   """The data-parallel benchmark's model: 256-512-512-10, 400k parameters."""
   return torch.nn.Sequential(
-      torch.nn.Linear(256, 512), torch.nn.ReLU(),
-      torch.nn.Linear(512, 512), torch.nn.ReLU(),
-      torch.nn.Linear(512, 10))
+    torch.nn.Linear(256, 512),
+    torch.nn.ReLU(),
+    torch.nn.Linear(512, 512),
+    torch.nn.ReLU(),
+    torch.nn.Linear(512, 10),
+  )
 
 
 def cross_entropy(module, x, labels):
   logits = module(x, training=True)
-  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=labels, logits=logits))
+  return tf.reduce_mean(
+    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+  )
 
 
 def _stats(samples):
   samples = sorted(samples)
-  return {"median": float(np.median(samples)),
-          "p25": float(np.percentile(samples, 25)),
-          "p75": float(np.percentile(samples, 75)),
-          "samples": [float(s) for s in samples]}
+  return {
+    "median": float(np.median(samples)),
+    "p25": float(np.percentile(samples, 25)),
+    "p75": float(np.percentile(samples, 75)),
+    "samples": [float(s) for s in samples],
+  }
 
 
 def _threads_options(threads):
@@ -68,10 +74,16 @@ def _threads_options(threads):
   to minute); they reserve no CPUs, and their thread counts are set
   directly instead of through Ray's num_cpus.
   """
-  return {"num_cpus": 0, "runtime_env": {"env_vars": {
-      "OMP_NUM_THREADS": str(threads),
-      "TF_NUM_INTRAOP_THREADS": str(threads),
-      "TF_NUM_INTEROP_THREADS": "1"}}}
+  return {
+    "num_cpus": 0,
+    "runtime_env": {
+      "env_vars": {
+        "OMP_NUM_THREADS": str(threads),
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        "TF_NUM_INTEROP_THREADS": "1",
+      }
+    },
+  }
 
 
 def _interleaved(contenders, repeats, calls):
@@ -81,7 +93,7 @@ def _interleaved(contenders, repeats, calls):
   for name in names:
     contenders[name]()  # warm-up
   for r in range(repeats):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in names[r % len(names) :] + names[: r % len(names)]:
       start = time.perf_counter()
       for _ in range(calls):
         contenders[name]()
@@ -91,10 +103,8 @@ def _interleaved(contenders, repeats, calls):
 
 def broadcast(repeats):
   """Seconds per broadcast of the 10M module to 1 and to 2 actors."""
-  worker_cls = ray.remote(tb.ray.TorchModuleWorker).options(
-      **_threads_options(1))
-  actors = {n: [worker_cls.remote(big_module, name="big") for _ in range(n)]
-            for n in (1, 2)}
+  worker_cls = ray.remote(tb.ray.TorchModuleWorker).options(**_threads_options(1))
+  actors = {n: [worker_cls.remote(big_module, name="big") for _ in range(n)] for n in (1, 2)}
   learner = tb.TorchModule(big_module(), name="big")
   for group in actors.values():
     ray.get([a.get_weights.remote() for a in group])  # started
@@ -108,6 +118,7 @@ def broadcast(repeats):
     def send():
       weights_np = learner.get_weights()
       ray.get([a.set_weights.remote(weights_np) for a in group])
+
     return send
 
   contenders = {"put_weights_s": lambda: tb.ray.put_weights(learner)}
@@ -138,11 +149,14 @@ def make_trainer(num_actors, cpus_per_actor, global_batch):
   OMP_NUM_THREADS (torch's threads) to that number, as for any user.
   """
   x, labels = _data(global_batch)
-  shards = list(zip(np.array_split(x, num_actors),
-                    np.array_split(labels, num_actors)))
+  shards = list(zip(np.array_split(x, num_actors), np.array_split(labels, num_actors)))
   trainer = tb.ray.DataParallelTrainer(
-      mlp, cross_entropy, tf.keras.optimizers.Adam(1e-3), shards,
-      worker_options={"num_cpus": cpus_per_actor})
+    mlp,
+    cross_entropy,
+    tf.keras.optimizers.Adam(1e-3),
+    shards,
+    worker_options={"num_cpus": cpus_per_actor},
+  )
   for _ in range(3):
     trainer.step()  # traces, builds the optimizer
   return trainer
@@ -204,64 +218,74 @@ def data_parallel(global_batch, steps, rounds, timings, cpus):
 def _actor_threads():
   import torch  # noqa: F401  (as the workers do: before TensorFlow)
   import tensorflow as tf
-  return {"torch_intra": torch.get_num_threads(),
-          "tf_intra": tf.config.threading.get_intra_op_parallelism_threads(),
-          "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-          "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS")}
+
+  return {
+    "torch_intra": torch.get_num_threads(),
+    "tf_intra": tf.config.threading.get_intra_op_parallelism_threads(),
+    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+  }
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.ray_scaling",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--quick", action="store_true",
-                      help="a smoke run: fewer repeats and steps")
-  parser.add_argument("--address", default=None,
-                      help="Ray cluster address; default: a local Ray with "
-                           "all of this machine's CPUs")
-  parser.add_argument("--out", default=os.path.join(
-      os.path.dirname(__file__), "results", "ray_scaling.json"))
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.ray_scaling", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("--quick", action="store_true", help="a smoke run: fewer repeats and steps")
+  parser.add_argument(
+    "--address",
+    default=None,
+    help="Ray cluster address; default: a local Ray with all of this machine's CPUs",
+  )
+  parser.add_argument(
+    "--out", default=os.path.join(os.path.dirname(__file__), "results", "ray_scaling.json")
+  )
   args = parser.parse_args(argv)
   cpus = os.cpu_count() or 1
   if args.address:
     ray.init(address=args.address, log_to_driver=False)
   else:  # a Ray of our own, even where `ray start` runs one
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
   torch.set_num_threads(cpus)
   repeats = 3 if args.quick else 10  # broadcast timings, interleaved
   rounds, timings = (1, 2) if args.quick else (3, 4)  # trainer timings
   steps = 5 if args.quick else 20
   global_batch = 1024
   results = {
-      "quick": args.quick,
-      "environment": dict(harness.environment(torch.get_num_threads(), "cpu"),
-                          ray=ray.__version__,
-                          ray_cpus=ray.cluster_resources().get("CPU")),
-      "notes": (
-          f"{cpus} CPU cores shared by the driver and every actor: the "
-          "driver's own work (averaging gradients, the optimizer step, "
-          "serializing weights) runs on the same cores as the actors. "
-          "Broadcast: the 1-actor and 2-actor groups are alive at once and "
-          "timed in rotating order; their actors reserve no Ray CPUs and "
-          "run 1 torch / TF thread each. Data-parallel steps/s: each "
-          "configuration runs alone, its actors reserving num_cpus Ray CPUs "
-          "each (Ray sets their OMP_NUM_THREADS to it), and the sequence of "
-          "configurations is repeated in rounds, since this machine's speed "
-          "drifts (up to 2x between minutes). Medians with p25/p75."),
+    "quick": args.quick,
+    "environment": dict(
+      harness.environment(torch.get_num_threads(), "cpu"),
+      ray=ray.__version__,
+      ray_cpus=ray.cluster_resources().get("CPU"),
+    ),
+    "notes": (
+      f"{cpus} CPU cores shared by the driver and every actor: the "
+      "driver's own work (averaging gradients, the optimizer step, "
+      "serializing weights) runs on the same cores as the actors. "
+      "Broadcast: the 1-actor and 2-actor groups are alive at once and "
+      "timed in rotating order; their actors reserve no Ray CPUs and "
+      "run 1 torch / TF thread each. Data-parallel steps/s: each "
+      "configuration runs alone, its actors reserving num_cpus Ray CPUs "
+      "each (Ray sets their OMP_NUM_THREADS to it), and the sequence of "
+      "configurations is repeated in rounds, since this machine's speed "
+      "drifts (up to 2x between minutes). Medians with p25/p75."
+    ),
   }
   start = time.time()
   print("broadcast of 10M parameters to 1 and 2 actors", flush=True)
   results["broadcast_10M"] = dict(
-      params=PARAMS_10M, megabytes=PARAMS_10M * 4 / 2**20,
-      **broadcast(repeats))
+    params=PARAMS_10M, megabytes=PARAMS_10M * 4 / 2**20, **broadcast(repeats)
+  )
   print("data-parallel steps/s: one process, and 1 and 2 actors", flush=True)
   results["data_parallel"] = {
-      "model": "MLP 256-512-512-10 (400k parameters), softmax cross-entropy, Adam",
-      "global_batch": global_batch, "steps_per_timing": steps,
-      "threads_in_actor_by_num_cpus": {c: ray.get(_actor_threads.options(
-          num_cpus=c).remote()) for c in sorted({1, cpus})},
-      "driver_threads": {"torch_intra": torch.get_num_threads()},
-      "steps_per_s": data_parallel(global_batch, steps, rounds, timings, cpus),
+    "model": "MLP 256-512-512-10 (400k parameters), softmax cross-entropy, Adam",
+    "global_batch": global_batch,
+    "steps_per_timing": steps,
+    "threads_in_actor_by_num_cpus": {
+      c: ray.get(_actor_threads.options(num_cpus=c).remote()) for c in sorted({1, cpus})
+    },
+    "driver_threads": {"torch_intra": torch.get_num_threads()},
+    "steps_per_s": data_parallel(global_batch, steps, rounds, timings, cpus),
   }
   results["seconds"] = time.time() - start
   ray.shutdown()
@@ -282,21 +306,26 @@ def table(results):
     v = b[key]
     return f"{1e3 * v['median']:.0f} ms ({1e3 * v['p25']:.0f}-{1e3 * v['p75']:.0f})"
 
-  lines = [f"| weight broadcast, 10M parameters ({b['megabytes']:.0f} MB) "
-           "| 1 actor | 2 actors |", "|---|---|---|",
-           "| `broadcast_weights` (one `ray.put`), until every actor holds "
-           f"them | {ms('broadcast_weights_1_actors_s')} | "
-           f"{ms('broadcast_weights_2_actors_s')} |",
-           "| for comparison: `get_weights()` passed by value to each actor "
-           f"| {ms('by_value_1_actors_s')} | {ms('by_value_2_actors_s')} |",
-           f"| `put_weights` alone (copy out of TF + `ray.put`) | "
-           f"{ms('put_weights_s')} | |"]
+  lines = [
+    f"| weight broadcast, 10M parameters ({b['megabytes']:.0f} MB) | 1 actor | 2 actors |",
+    "|---|---|---|",
+    "| `broadcast_weights` (one `ray.put`), until every actor holds "
+    f"them | {ms('broadcast_weights_1_actors_s')} | "
+    f"{ms('broadcast_weights_2_actors_s')} |",
+    "| for comparison: `get_weights()` passed by value to each actor "
+    f"| {ms('by_value_1_actors_s')} | {ms('by_value_2_actors_s')} |",
+    f"| `put_weights` alone (copy out of TF + `ray.put`) | {ms('put_weights_s')} | |",
+  ]
   d = results["data_parallel"]
-  lines += ["", f"| data-parallel training, global batch {d['global_batch']} "
-            "| steps/s |", "|---|---|"]
+  lines += [
+    "",
+    f"| data-parallel training, global batch {d['global_batch']} | steps/s |",
+    "|---|---|",
+  ]
   for name, v in d["steps_per_s"].items():
-    lines.append(f"| {name.replace('_', ' ')} | {v['median']:.1f} "
-                 f"({v['p25']:.1f}-{v['p75']:.1f}) |")
+    lines.append(
+      f"| {name.replace('_', ' ')} | {v['median']:.1f} ({v['p25']:.1f}-{v['p75']:.1f}) |"
+    )
   return "\n".join(lines)
 
 

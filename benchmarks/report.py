@@ -30,18 +30,23 @@ def _ratio(a, b, key):
   """a / b over processes: the ratio of medians, and round by round (the
   k-th process of each, started one after the other)."""
   per_round = [ra[key] / rb[key] for ra, rb in zip(a["processes"], b["processes"])]
-  return {"ratio": a[key] / b[key], "per_round": per_round,
-          "min": min(per_round), "max": max(per_round)}
+  return {
+    "ratio": a[key] / b[key],
+    "per_round": per_round,
+    "min": min(per_round),
+    "max": max(per_round),
+  }
 
 
 def _step_sets(results):
   """{name: (timings, key, bridged, pure torch, keras)} of every step
   measured in processes of their own: the three models and TD3."""
-  sets = {m: (t, "median_us", BRIDGED, PURE_TORCH, KERAS)
-          for m, t in results.get("train_steps", {}).items()}
+  sets = {
+    m: (t, "median_us", BRIDGED, PURE_TORCH, KERAS)
+    for m, t in results.get("train_steps", {}).items()
+  }
   if "td3" in results:
-    sets["td3"] = (results["td3"], "ms_per_train_step", "torchbridge",
-                   "pure torch", "keras")
+    sets["td3"] = (results["td3"], "ms_per_train_step", "torchbridge", "pure torch", "keras")
   return sets
 
 
@@ -51,8 +56,10 @@ def headline(results):
   out = {}
   for name, (t, key, bridged, torch_, keras) in _step_sets(results).items():
     if bridged in t and torch_ in t and keras in t:
-      out[name] = {"torchbridge / pure torch": _ratio(t[bridged], t[torch_], key),
-                   "torchbridge / keras": _ratio(t[bridged], t[keras], key)}
+      out[name] = {
+        "torchbridge / pure torch": _ratio(t[bridged], t[torch_], key),
+        "torchbridge / keras": _ratio(t[bridged], t[keras], key),
+      }
   return out
 
 
@@ -67,17 +74,22 @@ def decomposition(results):
     t = steps["small_mlp"]
     ms = {n: t[n]["median_us"] / 1e3 for n in t}
     b, p, f = ms[BRIDGED], ms[PURE_TORCH], ms[floors[0]]
-    rows = [("torchbridge tf.function step", b),
-            ("pure torch step (torch Adam)", p)]
+    rows = [("torchbridge tf.function step", b), ("pure torch step (torch Adam)", p)]
     if TORCH_FORWARD_BACKWARD in ms:
       rows.append(("pure torch forward and backward only", ms[TORCH_FORWARD_BACKWARD]))
-    rows += [(floors[0], f),
-             ("bridged - pure torch: what running it from TF adds", b - p),
-             ("bridged - floor: torch's compute and the bridge's own work", b - f)]
+    rows += [
+      (floors[0], f),
+      ("bridged - pure torch: what running it from TF adds", b - p),
+      ("bridged - floor: torch's compute and the bridge's own work", b - f),
+    ]
     if TORCH_FORWARD_BACKWARD in ms:
-      rows.append(("bridged - floor - torch forward and backward: the bridge's "
-                   "own work (hand-overs, Python) and torch slowed between TF calls",
-                   b - f - ms[TORCH_FORWARD_BACKWARD]))
+      rows.append(
+        (
+          "bridged - floor - torch forward and backward: the bridge's "
+          "own work (hand-overs, Python) and torch slowed between TF calls",
+          b - f - ms[TORCH_FORWARD_BACKWARD],
+        )
+      )
     out["small_mlp"] = rows
   td3 = results.get("td3", {})
   floors = [n for n in td3 if n.startswith("floor:")]
@@ -85,10 +97,13 @@ def decomposition(results):
     ms = {n: td3[n]["ms_per_train_step"] for n in td3}
     b, p, f = ms["torchbridge"], ms["pure torch"], ms[floors[0]]
     out["td3"] = [
-        ("torchbridge train step", b), ("pure torch train step (torch Adam)", p),
-        ("Keras train step", ms.get("keras", float("nan"))), (floors[0], f),
-        ("bridged - pure torch: what running it from TF adds", b - p),
-        ("bridged - floor: torch's compute and the bridge's own work", b - f)]
+      ("torchbridge train step", b),
+      ("pure torch train step (torch Adam)", p),
+      ("Keras train step", ms.get("keras", float("nan"))),
+      (floors[0], f),
+      ("bridged - pure torch: what running it from TF adds", b - p),
+      ("bridged - floor: torch's compute and the bridge's own work", b - f),
+    ]
   return out
 
 
@@ -102,18 +117,17 @@ def targets(results):
 
   ex = results.get("exchange", {})
   if "4KB" in ex and "64MB" in ex:
-    ratio = (_median(ex["64MB"]["timings"], "torchbridge") /
-             _median(ex["4KB"]["timings"], "torchbridge"))
+    ratio = _median(ex["64MB"]["timings"], "torchbridge") / _median(
+      ex["4KB"]["timings"], "torchbridge"
+    )
     add("exchange time 64MB / 4KB (torchbridge)", ratio, "<= 2", ratio <= 2)
   if "16MB" in ex:
     t = ex["16MB"]["timings"]
     speedup = _median(t, "numpy_copy") / _median(t, "torchbridge")
-    add("exchange speed-up over numpy copy at 16MB", speedup, ">= 100",
-        speedup >= 100)
+    add("exchange speed-up over numpy copy at 16MB", speedup, ">= 100", speedup >= 100)
   if ex:
     copied = sum(v["bytes_copied"]["torchbridge"] for v in ex.values())
-    add("exchange bytes copied (torchbridge, all sizes)", copied, "== 0",
-        copied == 0)
+    add("exchange bytes copied (torchbridge, all sizes)", copied, "== 0", copied == 0)
   ratios = headline(results)
   if "td3" in ratios:
     r = ratios["td3"]["torchbridge / pure torch"]["ratio"]
@@ -121,32 +135,45 @@ def targets(results):
     r = ratios["td3"]["torchbridge / keras"]["ratio"]
     add("TD3 train step: torchbridge / native Keras", r, "<= 1.0", r <= 1.0)
   td3 = results.get("td3", {})
-  if "wall_s" in td3.get("torchbridge", {}) and "wall_s" in td3.get(
-      "pure torch", {}):
+  if "wall_s" in td3.get("torchbridge", {}) and "wall_s" in td3.get("pure torch", {}):
     r = td3["torchbridge"]["wall_s"] / td3["pure torch"]["wall_s"]
-    add("TD3 script's wall time (3,000 environment steps, make demo's loop): "
-        "torchbridge / pure torch", r, "<= 1.2", r <= 1.2)
+    add(
+      "TD3 script's wall time (3,000 environment steps, make demo's loop): "
+      "torchbridge / pure torch",
+      r,
+      "<= 1.2",
+      r <= 1.2,
+    )
   for model in MODELS:
     if model in ratios:
       r = ratios[model]["torchbridge / pure torch"]["ratio"]
-      add(f"{model} tf.function step: torchbridge / pure torch", r, "<= 1.10",
-          r <= 1.10)
+      add(f"{model} tf.function step: torchbridge / pure torch", r, "<= 1.10", r <= 1.10)
   steps = results.get("train_steps", {})
   if "numpy-copy bridge tf.function" in steps.get("large_mlp", {}):
     t = steps["large_mlp"]
-    speedup = (_median(t, "numpy-copy bridge tf.function") / _median(t, BRIDGED))
-    add("large_mlp tf.function step: speed-up over numpy-copy bridge",
-        speedup, ">= 3", speedup >= 3)
+    speedup = _median(t, "numpy-copy bridge tf.function") / _median(t, BRIDGED)
+    add(
+      "large_mlp tf.function step: speed-up over numpy-copy bridge", speedup, ">= 3", speedup >= 3
+    )
   t = results.get("overhead", {})
   if "native op doing nothing (in tf.function)" in t:
-    own = (_median(t, "torchbridge identity, native op (in tf.function)") -
-           _median(t, "native op doing nothing (in tf.function)"))
-    add("bridge's own overhead per call in tf.function, native op "
-        "(us over a bare native op)", own, "<= 10", own <= 10)
+    own = _median(t, "torchbridge identity, native op (in tf.function)") - _median(
+      t, "native op doing nothing (in tf.function)"
+    )
+    add(
+      "bridge's own overhead per call in tf.function, native op (us over a bare native op)",
+      own,
+      "<= 10",
+      own <= 10,
+    )
   if "torch_after_bridge" in results:
     r = results["torch_after_bridge"]["ratio_right_after"]
-    add("pure torch on the main thread right after 1,000 bridged calls / "
-        "before them", r, "<= 1.05", r <= 1.05)
+    add(
+      "pure torch on the main thread right after 1,000 bridged calls / before them",
+      r,
+      "<= 1.05",
+      r <= 1.05,
+    )
   return out
 
 
@@ -167,38 +194,44 @@ def table(results):
   for label, entry in results.get("exchange", {}).items():
     t = entry["timings"]
     lines.append(
-        f"exchange {label:>6}: torchbridge {_median(t, 'torchbridge'):10.1f} us "
-        f"({entry['bytes_copied']['torchbridge']} B copied)   numpy copy "
-        f"{_median(t, 'numpy_copy'):10.1f} us "
-        f"({entry['bytes_copied']['numpy_copy']} B copied)")
+      f"exchange {label:>6}: torchbridge {_median(t, 'torchbridge'):10.1f} us "
+      f"({entry['bytes_copied']['torchbridge']} B copied)   numpy copy "
+      f"{_median(t, 'numpy_copy'):10.1f} us "
+      f"({entry['bytes_copied']['numpy_copy']} B copied)"
+    )
   if "overhead" in results:
     lines.append("")
     lines.append("per-call overhead of an identity (one process, interleaved):")
     for name, t in results["overhead"].items():
-      lines.append(f"  {name:60s} {t['median_us']:9.1f} us "
-                   f"[{t['p25_us']:.1f}, {t['p75_us']:.1f}]")
+      lines.append(f"  {name:60s} {t['median_us']:9.1f} us [{t['p25_us']:.1f}, {t['p75_us']:.1f}]")
   if results.get("headline"):
     lines.append("")
-    lines.append("headline, every contender in processes of its own "
-                 "(ratio of medians [per-round min-max]):")
-    lines.append(f"  {'':10s} {'torchbridge / pure torch':>26s} "
-                 f"{'torchbridge / Keras':>26s}")
+    lines.append(
+      "headline, every contender in processes of its own (ratio of medians [per-round min-max]):"
+    )
+    lines.append(f"  {'':10s} {'torchbridge / pure torch':>26s} {'torchbridge / Keras':>26s}")
     for name, r in results["headline"].items():
-      lines.append(f"  {name:10s} {_range(r['torchbridge / pure torch']):>26s} "
-                   f"{_range(r['torchbridge / keras']):>26s}")
+      lines.append(
+        f"  {name:10s} {_range(r['torchbridge / pure torch']):>26s} "
+        f"{_range(r['torchbridge / keras']):>26s}"
+      )
   for name, (timings, key, _, torch_, keras) in _step_sets(results).items():
     scale = 1e3 if key == "median_us" else 1.0
     lines.append("")
-    lines.append(f"training step, {name} (median over processes, ms [min, max], "
-                 "x pure torch, x Keras; other processes' CPU use meanwhile):")
+    lines.append(
+      f"training step, {name} (median over processes, ms [min, max], "
+      "x pure torch, x Keras; other processes' CPU use meanwhile):"
+    )
     width = max(len(c) for c in timings)
     for contender, t in timings.items():
       x_torch = (t[key] / timings[torch_][key]) if torch_ in timings else float("nan")
       x_keras = (t[key] / timings[keras][key]) if keras in timings else float("nan")
-      lines.append(f"  {contender:{width}s} {t[key] / scale:9.2f} ms "
-                   f"[{t['min'] / scale:.2f}, {t['max'] / scale:.2f}] "
-                   f"x{x_torch:5.2f} x{x_keras:5.2f}  "
-                   f"({len(t['processes'])} processes; {_foreign(t)})")
+      lines.append(
+        f"  {contender:{width}s} {t[key] / scale:9.2f} ms "
+        f"[{t['min'] / scale:.2f}, {t['max'] / scale:.2f}] "
+        f"x{x_torch:5.2f} x{x_keras:5.2f}  "
+        f"({len(t['processes'])} processes; {_foreign(t)})"
+      )
   for name, rows in results.get("decomposition", {}).items():
     lines.append("")
     lines.append(f"decomposition, {name} (ms per step):")
@@ -208,31 +241,37 @@ def table(results):
   if "torch_after_bridge" in results:
     a = results["torch_after_bridge"]
     lines.append("")
-    lines.append("pure torch small-MLP forward and backward on the main thread, "
-                 "same process:")
+    lines.append("pure torch small-MLP forward and backward on the main thread, same process:")
     for r in a["processes"]:
-      lines.append(f"  before {r['before_us']:7.1f} us, right after "
-                   f"{r['bridged_calls']} bridged calls {r['right_after_us']:7.1f} us "
-                   f"(x{r['ratio_right_after']:.2f}), {r['pause_s']} s later "
-                   f"{r['after_pause_us']:7.1f} us (x{r['ratio_after_pause']:.2f}); "
-                   f"others' load {r.get('foreign_load_cores', float('nan')):.2f} cores")
+      lines.append(
+        f"  before {r['before_us']:7.1f} us, right after "
+        f"{r['bridged_calls']} bridged calls {r['right_after_us']:7.1f} us "
+        f"(x{r['ratio_right_after']:.2f}), {r['pause_s']} s later "
+        f"{r['after_pause_us']:7.1f} us (x{r['ratio_after_pause']:.2f}); "
+        f"others' load {r.get('foreign_load_cores', float('nan')):.2f} cores"
+      )
   for model, mem in results.get("peak_memory", {}).items():
     lines.append("")
     lines.append(f"peak memory of a training step, {model}:")
     for name, m in mem.items():
-      lines.append(f"  {name:12s} +{m['step_peak_mb']:8.1f} MB over "
-                   f"{m['rss_before_mb']:.1f} MB resident before the steps")
+      lines.append(
+        f"  {name:12s} +{m['step_peak_mb']:8.1f} MB over "
+        f"{m['rss_before_mb']:.1f} MB resident before the steps"
+      )
   for failure in results.get("failed_processes", []):
     lines.append("")
-    lines.append(f"FAILED (started again): {failure['command']}, attempt "
-                 f"{failure['attempt']}, return code {failure['returncode']}")
+    lines.append(
+      f"FAILED (started again): {failure['command']}, attempt "
+      f"{failure['attempt']}, return code {failure['returncode']}"
+    )
   lines.append("")
   lines.append("targets:")
   for t in results["targets"]:
     measured = t["measured"]
     shown = f"{measured:.2f}" if isinstance(measured, float) else str(measured)
-    lines.append(f"  [{'met' if t['met'] else 'MISSED':6s}] {t['name']}: "
-                 f"{shown} (limit {t['limit']})")
+    lines.append(
+      f"  [{'met' if t['met'] else 'MISSED':6s}] {t['name']}: {shown} (limit {t['limit']})"
+    )
   return "\n".join(lines)
 
 
@@ -252,8 +291,9 @@ def _plot_exchange(results, out_dir):
   labels = list(ex)
   fig, ax = plt.subplots(figsize=(6, 4))
   for name in ("torchbridge", "numpy_copy"):
-    ax.plot(labels, [ex[label]["timings"][name]["median_us"] for label in labels],
-            marker="o", label=name)
+    ax.plot(
+      labels, [ex[label]["timings"][name]["median_us"] for label in labels], marker="o", label=name
+    )
   ax.set_yscale("log")
   ax.set_xlabel("tensor size (float32)")
   ax.set_ylabel("round trip TF -> torch -> TF (us, median)")
@@ -274,27 +314,29 @@ def _plot_steps(results, out_dir):
     return None
   cols = min(2, len(sets))
   rows = (len(sets) + cols - 1) // cols
-  fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows),
-                           squeeze=False)
+  fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows), squeeze=False)
   for ax, (name, (timings, key, _, torch_, _)) in zip(axes.flat, sets.items()):
     base = timings[torch_][key] if torch_ in timings else 1.0
     names = list(timings)
     mid = [timings[n][key] / base for n in names]
-    ax.barh([textwrap.fill(n, 34) for n in names], mid,
-            xerr=[[m - timings[n]["min"] / base for m, n in zip(mid, names)],
-                  [timings[n]["max"] / base - m for m, n in zip(mid, names)]],
-            color=["tab:orange" if n in (BRIDGED, "torchbridge") else "tab:blue"
-                   for n in names])
+    ax.barh(
+      [textwrap.fill(n, 34) for n in names],
+      mid,
+      xerr=[
+        [m - timings[n]["min"] / base for m, n in zip(mid, names)],
+        [timings[n]["max"] / base - m for m, n in zip(mid, names)],
+      ],
+      color=["tab:orange" if n in (BRIDGED, "torchbridge") else "tab:blue" for n in names],
+    )
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.axvline(1.1, color="tab:red", linewidth=0.8, linestyle="--")
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.tick_params(axis="y", labelsize=8)
-    ax.set_xlabel("x pure torch (median over processes, min-max; "
-                  "dashed: 1.10)", fontsize=8)
+    ax.set_xlabel("x pure torch (median over processes, min-max; dashed: 1.10)", fontsize=8)
     scale = 1e3 if key == "median_us" else 1.0
     ax.set_title(f"{name} (pure torch: {base / scale:.3g} ms)")
-  for ax in list(axes.flat)[len(sets):]:
+  for ax in list(axes.flat)[len(sets) :]:
     ax.axis("off")
   fig.tight_layout()
   path = os.path.join(out_dir, "train_steps.png")
@@ -319,10 +361,15 @@ def markdown(results):
   if ex:
     out.append("| round trip TF -> torch -> TF | " + " | ".join(ex) + " |")
     out.append("|---|" + "---|" * len(ex))
-    for name, label in (("torchbridge", "torchbridge (0 bytes copied)"),
-                        ("numpy_copy", "numpy copies (2x the size copied)")):
-      out.append(f"| {label} | " + " | ".join(
-          _us(e["timings"][name]["median_us"]) for e in ex.values()) + " |")
+    for name, label in (
+      ("torchbridge", "torchbridge (0 bytes copied)"),
+      ("numpy_copy", "numpy copies (2x the size copied)"),
+    ):
+      out.append(
+        f"| {label} | "
+        + " | ".join(_us(e["timings"][name]["median_us"]) for e in ex.values())
+        + " |"
+      )
     out.append("")
   if "overhead" in results:
     out.append("| per call, identity | median |")
@@ -331,12 +378,12 @@ def markdown(results):
       out.append(f"| {name} | {_us(t['median_us'])} |")
     out.append("")
   if results.get("headline"):
-    out.append("| step, separate processes | torchbridge / pure torch | "
-               "torchbridge / Keras |")
+    out.append("| step, separate processes | torchbridge / pure torch | torchbridge / Keras |")
     out.append("|---|---|---|")
     for name, r in results["headline"].items():
-      out.append(f"| {name} | {_range(r['torchbridge / pure torch'])} | "
-                 f"{_range(r['torchbridge / keras'])} |")
+      out.append(
+        f"| {name} | {_range(r['torchbridge / pure torch'])} | {_range(r['torchbridge / keras'])} |"
+      )
     out.append("")
   floor = "floor: the same TF program, each bridged call a bare native op"
 
@@ -345,8 +392,10 @@ def markdown(results):
       return floor
     return {"torchbridge": BRIDGED, "keras": KERAS}.get(name, name)
 
-  sets = {name: ({row(c): t for c, t in timings.items()}, *rest)
-          for name, (timings, *rest) in _step_sets(results).items()}
+  sets = {
+    name: ({row(c): t for c, t in timings.items()}, *rest)
+    for name, (timings, *rest) in _step_sets(results).items()
+  }
   if sets:
     contenders = []
     for timings, *_ in sets.values():
@@ -358,8 +407,11 @@ def markdown(results):
       for timings, key, *_ in sets.values():
         scale = 1e3 if key == "median_us" else 1.0
         t = timings.get(c)
-        cells.append("" if t is None else f"{_sig(t[key] / scale)} "
-                     f"[{_sig(t['min'] / scale)}-{_sig(t['max'] / scale)}]")
+        cells.append(
+          ""
+          if t is None
+          else f"{_sig(t[key] / scale)} [{_sig(t['min'] / scale)}-{_sig(t['max'] / scale)}]"
+        )
       out.append(f"| {c} | " + " | ".join(cells) + " |")
     out.append("")
   for name, rows in results.get("decomposition", {}).items():
@@ -374,12 +426,14 @@ def markdown(results):
     for t in results["targets"]:
       m = t["measured"]
       shown = f"{m:.2f}" if isinstance(m, float) else str(m)
-      out.append(f"| {t['name']} ({t['limit']}) | {shown} | "
-                 f"{'yes' if t['met'] else '**no**'} |")
+      out.append(f"| {t['name']} ({t['limit']}) | {shown} | {'yes' if t['met'] else '**no**'} |")
   return "\n".join(out)
 
 
 if __name__ == "__main__":
-  with open(sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-      os.path.dirname(__file__), "results", "latest.json")) as f:
+  with open(
+    sys.argv[1]
+    if len(sys.argv) > 1
+    else os.path.join(os.path.dirname(__file__), "results", "latest.json")
+  ) as f:
     print(markdown(json.load(f)))

@@ -51,29 +51,27 @@ STEP = "train_step"
 BLOCK = 10
 # Where graph calls run: TORCHBRIDGE_TORCH_THREAD for each placement.
 PLACEMENTS = {"torch-thread": "1", "tf-thread": "0"}
-TF_SIDE = ("TF's side: ops, runtime, the Python call (outside every bridged "
-           "call)")
+TF_SIDE = "TF's side: ops, runtime, the Python call (outside every bridged call)"
 TF_OPS = "TF ops (kernels: loss, Keras Adam, Polyak updates, ...)"
 TF_RUNTIME = "TF runtime (executor, function call, Python)"
 NO_THREAD = "no thread working"
-TORCH = {_timeline.FORWARD: "torch: forward (the user's module)",
-         _timeline.BACKWARD: "torch: backward (autograd engine)"}
+TORCH = {
+  _timeline.FORWARD: "torch: forward (the user's module)",
+  _timeline.BACKWARD: "torch: backward (autograd engine)",
+}
 # Each bridge phase's row: what its exclusive time is.
 BRIDGE = {
-    "torchbridge/kernel": "bridge: kernel, outside its phases",
-    "torchbridge/wait for torch thread": "bridge: hand-off to and back from "
-                                         "the torch thread",
-    "torchbridge/torch thread": "bridge: hand-off to and back from the "
-                                "torch thread",
-    "torchbridge/wrap inputs": "bridge: inputs wrapped, adopted (C++)",
-    "torchbridge/adopt outputs": "bridge: inputs wrapped, adopted (C++)",
-    "torchbridge/acquire GIL": "bridge: acquiring the GIL",
-    "torchbridge/callback (GIL held)": "bridge: torch tensors in and out (C++)"
-                                       ", Python dispatch",
-    _timeline.CALL: "bridge: Python call, outside its phases",
-    _timeline.BIND: "bridge: binding arguments, slots, buffers",
-    _timeline.CHECK: "bridge: checking outputs",
-    _timeline.SAVE: "bridge: saving state for the backward",
+  "torchbridge/kernel": "bridge: kernel, outside its phases",
+  "torchbridge/wait for torch thread": "bridge: hand-off to and back from the torch thread",
+  "torchbridge/torch thread": "bridge: hand-off to and back from the torch thread",
+  "torchbridge/wrap inputs": "bridge: inputs wrapped, adopted (C++)",
+  "torchbridge/adopt outputs": "bridge: inputs wrapped, adopted (C++)",
+  "torchbridge/acquire GIL": "bridge: acquiring the GIL",
+  "torchbridge/callback (GIL held)": "bridge: torch tensors in and out (C++), Python dispatch",
+  _timeline.CALL: "bridge: Python call, outside its phases",
+  _timeline.BIND: "bridge: binding arguments, slots, buffers",
+  _timeline.CHECK: "bridge: checking outputs",
+  _timeline.SAVE: "bridge: saving state for the backward",
 }
 
 
@@ -84,18 +82,20 @@ def _on_random_batches(agent):
   n = agent.hyper.batch_size
 
   def step():
-    batch = (rng.standard_normal((n, 3), dtype=np.float32),
-             rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-             rng.standard_normal((n, 1), dtype=np.float32),
-             rng.standard_normal((n, 3), dtype=np.float32),
-             np.ones((n, 1), np.float32))
+    batch = (
+      rng.standard_normal((n, 3), dtype=np.float32),
+      rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+      rng.standard_normal((n, 1), dtype=np.float32),
+      rng.standard_normal((n, 3), dtype=np.float32),
+      np.ones((n, 1), np.float32),
+    )
     return tuple(float(v) for v in agent.train_step(*batch))
+
   return step
 
 
 def _td3_step():
-  return _on_random_batches(
-      agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper()))
+  return _on_random_batches(agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper()))
 
 
 def _mlp_step():
@@ -135,17 +135,16 @@ def _events(logdir):
     for line in plane.lines:
       for e in line.events:
         begin = line.timestamp_ns + e.offset_ps // 1000
-        events.append((names.get(e.metadata_id, "?"), line.id, begin,
-                       begin + e.duration_ps // 1000))
+        events.append(
+          (names.get(e.metadata_id, "?"), line.id, begin, begin + e.duration_ps // 1000)
+        )
   return events
 
 
 def split_step(events, begin, end):
   """{row: ns} for [begin, end): each instant to its most specific span."""
-  inside = [e for e in events if e[3] > begin and e[2] < end and
-            e[0] != STEP]
-  cuts = sorted({begin, end} | {max(begin, min(end, t)) for e in inside
-                                for t in (e[2], e[3])})
+  inside = [e for e in events if e[3] > begin and e[2] < end and e[0] != STEP]
+  cuts = sorted({begin, end} | {max(begin, min(end, t)) for e in inside for t in (e[2], e[3])})
   rows = {}
   for t0, t1 in zip(cuts, cuts[1:]):
     if t1 <= t0:
@@ -192,8 +191,7 @@ def _rows(events, step_events, idle_row):
   middle = _middle([e[3] - e[2] for e in step_events])
   names = sorted({r for s in per_step for r in s})
   # Means, so that the rows add up to the mean step.
-  return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6
-          for r in names}
+  return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6 for r in names}
 
 
 def _floor_step(name):
@@ -201,6 +199,7 @@ def _floor_step(name):
   the TF program around the bridged calls, their crossings included."""
   if name == "td3":
     from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
+
     return _on_random_batches(td3_process.bare_native_agent())
   floor = train_step.build("small_mlp", train_step.FLOOR, "cpu")
   return lambda: float(floor())
@@ -220,6 +219,7 @@ def timeline_pass(step, floor, steps):
   Alternating keeps the three on the same stretch of this noisy machine,
   so the recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
+
   def plain_block():
     step()
     for _ in range(BLOCK):
@@ -236,39 +236,41 @@ def timeline_pass(step, floor, steps):
     # Each block begins with a step it does not count, and the unrecorded
     # and recorded blocks take turns to follow the floor's: the first steps
     # after another program's block run slower (measured: by 5-10 ms).
-    for block in ((plain_block, recorded_block) if k % 2 == 0 else
-                  (recorded_block, plain_block)):
+    for block in (plain_block, recorded_block) if k % 2 == 0 else (recorded_block, plain_block):
       block()
     floor()
     for _ in range(BLOCK):
       _timed(floor, floor_ms)
-  spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"])
-           for e in events]
+  spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
   rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
   begin, end = marks[-1]
   last = [e for e in events if e["end_ns"] > begin and e["begin_ns"] < end]
   torch_ms = sum(rows.get(r, 0.0) for r in TORCH.values())
   step_ms, floor_mean = _trimmed_mean(plain_ms), _trimmed_mean(floor_ms)
-  return {"step_mean_ms": _trimmed_mean(recorded_ms),
-          "unrecorded_mean_ms": step_ms,
-          "unrecorded_median_ms": float(np.median(plain_ms)),
-          "floor_mean_ms": floor_mean,
-          "torch_compute_ms": torch_ms,
-          # What is left of the unrecorded step once the TF side's floor and
-          # torch's own forwards and backwards are taken out.
-          "bridge_share_ms": step_ms - floor_mean - torch_ms,
-          "rows_ms": rows, "rows_sum_ms": float(sum(rows.values())),
-          "steps": len(marks),
-          "last_step": {"begin_ns": begin, "end_ns": end, "events": last}}
+  return {
+    "step_mean_ms": _trimmed_mean(recorded_ms),
+    "unrecorded_mean_ms": step_ms,
+    "unrecorded_median_ms": float(np.median(plain_ms)),
+    "floor_mean_ms": floor_mean,
+    "torch_compute_ms": torch_ms,
+    # What is left of the unrecorded step once the TF side's floor and
+    # torch's own forwards and backwards are taken out.
+    "bridge_share_ms": step_ms - floor_mean - torch_ms,
+    "rows_ms": rows,
+    "rows_sum_ms": float(sum(rows.values())),
+    "steps": len(marks),
+    "last_step": {"begin_ns": begin, "end_ns": end, "events": last},
+  }
 
 
 def plot_step(name, last_step, path):
   """One recorded step's spans, a lane per thread and nesting depth."""
   import matplotlib  # pylint: disable=import-outside-toplevel
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  events = sorted(last_step["events"], key=lambda e: (e["begin_ns"],
-                                                      -e["end_ns"]))
+
+  events = sorted(last_step["events"], key=lambda e: (e["begin_ns"], -e["end_ns"]))
   origin = last_step["begin_ns"]
   lanes, ends = {}, {}  # (thread, depth) -> lane; lane -> end of last span
   placed = []
@@ -285,23 +287,35 @@ def plot_step(name, last_step, path):
   cmap = plt.get_cmap("tab20")
   for e, lane in placed:
     color = colors.setdefault(e["name"], cmap(len(colors) % 20))
-    ax.barh(order[lane], (e["end_ns"] - e["begin_ns"]) / 1e6,
-            left=(e["begin_ns"] - origin) / 1e6, color=color,
-            edgecolor="black", linewidth=0.3, label=e["name"])
+    ax.barh(
+      order[lane],
+      (e["end_ns"] - e["begin_ns"]) / 1e6,
+      left=(e["begin_ns"] - origin) / 1e6,
+      color=color,
+      edgecolor="black",
+      linewidth=0.3,
+      label=e["name"],
+    )
   handles, labels = ax.get_legend_handles_labels()
   unique = dict(zip(labels, handles))
-  ax.legend(unique.values(), [n.replace("torchbridge/", "") for n in unique],
-            loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4,
-            fontsize=8, frameon=False)
+  ax.legend(
+    unique.values(),
+    [n.replace("torchbridge/", "") for n in unique],
+    loc="upper center",
+    bbox_to_anchor=(0.5, -0.18),
+    ncol=4,
+    fontsize=8,
+    frameon=False,
+  )
   threads = sorted({t for t, _ in order})
   ax.set_yticks(range(len(order)))
-  ax.set_yticklabels([f"thread {threads.index(t) + 1}, depth {d}"
-                      for t, d in sorted(order)], fontsize=8)
+  ax.set_yticklabels(
+    [f"thread {threads.index(t) + 1}, depth {d}" for t, d in sorted(order)], fontsize=8
+  )
   ax.invert_yaxis()
   ax.set_xlim(0, (last_step["end_ns"] - origin) / 1e6)
   ax.set_xlabel("ms since the step began (the rest of the step: TF's side)")
-  ax.set_title(f"One {name} train step through torchbridge, "
-               "tb.timeline(annotate=False)")
+  ax.set_title(f"One {name} train step through torchbridge, tb.timeline(annotate=False)")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -320,8 +334,7 @@ def _profiled(step, steps):
       finally:
         tf.profiler.experimental.stop()
     events = _events(logdir)
-  step_events = sorted((e for e in events if e[0] == STEP),
-                       key=lambda e: e[2])
+  step_events = sorted((e for e in events if e[0] == STEP), key=lambda e: e[2])
   return events, step_events
 
 
@@ -338,22 +351,23 @@ def measure(name, steps):
     for e in events:
       if begin <= e[2] < end and classify(e[0])[1] == TF_OPS:
         kind = e[0].rsplit(":", 1)[1]
-        op_types[kind] = op_types.get(kind, 0) + (e[3] - e[2]) / 1e6 / len(
-            step_events)
+        op_types[kind] = op_types.get(kind, 0) + (e[3] - e[2]) / 1e6 / len(step_events)
   profiled_ms = [(e[3] - e[2]) / 1e6 for e in step_events]
   # The floor under the same profiler: its TF ops and runtime against the
   # bridged step's (the same TF program; what differs is what runs between).
   floor_events, floor_steps = _profiled(floor, steps)
   floor_rows = _rows(floor_events, floor_steps, NO_THREAD)
-  return {"unprofiled_median_ms": recorded["unrecorded_median_ms"],
-          "unprofiled_mean_ms": recorded["unrecorded_mean_ms"],
-          "profiled_mean_ms": _trimmed_mean(profiled_ms),
-          "rows_ms": mean_rows, "steps": len(step_events),
-          "floor_profiled_rows_ms": floor_rows,
-          "timeline": recorded,
-          "rows_sum_ms": float(sum(mean_rows.values())),
-          "tf_op_types_ms": dict(sorted(op_types.items(),
-                                        key=lambda kv: -kv[1])[:8])}
+  return {
+    "unprofiled_median_ms": recorded["unrecorded_median_ms"],
+    "unprofiled_mean_ms": recorded["unrecorded_mean_ms"],
+    "profiled_mean_ms": _trimmed_mean(profiled_ms),
+    "rows_ms": mean_rows,
+    "steps": len(step_events),
+    "floor_profiled_rows_ms": floor_rows,
+    "timeline": recorded,
+    "rows_sum_ms": float(sum(mean_rows.values())),
+    "tf_op_types_ms": dict(sorted(op_types.items(), key=lambda kv: -kv[1])[:8]),
+  }
 
 
 def _table(title, rows_ms, step_label, step_ms):
@@ -362,8 +376,10 @@ def _table(title, rows_ms, step_label, step_ms):
   lines = [title, "", "| row | ms per step (mean of the middle 80%) | share |", "|---|---|---|"]
   for row, ms in sorted(rows_ms.items(), key=lambda kv: -kv[1]):
     lines.append(f"| {row} | {ms:.3f} | {ms / total:.0%} |")
-  return lines + [f"| **sum of the rows** (the {step_label} step: "
-                  f"{step_ms:.2f}) | {total:.2f} | |", ""]
+  return lines + [
+    f"| **sum of the rows** (the {step_label} step: {step_ms:.2f}) | {total:.2f} | |",
+    "",
+  ]
 
 
 def _step_markdown(name, r, placement):
@@ -371,32 +387,48 @@ def _step_markdown(name, r, placement):
   step_ms = t["unrecorded_mean_ms"]
   off = t["rows_sum_ms"] / step_ms - 1
   lines = _table(
-      f"### {name}, {placement}, recorded by tb.timeline(annotate=False): "
-      f"{t['step_mean_ms']:.2f} ms a step; unrecorded, in alternated "
-      f"blocks: {step_ms:.2f} (rows {off:+.1%} of it; the middle 80% of "
-      f"{t['steps']} each)", t["rows_ms"], "recorded", t["step_mean_ms"])
+    f"### {name}, {placement}, recorded by tb.timeline(annotate=False): "
+    f"{t['step_mean_ms']:.2f} ms a step; unrecorded, in alternated "
+    f"blocks: {step_ms:.2f} (rows {off:+.1%} of it; the middle 80% of "
+    f"{t['steps']} each)",
+    t["rows_ms"],
+    "recorded",
+    t["step_mean_ms"],
+  )
   lines += [
-      f"- The same step with bare native ops (TF's side, its crossings "
-      f"included; alternated blocks): {t['floor_mean_ms']:.2f} ms. torch's "
-      f"forwards and backwards: {t['torch_compute_ms']:.2f} ms. The "
-      f"bridge's share (unrecorded step - floor - torch): "
-      f"{t['bridge_share_ms']:.2f} ms, "
-      f"{t['bridge_share_ms'] / step_ms:.0%} of the step.", ""]
+    f"- The same step with bare native ops (TF's side, its crossings "
+    f"included; alternated blocks): {t['floor_mean_ms']:.2f} ms. torch's "
+    f"forwards and backwards: {t['torch_compute_ms']:.2f} ms. The "
+    f"bridge's share (unrecorded step - floor - torch): "
+    f"{t['bridge_share_ms']:.2f} ms, "
+    f"{t['bridge_share_ms'] / step_ms:.0%} of the step.",
+    "",
+  ]
   lines += _table(
-      f"### {name}, {placement}, under TF's profiler: "
-      f"{r['profiled_mean_ms']:.2f} ms a step (unprofiled: "
-      f"{r['unprofiled_mean_ms']:.2f}, median "
-      f"{r['unprofiled_median_ms']:.2f}; the middle 80% of {r['steps']})",
-      r["rows_ms"], "profiled", r["profiled_mean_ms"])
-  lines += ["TF ops by type, ms per step: " + ", ".join(
-      f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()), ""]
+    f"### {name}, {placement}, under TF's profiler: "
+    f"{r['profiled_mean_ms']:.2f} ms a step (unprofiled: "
+    f"{r['unprofiled_mean_ms']:.2f}, median "
+    f"{r['unprofiled_median_ms']:.2f}; the middle 80% of {r['steps']})",
+    r["rows_ms"],
+    "profiled",
+    r["profiled_mean_ms"],
+  )
+  lines += [
+    "TF ops by type, ms per step: "
+    + ", ".join(f"{k} {v:.3f}" for k, v in r["tf_op_types_ms"].items()),
+    "",
+  ]
   floor_rows = r["floor_profiled_rows_ms"]
   lines += [
-      "TF's side, the bridged step against the floor under the same "
-      "profiler, ms per step: " + ", ".join(
-          f"{row.split(' (')[0]} {r['rows_ms'].get(row, 0):.3f} against "
-          f"{floor_rows.get(row, 0):.3f}" for row in (TF_OPS, TF_RUNTIME)) +
-      f"; the floor's step {sum(floor_rows.values()):.2f} ms.", ""]
+    "TF's side, the bridged step against the floor under the same "
+    "profiler, ms per step: "
+    + ", ".join(
+      f"{row.split(' (')[0]} {r['rows_ms'].get(row, 0):.3f} against {floor_rows.get(row, 0):.3f}"
+      for row in (TF_OPS, TF_RUNTIME)
+    )
+    + f"; the floor's step {sum(floor_rows.values()):.2f} ms.",
+    "",
+  ]
   return lines
 
 
@@ -412,14 +444,29 @@ def _run_placement(placement, args):
   """One placement's measurements, in a process of its own (the placement
   is read once, by the first graph call)."""
   with tempfile.TemporaryDirectory(prefix="tb_breakdown_") as out:
-    argv = [sys.executable, "-m", "benchmarks.step_breakdown", "--placement",
-            placement, "--steps", str(args.steps), "--threads",
-            str(args.threads), "--out", out, "--no-plot"]
+    argv = [
+      sys.executable,
+      "-m",
+      "benchmarks.step_breakdown",
+      "--placement",
+      placement,
+      "--steps",
+      str(args.steps),
+      "--threads",
+      str(args.threads),
+      "--out",
+      out,
+      "--no-plot",
+    ]
     if args.only:
       argv += ["--only", args.only]
-    subprocess.run(argv, cwd=harness.ROOT, check=True, stdout=sys.stderr,
-                   env=dict(os.environ,
-                            TORCHBRIDGE_TORCH_THREAD=PLACEMENTS[placement]))
+    subprocess.run(
+      argv,
+      cwd=harness.ROOT,
+      check=True,
+      stdout=sys.stderr,
+      env=dict(os.environ, TORCHBRIDGE_TORCH_THREAD=PLACEMENTS[placement]),
+    )
     return json.loads((Path(out) / "step_breakdown.json").read_text())
 
 
@@ -428,37 +475,39 @@ def _write(results, out, plots):
   markdown."""
   out.mkdir(parents=True, exist_ok=True)
   for placement, steps in results["placements"].items():
-    suffix = "" if placement == "torch-thread" else "_" + placement.replace(
-        "-", "_")
+    suffix = "" if placement == "torch-thread" else "_" + placement.replace("-", "_")
     for name, r in steps.items():
       last = r["timeline"].pop("last_step")
       trace = _timeline.Timeline()
       trace.events = last["events"]
       trace.save(out / f"step_trace_{name}{suffix}.json")
       if plots:
-        plot_step(f"{name} ({placement})", last,
-                  out / f"step_trace_{name}{suffix}.png")
-  (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) +
-                                           "\n")
+        plot_step(f"{name} ({placement})", last, out / f"step_trace_{name}{suffix}.png")
+  (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) + "\n")
   (out / "step_breakdown.md").write_text(markdown(results))
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.step_breakdown",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--steps", type=int, default=200,
-                      help="recorded steps (as many unrecorded and floor)")
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.step_breakdown", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument(
+    "--steps", type=int, default=200, help="recorded steps (as many unrecorded and floor)"
+  )
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--only", choices=sorted(STEPS))
-  parser.add_argument("--placement", default="both",
-                      choices=["both"] + sorted(PLACEMENTS),
-                      help="where graph calls run: the torch thread (the "
-                      "default) or TF's own thread (TORCHBRIDGE_TORCH_THREAD"
-                      "=0); both: one process each")
-  parser.add_argument("--no-plot", action="store_true",
-                      help="keep the last step's events in the JSON instead")
-  parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks",
-                                                    "results"))
+  parser.add_argument(
+    "--placement",
+    default="both",
+    choices=["both"] + sorted(PLACEMENTS),
+    help="where graph calls run: the torch thread (the "
+    "default) or TF's own thread (TORCHBRIDGE_TORCH_THREAD"
+    "=0); both: one process each",
+  )
+  parser.add_argument(
+    "--no-plot", action="store_true", help="keep the last step's events in the JSON instead"
+  )
+  parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
   if not _loader.available():
     print(f"the native op is not available: {_loader.status()}")
@@ -466,17 +515,15 @@ def main(argv=None):
   results = {"threads": args.threads, "block_steps": BLOCK, "placements": {}}
   if args.placement == "both":
     for placement in PLACEMENTS:
-      results["placements"].update(
-          _run_placement(placement, args)["placements"])
+      results["placements"].update(_run_placement(placement, args)["placements"])
   else:
     os.environ["TORCHBRIDGE_TORCH_THREAD"] = PLACEMENTS[args.placement]
     harness.configure_threads(args.threads)
     results["placements"][args.placement] = {
-        name: measure(name, args.steps)
-        for name in ([args.only] if args.only else list(STEPS))}
+      name: measure(name, args.steps) for name in ([args.only] if args.only else list(STEPS))
+    }
     if args.no_plot:
-      (Path(args.out) / "step_breakdown.json").write_text(
-          json.dumps(results) + "\n")
+      (Path(args.out) / "step_breakdown.json").write_text(json.dumps(results) + "\n")
       return 0
   _write(results, Path(args.out), plots=True)
   print(markdown(results))

@@ -28,12 +28,14 @@ from torchbridge._native import _loader  # noqa: E402
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.step_process",
-                                   description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.step_process", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("model", choices=["small_mlp", "cnn", "large_mlp"])
   parser.add_argument("contender", choices=train_step.CONTENDERS)
-  parser.add_argument("--calls", type=int, default=0,
-                      help="steps per repeat; 0: as many as take ~0.25 s")
+  parser.add_argument(
+    "--calls", type=int, default=0, help="steps per repeat; 0: as many as take ~0.25 s"
+  )
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -46,14 +48,24 @@ def main(argv=None):
   calls = args.calls or calls
   samples_us = harness.timed_repeats(step, args.repeats, calls, sync=sync)
   summary = harness.summarize(samples_us)
-  print(json.dumps({
-      "pid": os.getpid(), "model": args.model, "contender": args.contender,
-      "calls": calls, "repeats": args.repeats,
-      "median_us": summary["median_us"], "samples_us": summary["samples_us"],
-      "native": _loader.available(),
-      "threads": {"torch_intra": torch.get_num_threads(),
-                  "tf_intra": tf.config.threading.get_intra_op_parallelism_threads()},
-  }))
+  print(
+    json.dumps(
+      {
+        "pid": os.getpid(),
+        "model": args.model,
+        "contender": args.contender,
+        "calls": calls,
+        "repeats": args.repeats,
+        "median_us": summary["median_us"],
+        "samples_us": summary["samples_us"],
+        "native": _loader.available(),
+        "threads": {
+          "torch_intra": torch.get_num_threads(),
+          "tf_intra": tf.config.threading.get_intra_op_parallelism_threads(),
+        },
+      }
+    )
+  )
   return 0
 
 

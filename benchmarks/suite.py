@@ -26,14 +26,12 @@ from benchmarks import train_step
 # Bridged calls per TD3 train step: the target actor's and target critic's
 # forwards, the critic's forward and backward; every other step also the
 # actor update's actor and critic forwards and backwards: 6 on average.
-FLOOR_TD3 = ("floor: TD3 TF function + Keras Adam + bare native ops "
-             "(6 per step on average)")
+FLOOR_TD3 = "floor: TD3 TF function + Keras Adam + bare native ops (6 per step on average)"
 # The torchbridge backend with its graph calls handed to the torch thread
 # (the library's default; the example runs them on TF's thread).
 TD3_TORCH_THREAD = "torchbridge, calls on the torch thread"
 
-EXCHANGE_SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "16MB": 16 << 20,
-                  "64MB": 64 << 20}
+EXCHANGE_SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "16MB": 16 << 20, "64MB": 64 << 20}
 
 
 def exchange(quick, device):
@@ -49,16 +47,23 @@ def exchange(quick, device):
     tb_bytes = tb.exchange_stats()["bytes_copied"]
     numpy_calls = max(1, min(50, (32 << 20) // n_bytes))
     timings = harness.interleaved(
-        # Timed here, within this iteration: x_tf is this size's tensor.
-        {"torchbridge": lambda: tb.to_tf(tb.to_torch(x_tf)),  # noqa: B023
-         "numpy_copy": lambda: numpy_bridge.exchange_round_trip(x_tf)},  # noqa: B023
-        repeats=5 if quick else 9,
-        calls={"torchbridge": 200, "numpy_copy": numpy_calls}, warmup=3)
+      # Timed here, within this iteration: x_tf is this size's tensor.
+      {
+        "torchbridge": lambda: tb.to_tf(tb.to_torch(x_tf)),  # noqa: B023
+        "numpy_copy": lambda: numpy_bridge.exchange_round_trip(x_tf),  # noqa: B023
+      },
+      repeats=5 if quick else 9,
+      calls={"torchbridge": 200, "numpy_copy": numpy_calls},
+      warmup=3,
+    )
     results[label] = {
-        "bytes": n_bytes, "timings": timings,
-        "bytes_copied": {
-            "torchbridge": tb_bytes,
-            "numpy_copy": numpy_bridge.bytes_copied_by_round_trip(x_tf)}}
+      "bytes": n_bytes,
+      "timings": timings,
+      "bytes_copied": {
+        "torchbridge": tb_bytes,
+        "numpy_copy": numpy_bridge.bytes_copied_by_round_trip(x_tf),
+      },
+    }
   return results
 
 
@@ -87,19 +92,18 @@ def overhead(quick, device):
   with _loader.python_path():  # traced now, on the tf.py_function path
     bridged_py_function.get_concrete_function(x_tf)
   contenders = {
-      "tf.function identity": lambda: bare_function(x_tf),
-      "tf.py_function identity (in tf.function)": lambda: bare_py_function(x_tf),
-      "torchbridge identity, tf.py_function path (in tf.function)":
-          lambda: bridged_py_function(x_tf),
+    "tf.function identity": lambda: bare_function(x_tf),
+    "tf.py_function identity (in tf.function)": lambda: bare_py_function(x_tf),
+    "torchbridge identity, tf.py_function path (in tf.function)": lambda: bridged_py_function(x_tf),
   }
   if _loader.available():
+
     @tf.function
     def bare_native_op(x):  # hands its input capsule straight back
       return _op.call(list, [x], [tf.float32], [x.shape])[0]
 
     def dlpack_round_trip(capsules):  # the least any Python-side bridge does
-      return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c))
-              for c in capsules]
+      return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c)) for c in capsules]
 
     @tf.function
     def bare_native_op_custom_gradient(x):  # what tf.custom_gradient adds
@@ -107,6 +111,7 @@ def overhead(quick, device):
       def call(v):
         out = _op.call(list, [v], [tf.float32], [v.shape])[0]
         return out, lambda dy: dy
+
       return call(x)
 
     @tf.function
@@ -115,26 +120,34 @@ def overhead(quick, device):
 
     @tf.function
     def torch_tensors_native_op(x):  # the op's C++ conversions only
-      return _op.call(lambda args_torch, unused: args_torch, [x],
-                          [tf.float32], [x.shape], torch_tensors=True)[0]
+      return _op.call(
+        lambda args_torch, unused: args_torch, [x], [tf.float32], [x.shape], torch_tensors=True
+      )[0]
 
-    contenders.update({
+    contenders.update(
+      {
         "native op doing nothing (in tf.function)": lambda: bare_native_op(x_tf),
-        "native op doing nothing, in tf.custom_gradient (in tf.function)":
-            lambda: bare_native_op_custom_gradient(x_tf),
-        "native op, torch DLPack round trip only (in tf.function)":
-            lambda: round_trip_native_op(x_tf),
-        "native op, torch tensors handed back (in tf.function)":
-            lambda: torch_tensors_native_op(x_tf),
-        "torchbridge identity, native op (in tf.function)":
-            lambda: bridged_function(x_tf)})
-  contenders.update({
-      "eager tf.py_function identity": lambda: tf.py_function(
-          lambda v: v, [x_tf], Tout=tf.float32),
+        "native op doing nothing, in tf.custom_gradient (in tf.function)": lambda: (
+          bare_native_op_custom_gradient(x_tf)
+        ),
+        "native op, torch DLPack round trip only (in tf.function)": lambda: round_trip_native_op(
+          x_tf
+        ),
+        "native op, torch tensors handed back (in tf.function)": lambda: torch_tensors_native_op(
+          x_tf
+        ),
+        "torchbridge identity, native op (in tf.function)": lambda: bridged_function(x_tf),
+      }
+    )
+  contenders.update(
+    {
+      "eager tf.py_function identity": lambda: tf.py_function(lambda v: v, [x_tf], Tout=tf.float32),
       "eager torchbridge identity": lambda: identity_tb(x_tf),
-  })
-  return harness.interleaved(contenders, repeats=7 if quick else 15,
-                             calls=100 if quick else 300, warmup=50)
+    }
+  )
+  return harness.interleaved(
+    contenders, repeats=7 if quick else 15, calls=100 if quick else 300, warmup=50
+  )
 
 
 def train_steps(model_name, quick, device, threads, log=print):
@@ -148,15 +161,18 @@ def train_steps(model_name, quick, device, threads, log=print):
   repeats = 5 if quick else 7
 
   def job(name):
-    return lambda: harness.run_process("benchmarks.step_process", [
-        model_name, name, "--repeats", repeats, "--threads", threads,
-        "--device", device], quiet_wait=0 if quick else harness.QUIET_MAX_WAIT)
+    return lambda: harness.run_process(
+      "benchmarks.step_process",
+      [model_name, name, "--repeats", repeats, "--threads", threads, "--device", device],
+      quiet_wait=0 if quick else harness.QUIET_MAX_WAIT,
+    )
 
-  runs = harness.alternated({name: job(name) for name in names},
-                            rounds=1 if quick else 3,
-                            log=lambda m: log(f"    {model_name} {m}"))
-  return {name: harness.over_processes(records)
-          for name, records in runs.items()}
+  runs = harness.alternated(
+    {name: job(name) for name in names},
+    rounds=1 if quick else 3,
+    log=lambda m: log(f"    {model_name} {m}"),
+  )
+  return {name: harness.over_processes(records) for name, records in runs.items()}
 
 
 def td3(quick, threads, log=print):
@@ -165,25 +181,44 @@ def td3(quick, threads, log=print):
   examples/td3_pendulum.py runs 3,000 environment steps (2,000 train steps
   after 1,000 of random actions) per backend; rounds alternate the backends.
   """
-  backends = {"torchbridge": "torchbridge", "pure torch": "torch",
-              "keras": "tf", FLOOR_TD3: "floor",
-              TD3_TORCH_THREAD: "torchbridge"}
+  backends = {
+    "torchbridge": "torchbridge",
+    "pure torch": "torch",
+    "keras": "tf",
+    FLOOR_TD3: "floor",
+    TD3_TORCH_THREAD: "torchbridge",
+  }
   runs_started = itertools.count()
   with tempfile.TemporaryDirectory(prefix="td3_bench_") as tmp:
+
     def job(name):
       backend = backends[name]
-      return lambda: harness.run_process("benchmarks.td3_process", [
-          backend, "--steps", 3000, "--start-steps", 1000, "--threads",
-          threads, "--out",
+      return lambda: harness.run_process(
+        "benchmarks.td3_process",
+        [
+          backend,
+          "--steps",
+          3000,
+          "--start-steps",
+          1000,
+          "--threads",
+          threads,
+          "--out",
           os.path.join(tmp, f"{next(runs_started)}_{backend}", "run"),
-          "--torch-thread", "on" if name == TD3_TORCH_THREAD else "script"],
-          quiet_wait=0 if quick else harness.QUIET_MAX_WAIT)
+          "--torch-thread",
+          "on" if name == TD3_TORCH_THREAD else "script",
+        ],
+        quiet_wait=0 if quick else harness.QUIET_MAX_WAIT,
+      )
 
-    runs = harness.alternated({name: job(name) for name in backends},
-                              rounds=1 if quick else 3,
-                              log=lambda m: log(f"    td3 {m}"))
-  result = {name: harness.over_processes(records, "ms_per_train_step")
-            for name, records in runs.items()}
+    runs = harness.alternated(
+      {name: job(name) for name in backends},
+      rounds=1 if quick else 3,
+      log=lambda m: log(f"    td3 {m}"),
+    )
+  result = {
+    name: harness.over_processes(records, "ms_per_train_step") for name, records in runs.items()
+  }
   for name, records in runs.items():
     if records and records[0].get("wall_s") is not None:
       result[name]["wall_s"] = float(np.median([r["wall_s"] for r in records]))
@@ -195,15 +230,18 @@ def torch_after_bridge(quick, threads, log=print):
   records = []
   for r in range(1 if quick else 3):
     log(f"    process {r + 1}")
-    records.append(harness.run_process(
-        "benchmarks.torch_after_bridge", ["--threads", threads],
-        quiet_wait=0 if quick else harness.QUIET_MAX_WAIT))
+    records.append(
+      harness.run_process(
+        "benchmarks.torch_after_bridge",
+        ["--threads", threads],
+        quiet_wait=0 if quick else harness.QUIET_MAX_WAIT,
+      )
+    )
   for record in records:
     record["ratio_right_after"] = record["right_after_us"] / record["before_us"]
     record["ratio_after_pause"] = record["after_pause_us"] / record["before_us"]
   result = harness.over_processes(records, "ratio_right_after")
-  result["ratio_after_pause"] = float(np.median(
-      [r["ratio_after_pause"] for r in records]))
+  result["ratio_after_pause"] = float(np.median([r["ratio_after_pause"] for r in records]))
   return result
 
 
@@ -212,9 +250,12 @@ def peak_memory(model_name, device):
   results = {}
   for contender in ("torchbridge", "keras"):
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.memory", contender, model_name, device],
-        capture_output=True, text=True, check=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+      [sys.executable, "-m", "benchmarks.memory", contender, model_name, device],
+      capture_output=True,
+      text=True,
+      check=True,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     results[contender] = json.loads(out.stdout.strip().splitlines()[-1])
   return results
 

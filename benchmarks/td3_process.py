@@ -47,11 +47,13 @@ WARM_STEPS = 10
 
 def _timed(train_step, durations):
   """`train_step` plus the loss fetch the script times with it, recorded."""
+
   def timed(*batch):
     start = time.perf_counter()
     losses = tuple(float(v) for v in train_step(*batch))
     durations.append(time.perf_counter() - start)
     return losses
+
   return timed
 
 
@@ -68,11 +70,24 @@ def run_script(backend, out, steps, start_steps, threads):
   td3_pendulum.Run = TimedRun
   try:
     with contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON line only
-      td3_pendulum.main([
-          "--backend", backend, "--steps", str(steps), "--start-steps",
-          str(start_steps), "--eval-every", str(10 * steps),
-          "--checkpoint-every", str(10 * steps), "--threads", str(threads),
-          "--out", out])
+      td3_pendulum.main(
+        [
+          "--backend",
+          backend,
+          "--steps",
+          str(steps),
+          "--start-steps",
+          str(start_steps),
+          "--eval-every",
+          str(10 * steps),
+          "--checkpoint-every",
+          str(10 * steps),
+          "--threads",
+          str(threads),
+          "--out",
+          out,
+        ]
+      )
   finally:
     td3_pendulum.Run = script_run
   with open(os.path.join(out, "results.json")) as f:
@@ -88,8 +103,7 @@ def bare_native_agent(seed=0):
   agent.actor = bare_native.BareNativeModule(actor_torch, "actor")
   agent.critic = bare_native.BareNativeModule(critic_torch, "critic")
   agent.actor_target = bare_native.BareNativeModule(actor_torch, "actor_target")
-  agent.critic_target = bare_native.BareNativeModule(critic_torch,
-                                                     "critic_target")
+  agent.critic_target = bare_native.BareNativeModule(critic_torch, "critic_target")
   agent.actor_opt = tf.keras.optimizers.Adam(hyper.lr)
   agent.critic_opt = tf.keras.optimizers.Adam(hyper.lr)
   agent.actor_opt.build(agent.actor.trainable_variables)
@@ -109,53 +123,64 @@ def run_floor(train_steps, threads):
   durations = []
   step = _timed(agent.train_step, durations)
   for _ in range(train_steps):
-    step(rng.standard_normal((n, 3), dtype=np.float32),
-         rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-         rng.standard_normal((n, 1), dtype=np.float32),
-         rng.standard_normal((n, 3), dtype=np.float32),
-         np.ones((n, 1), np.float32))
+    step(
+      rng.standard_normal((n, 3), dtype=np.float32),
+      rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+      rng.standard_normal((n, 1), dtype=np.float32),
+      rng.standard_normal((n, 3), dtype=np.float32),
+      np.ones((n, 1), np.float32),
+    )
   return durations
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.td3_process",
-                                   description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.td3_process", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("backend", choices=["torchbridge", "torch", "tf", "floor"])
   parser.add_argument("--out", required=True, help="the script's run directory")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--start-steps", type=int, default=1000)
   parser.add_argument("--threads", type=int, default=2)
-  parser.add_argument("--torch-thread", choices=["script", "on", "off"],
-                      default="script",
-                      help="where graph calls run (TORCHBRIDGE_TORCH_THREAD): "
-                      "as the script chooses (TF's thread), or set here")
+  parser.add_argument(
+    "--torch-thread",
+    choices=["script", "on", "off"],
+    default="script",
+    help="where graph calls run (TORCHBRIDGE_TORCH_THREAD): "
+    "as the script chooses (TF's thread), or set here",
+  )
   args = parser.parse_args(argv)
   if args.torch_thread != "script":
-    os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[
-        args.torch_thread]
+    os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[args.torch_thread]
 
   script_mean, wall_s = None, None
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
     start = time.perf_counter()
-    durations, script_mean = run_script(args.backend, args.out, args.steps,
-                                        args.start_steps, args.threads)
+    durations, script_mean = run_script(
+      args.backend, args.out, args.steps, args.start_steps, args.threads
+    )
     wall_s = time.perf_counter() - start
   warm = durations[WARM_STEPS:]
-  print(json.dumps({
-      "pid": os.getpid(), "backend": args.backend,
-      "train_steps": len(durations),
-      "ms_per_train_step": 1e3 * float(np.mean(warm)),
-      "first_step_ms": 1e3 * durations[0],
-      # The script's whole run (environment steps, the policy's calls,
-      # the train steps, the final evaluation), as `make demo` runs it.
-      "wall_s": wall_s,
-      # Where its graph calls ran (TORCHBRIDGE_TORCH_THREAD, "0": TF's
-      # thread), as the script or --torch-thread left it.
-      "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),
-      "script_ms_per_train_step": (None if script_mean is None
-                                   else 1e3 * script_mean)}))
+  print(
+    json.dumps(
+      {
+        "pid": os.getpid(),
+        "backend": args.backend,
+        "train_steps": len(durations),
+        "ms_per_train_step": 1e3 * float(np.mean(warm)),
+        "first_step_ms": 1e3 * durations[0],
+        # The script's whole run (environment steps, the policy's calls,
+        # the train steps, the final evaluation), as `make demo` runs it.
+        "wall_s": wall_s,
+        # Where its graph calls ran (TORCHBRIDGE_TORCH_THREAD, "0": TF's
+        # thread), as the script or --torch-thread left it.
+        "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),
+        "script_ms_per_train_step": (None if script_mean is None else 1e3 * script_mean),
+      }
+    )
+  )
   return 0
 
 

@@ -7,6 +7,7 @@ call, 15 timings of 300 calls): "off", "record" (inside
 compare "off" with a torchbridge that had no timeline (README, "Where the
 time goes").
 """
+
 import json
 import time
 

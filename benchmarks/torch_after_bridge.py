@@ -35,11 +35,13 @@ REPEATS, CALLS = 7, 30
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.torch_after_bridge",
-                                   description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.torch_after_bridge", description=__doc__.split("\n\n")[0]
+  )
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-  parser.add_argument("--calls", type=int, default=1000,
-                      help="bridged calls between the timings (two per step)")
+  parser.add_argument(
+    "--calls", type=int, default=1000, help="bridged calls between the timings (two per step)"
+  )
   args = parser.parse_args(argv)
   harness.configure_threads(args.threads)
 
@@ -71,14 +73,19 @@ def main(argv=None):
   right_after = harness.timed_repeats(torch_forward_backward, REPEATS, CALLS)
   time.sleep(PAUSE_SECONDS)
   later = harness.timed_repeats(torch_forward_backward, REPEATS, CALLS)
-  print(json.dumps({
-      "pid": os.getpid(), "bridged_calls": 2 * (args.calls // 2),
-      "before_us": float(np.median(before)),
-      "right_after_us": float(np.median(right_after)),
-      "after_pause_us": float(np.median(later)),
-      "pause_s": PAUSE_SECONDS,
-      "samples_us": {"before": before, "right_after": right_after,
-                     "after_pause": later}}))
+  print(
+    json.dumps(
+      {
+        "pid": os.getpid(),
+        "bridged_calls": 2 * (args.calls // 2),
+        "before_us": float(np.median(before)),
+        "right_after_us": float(np.median(right_after)),
+        "after_pause_us": float(np.median(later)),
+        "pause_s": PAUSE_SECONDS,
+        "samples_us": {"before": before, "right_after": right_after, "after_pause": later},
+      }
+    )
+  )
   return 0
 
 

@@ -25,8 +25,17 @@ NUMPY_COPY = "numpy-copy bridge tf.function"
 # An MLP step makes two bridged calls: the forward and the backward.
 FLOOR = "floor: TF function + Keras Adam + 2 bare native ops"
 
-CONTENDERS = (BRIDGED, PY_PATH, PURE_TORCH, TORCH_FORWARD_BACKWARD, KERAS,
-              BRIDGED_EAGER, KERAS_EAGER, NUMPY_COPY, FLOOR)
+CONTENDERS = (
+  BRIDGED,
+  PY_PATH,
+  PURE_TORCH,
+  TORCH_FORWARD_BACKWARD,
+  KERAS,
+  BRIDGED_EAGER,
+  KERAS_EAGER,
+  NUMPY_COPY,
+  FLOOR,
+)
 
 
 def contenders(model_name, quick, device):
@@ -53,16 +62,14 @@ def _tf_device(device):
 def build(model_name, contender, device):
   """The zero-argument step function of `contender` for `model_name`."""
   if contender not in CONTENDERS:
-    raise ValueError(f"unknown contender {contender!r}; expected one of "
-                     f"{CONTENDERS}")
+    raise ValueError(f"unknown contender {contender!r}; expected one of {CONTENDERS}")
   torch.manual_seed(0)
   shape_torch, shape_keras, shape_target = models.batch_shapes(model_name)
   rng = np.random.default_rng(0)
   x_np = rng.standard_normal(shape_torch, dtype=np.float32)
   y_np = rng.standard_normal(shape_target, dtype=np.float32)
   if contender in (PURE_TORCH, TORCH_FORWARD_BACKWARD):
-    return _torch_step(model_name, x_np, y_np, device,
-                       optimizer=contender == PURE_TORCH)
+    return _torch_step(model_name, x_np, y_np, device, optimizer=contender == PURE_TORCH)
   if contender in (KERAS, KERAS_EAGER):
     if len(shape_torch) == 4:  # TF's CPU convolutions take NHWC only
       x_np = np.ascontiguousarray(x_np.transpose(0, 2, 3, 1))
@@ -72,8 +79,7 @@ def build(model_name, contender, device):
   elif contender == FLOOR:
     model = bare_native.BareNativeModule(models.torch_model(model_name))
   else:
-    model = tb.TorchModule(models.torch_model(model_name).to(device),
-                           name="bridged")
+    model = tb.TorchModule(models.torch_model(model_name).to(device), name="bridged")
   with tf.device(_tf_device(device)):
     x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
   step = _tf_step(model, x_tf, y_tf)
@@ -95,6 +101,7 @@ def _tf_step(model, x_tf, y_tf):
     variables = model.trainable_variables
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
     return loss
+
   return step
 
 
@@ -111,4 +118,5 @@ def _torch_step(model_name, x_np, y_np, device, optimizer):
     if optimizer:
       adam.step()
     return loss
+
   return step

@@ -59,15 +59,23 @@ TRANSLATED_XLA_INLINED = "translated XLA, served inlined"
 KERAS = "keras tf.function"
 KERAS_XLA = "keras XLA"
 PURE_TORCH = "pure torch"
-CONTENDERS = (BRIDGE, TRANSLATED, TRANSLATED_XLA, TRANSLATED_XLA_INLINED,
-              KERAS, KERAS_XLA, PURE_TORCH)
+CONTENDERS = (
+  BRIDGE,
+  TRANSLATED,
+  TRANSLATED_XLA,
+  TRANSLATED_XLA_INLINED,
+  KERAS,
+  KERAS_XLA,
+  PURE_TORCH,
+)
 KINDS = ("infer", "train")
 # XLA recompiles a step that calls `served` (its tf.function) on every call
 # once the step also updates the variables (see `build_train`): the training
 # step is measured that way and also with the translated graph inlined.
-CONTENDERS_OF = {"infer": tuple(c for c in CONTENDERS
-                                if c != TRANSLATED_XLA_INLINED),
-                 "train": CONTENDERS}
+CONTENDERS_OF = {
+  "infer": tuple(c for c in CONTENDERS if c != TRANSLATED_XLA_INLINED),
+  "train": CONTENDERS,
+}
 INFER_MODELS = ("small_mlp", "td3_actor")
 BATCHES = (1, 256)
 TRAIN_MODEL = "small_mlp"
@@ -89,6 +97,7 @@ def _td3_networks():
   if examples not in sys.path:
     sys.path.insert(0, examples)
   from td3 import networks  # pylint: disable=import-outside-toplevel
+
   return networks
 
 
@@ -113,27 +122,25 @@ def _keras_model(model_name, torch_model):
   else:
     keras_model = models.keras_model(model_name)
     dense = [layer for layer in keras_model.layers if layer.weights]
-  linears = [m for m in torch_model.modules()
-             if isinstance(m, torch.nn.Linear)]
+  linears = [m for m in torch_model.modules() if isinstance(m, torch.nn.Linear)]
   if len(linears) != len(dense):
-    raise ValueError(f"{model_name}: {len(linears)} torch Linear layers, "
-                     f"{len(dense)} Keras Dense layers")
+    raise ValueError(
+      f"{model_name}: {len(linears)} torch Linear layers, {len(dense)} Keras Dense layers"
+    )
   for linear, layer in zip(linears, dense):
-    layer.set_weights([linear.weight.detach().numpy().T,
-                       linear.bias.detach().numpy()])
+    layer.set_weights([linear.weight.detach().numpy().T, linear.bias.detach().numpy()])
   return keras_model
 
 
 def _translate(bridged, model_name, jit_compile=None):
   return tb.translate(
-      bridged, [tf.TensorSpec([None, _in_dim(model_name)], tf.float32)],
-      jit_compile=jit_compile)
+    bridged, [tf.TensorSpec([None, _in_dim(model_name)], tf.float32)], jit_compile=jit_compile
+  )
 
 
 def inference_input(model_name, batch):
   """The fixed input of a latency timing: random normal, numpy seed 0."""
-  return np.random.default_rng(0).standard_normal(
-      (batch, _in_dim(model_name)), dtype=np.float32)
+  return np.random.default_rng(0).standard_normal((batch, _in_dim(model_name)), dtype=np.float32)
 
 
 def build_forward(contender, model_name):
@@ -141,40 +148,42 @@ def build_forward(contender, model_name):
   that takes a numpy batch and gives the zero-argument forward on it (the
   forward returns the output tensor)."""
   if contender not in CONTENDERS_OF["infer"]:
-    raise ValueError(f"unknown contender {contender!r}; expected one of "
-                     f"{CONTENDERS_OF['infer']}")
+    raise ValueError(f"unknown contender {contender!r}; expected one of {CONTENDERS_OF['infer']}")
   torch_model = _torch_model(model_name).eval()
   if contender == PURE_TORCH:
+
     def on_torch(x_np):
       x_torch = torch.from_numpy(x_np)
 
       def forward():
         with torch.no_grad():
           return torch_model(x_torch)
+
       return forward
+
     return on_torch
   if contender in (KERAS, KERAS_XLA):
     keras_model = _keras_model(model_name, torch_model)
-    call = tf.function(lambda x: keras_model(x, training=False),
-                       jit_compile=contender == KERAS_XLA)
+    call = tf.function(lambda x: keras_model(x, training=False), jit_compile=contender == KERAS_XLA)
   else:
     bridged = tb.TorchModule(torch_model, name="bridged")
     if contender == BRIDGE:
       call = tf.function(lambda x: bridged(x))  # pylint: disable=unnecessary-lambda
     else:  # its own tf.function, with the input signature [None, in_dim]
-      call = _translate(bridged, model_name, jit_compile=(
-          True if contender == TRANSLATED_XLA else None))
+      call = _translate(
+        bridged, model_name, jit_compile=(True if contender == TRANSLATED_XLA else None)
+      )
 
   def on_tf(x_np):
     x_tf = tf.constant(x_np)
     return lambda: call(x_tf)
+
   return on_tf
 
 
 def build_inference(contender, model_name, batch):
   """The zero-argument forward of `contender` on `inference_input`."""
-  return build_forward(contender, model_name)(inference_input(model_name,
-                                                              batch))
+  return build_forward(contender, model_name)(inference_input(model_name, batch))
 
 
 def _train_data(model_name):
@@ -218,8 +227,7 @@ def build_train(contender, model_name=TRAIN_MODEL):
   if contender == PURE_TORCH:
     return train_step.build(model_name, train_step.PURE_TORCH, "cpu")
   if contender not in CONTENDERS_OF["train"]:
-    raise ValueError(f"unknown contender {contender!r}; expected one of "
-                     f"{CONTENDERS_OF['train']}")
+    raise ValueError(f"unknown contender {contender!r}; expected one of {CONTENDERS_OF['train']}")
   x_np, y_np = _train_data(model_name)
   x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
   torch_model = _torch_model(model_name)  # train_step.build's initial weights
@@ -230,12 +238,15 @@ def build_train(contender, model_name=TRAIN_MODEL):
     if contender == TRANSLATED_XLA_INLINED:
       model = _Inlined(model)
   jit = contender in (KERAS_XLA, TRANSLATED_XLA, TRANSLATED_XLA_INLINED)
-  return tf.function(train_step._tf_step(model, x_tf, y_tf),  # pylint: disable=protected-access
-                     jit_compile=jit)
+  return tf.function(
+    train_step._tf_step(model, x_tf, y_tf),  # pylint: disable=protected-access
+    jit_compile=jit,
+  )
 
 
-def measure(kind, contender, model_names=INFER_MODELS, repeats=7, calls=0,
-            seconds=0.25, first_outputs=None):
+def measure(
+  kind, contender, model_names=INFER_MODELS, repeats=7, calls=0, seconds=0.25, first_outputs=None
+):
   """Times one contender (in this process) and returns {key: {"median_us",
   "samples_us", "calls"}}. `calls`: per timing; 0: as many as take about
   `seconds` (the calibration warms up); otherwise one warm-up call.
@@ -245,8 +256,7 @@ def measure(kind, contender, model_names=INFER_MODELS, repeats=7, calls=0,
     fns = {}
     for m in model_names:
       on = build_forward(contender, m)
-      fns.update({infer_key(m, b): on(inference_input(m, b))
-                  for b in BATCHES})
+      fns.update({infer_key(m, b): on(inference_input(m, b)) for b in BATCHES})
   elif kind == "train":
     fns = {train_key(): build_train(contender)}
   else:
@@ -255,40 +265,48 @@ def measure(kind, contender, model_names=INFER_MODELS, repeats=7, calls=0,
   for key, fn in fns.items():
     first = fn()  # traces and compiles
     if first_outputs is not None:
-      first_outputs[key] = (first.detach().numpy() if torch.is_tensor(first)
-                            else first.numpy())
+      first_outputs[key] = first.detach().numpy() if torch.is_tensor(first) else first.numpy()
     if calls:
       n = calls
     else:
       n = harness.calls_for(fn, seconds)
     samples = harness.timed_repeats(fn, repeats, n)
-    out[key] = {"median_us": float(np.median(samples)), "samples_us": samples,
-                "calls": n}
+    out[key] = {"median_us": float(np.median(samples)), "samples_us": samples, "calls": n}
   return out
 
 
-def record(kind, contender, model_names=INFER_MODELS, repeats=7, calls=0,
-           first_outputs=None):
+def record(kind, contender, model_names=INFER_MODELS, repeats=7, calls=0, first_outputs=None):
   """What a contender's process reports: `measure`'s timings, the process
   id, the thread settings, whether the native op is in use."""
   start = time.perf_counter()
-  timings = measure(kind, contender, model_names, repeats=repeats, calls=calls,
-                    first_outputs=first_outputs)
+  timings = measure(
+    kind, contender, model_names, repeats=repeats, calls=calls, first_outputs=first_outputs
+  )
   return {
-      "pid": os.getpid(), "kind": kind, "contender": contender,
-      "repeats": repeats, "timings": timings,
-      "process_s": round(time.perf_counter() - start, 2),
-      "native": _loader.available(),
-      "threads": {"torch_intra": torch.get_num_threads(),
-                  "tf_intra": tf.config.threading.get_intra_op_parallelism_threads()},
+    "pid": os.getpid(),
+    "kind": kind,
+    "contender": contender,
+    "repeats": repeats,
+    "timings": timings,
+    "process_s": round(time.perf_counter() - start, 2),
+    "native": _loader.available(),
+    "threads": {
+      "torch_intra": torch.get_num_threads(),
+      "tf_intra": tf.config.threading.get_intra_op_parallelism_threads(),
+    },
   }
 
 
 def process_main(args):
   """One contender's process: builds, warms up, times; one JSON line."""
   harness.configure_threads(args.threads)
-  print(json.dumps(record(args.kind, args.contender, args.models.split(","),
-                          repeats=args.repeats, calls=args.calls)))
+  print(
+    json.dumps(
+      record(
+        args.kind, args.contender, args.models.split(","), repeats=args.repeats, calls=args.calls
+      )
+    )
+  )
   return 0
 
 
@@ -307,26 +325,41 @@ def summarize(runs):
   for (_, contender), records in runs.items():
     keys = [k for r in records for k in r["timings"]]
     for key in dict.fromkeys(keys):
-      per_process = [{**r["timings"][key], "pid": r["pid"],
-                      "foreign_load_cores": r.get("foreign_load_cores"),
-                      "waited_s": r.get("waited_s")}
-                     for r in records if key in r["timings"]]
-      timings.setdefault(key, {})[contender] = harness.over_processes(
-          per_process)
+      per_process = [
+        {
+          **r["timings"][key],
+          "pid": r["pid"],
+          "foreign_load_cores": r.get("foreign_load_cores"),
+          "waited_s": r.get("waited_s"),
+        }
+        for r in records
+        if key in r["timings"]
+      ]
+      timings.setdefault(key, {})[contender] = harness.over_processes(per_process)
   ratios = {}
   for key, by_contender in timings.items():
     ratios[key] = {}
     for contender, t in by_contender.items():
       ratios[key][contender] = {
-          f"/ {ref}": (t["median_us"] / by_contender[name]["median_us"]
-                       if name in by_contender else None)
-          for ref, name in (("bridge", BRIDGE), ("keras", KERAS))}
-  loads = [r["foreign_load_cores"] for records in runs.values()
-           for r in records if r.get("foreign_load_cores") is not None]
-  return {"timings": timings, "ratios": ratios,
-          "foreign_load_cores": {
-              "median": float(np.median(loads)) if loads else None,
-              "max": float(np.max(loads)) if loads else None}}
+        f"/ {ref}": (
+          t["median_us"] / by_contender[name]["median_us"] if name in by_contender else None
+        )
+        for ref, name in (("bridge", BRIDGE), ("keras", KERAS))
+      }
+  loads = [
+    r["foreign_load_cores"]
+    for records in runs.values()
+    for r in records
+    if r.get("foreign_load_cores") is not None
+  ]
+  return {
+    "timings": timings,
+    "ratios": ratios,
+    "foreign_load_cores": {
+      "median": float(np.median(loads)) if loads else None,
+      "max": float(np.max(loads)) if loads else None,
+    },
+  }
 
 
 def _us(v):
@@ -335,9 +368,10 @@ def _us(v):
 
 def markdown(results):
   """The table: one row per measurement and contender."""
-  lines = ["| measurement | contender | median µs/call | min-max over "
-           "processes | / bridge | / keras |",
-           "|---|---|---:|---:|---:|---:|"]
+  lines = [
+    "| measurement | contender | median µs/call | min-max over processes | / bridge | / keras |",
+    "|---|---|---:|---:|---:|---:|",
+  ]
   for key, by_contender in results["timings"].items():
     for contender in CONTENDERS:
       if contender not in by_contender:
@@ -345,19 +379,24 @@ def markdown(results):
       t = by_contender[contender]
       r = results["ratios"][key][contender]
       ratio = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-      lines.append(f"| {key} | {contender} | {_us(t['median_us'])} | "
-                   f"{_us(t['min'])}-{_us(t['max'])} | "
-                   f"{ratio(r['/ bridge'])} | {ratio(r['/ keras'])} |")
+      lines.append(
+        f"| {key} | {contender} | {_us(t['median_us'])} | "
+        f"{_us(t['min'])}-{_us(t['max'])} | "
+        f"{ratio(r['/ bridge'])} | {ratio(r['/ keras'])} |"
+      )
   load = results["foreign_load_cores"]
   env = results["environment"]
-  lines += ["", f"{results['rounds']} round(s) of one process per contender "
-            f"and kind, {results['repeats']} timings per process; "
-            f"{env['threads']['requested']} threads, {env['cpu']} "
-            f"({env['cpu_count']} cores); torch {env['torch']}, TF "
-            f"{env['tensorflow']}; native op: {results['native']}; other "
-            f"processes' load during the runs: median "
-            f"{load['median'] if load['median'] is not None else 0:.2f} "
-            f"cores, max {load['max'] if load['max'] is not None else 0:.2f}."]
+  lines += [
+    "",
+    f"{results['rounds']} round(s) of one process per contender "
+    f"and kind, {results['repeats']} timings per process; "
+    f"{env['threads']['requested']} threads, {env['cpu']} "
+    f"({env['cpu_count']} cores); torch {env['torch']}, TF "
+    f"{env['tensorflow']}; native op: {results['native']}; other "
+    f"processes' load during the runs: median "
+    f"{load['median'] if load['median'] is not None else 0:.2f} "
+    f"cores, max {load['max'] if load['max'] is not None else 0:.2f}.",
+  ]
   return "\n".join(lines)
 
 
@@ -371,8 +410,7 @@ def write(results, out_dir):
   return path
 
 
-def run(quick, threads, rounds=None, repeats=None, models_=INFER_MODELS,
-        log=print, runner=None):
+def run(quick, threads, rounds=None, repeats=None, models_=INFER_MODELS, log=print, runner=None):
   """All contenders, a process each per kind, alternated over rounds.
 
   `runner(kind, contender, models_, repeats)` returns one process's record;
@@ -385,57 +423,83 @@ def run(quick, threads, rounds=None, repeats=None, models_=INFER_MODELS,
   start = time.time()
 
   def in_a_process(kind, contender, models_, repeats):
-    return harness.run_process("benchmarks.translate_bench", [
-        "--process", kind, contender, "--models", ",".join(models_),
-        "--repeats", repeats, "--threads", threads], quiet_wait=quiet)
+    return harness.run_process(
+      "benchmarks.translate_bench",
+      [
+        "--process",
+        kind,
+        contender,
+        "--models",
+        ",".join(models_),
+        "--repeats",
+        repeats,
+        "--threads",
+        threads,
+      ],
+      quiet_wait=quiet,
+    )
 
   runner = runner or in_a_process
-  names = {f"{kind}: {c}": (kind, c) for kind in KINDS
-           for c in CONTENDERS_OF[kind]}
+  names = {f"{kind}: {c}": (kind, c) for kind in KINDS for c in CONTENDERS_OF[kind]}
   runs = harness.alternated(
-      {name: (lambda k=key: runner(*k, models_, repeats))
-       for name, key in names.items()}, rounds,
-      log=lambda m: log(f"[{time.time() - start:5.0f} s] {m}"))
+    {name: (lambda k=key: runner(*k, models_, repeats)) for name, key in names.items()},
+    rounds,
+    log=lambda m: log(f"[{time.time() - start:5.0f} s] {m}"),
+  )
   results = summarize({names[name]: records for name, records in runs.items()})
-  results.update(quick=quick, rounds=rounds, repeats=repeats,
-                 environment=harness.environment(threads, "cpu"),
-                 native=_loader.available(),
-                 failed_processes=harness.FAILURES,
-                 seconds=round(time.time() - start, 1))
+  results.update(
+    quick=quick,
+    rounds=rounds,
+    repeats=repeats,
+    environment=harness.environment(threads, "cpu"),
+    native=_loader.available(),
+    failed_processes=harness.FAILURES,
+    seconds=round(time.time() - start, 1),
+  )
   return results
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.translate_bench",
-                                   description=__doc__.split("\n\n")[0])
-  parser.add_argument("--quick", action="store_true",
-                      help="one round, 3 timings per process, no quiet wait")
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.translate_bench", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument(
+    "--quick", action="store_true", help="one round, 3 timings per process, no quiet wait"
+  )
   parser.add_argument("--out", default=RESULTS)
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument("--rounds", type=int, default=0)
   parser.add_argument("--repeats", type=int, default=0)
-  parser.add_argument("--models", default=",".join(INFER_MODELS),
-                      help="inference models, comma-separated")
-  parser.add_argument("--process", nargs=2, metavar=("KIND", "CONTENDER"),
-                      help="be one contender's process (KIND: infer, train)")
-  parser.add_argument("--calls", type=int, default=0,
-                      help="(--process) calls per timing; 0: ~0.25 s worth")
+  parser.add_argument(
+    "--models", default=",".join(INFER_MODELS), help="inference models, comma-separated"
+  )
+  parser.add_argument(
+    "--process",
+    nargs=2,
+    metavar=("KIND", "CONTENDER"),
+    help="be one contender's process (KIND: infer, train)",
+  )
+  parser.add_argument(
+    "--calls", type=int, default=0, help="(--process) calls per timing; 0: ~0.25 s worth"
+  )
   args = parser.parse_args(argv)
   if args.process:
     args.kind, args.contender = args.process
-    if args.kind not in KINDS or args.contender not in CONTENDERS_OF.get(
-        args.kind, ()):
-      parser.error(f"--process KIND CONTENDER: KIND in {KINDS}, CONTENDER "
-                   f"in {CONTENDERS_OF}")
+    if args.kind not in KINDS or args.contender not in CONTENDERS_OF.get(args.kind, ()):
+      parser.error(f"--process KIND CONTENDER: KIND in {KINDS}, CONTENDER in {CONTENDERS_OF}")
     args.repeats = args.repeats or 7
     return process_main(args)
 
   harness.configure_threads(args.threads)
-  print(f"translate benchmark: {args.threads} threads per process, "
-        f"quick={args.quick}", flush=True)
-  results = run(args.quick, args.threads, args.rounds, args.repeats,
-                tuple(args.models.split(",")),
-                log=lambda m: print(m, flush=True))
+  print(f"translate benchmark: {args.threads} threads per process, quick={args.quick}", flush=True)
+  results = run(
+    args.quick,
+    args.threads,
+    args.rounds,
+    args.repeats,
+    tuple(args.models.split(",")),
+    log=lambda m: print(m, flush=True),
+  )
   table = markdown(results)
   print()
   print(table)

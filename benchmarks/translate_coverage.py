@@ -69,8 +69,16 @@ import _module_db_cases as db_cases  # noqa: E402  pylint: disable=wrong-import-
 
 DEFAULT_SAMPLES = 6
 SAMPLE_TIMEOUT_S = 120  # one translation; a slower one counts as "error"
-OUTCOME_ORDER = ("match", "untranslated", "parity", "export",
-                 "writes_buffers", "random", "error", "n/a")
+OUTCOME_ORDER = (
+  "match",
+  "untranslated",
+  "parity",
+  "export",
+  "writes_buffers",
+  "random",
+  "error",
+  "n/a",
+)
 
 
 class _Timeout(Exception):
@@ -111,8 +119,11 @@ def _with_named_inputs(base, count, *init_args):
   positional tensors and passes them, as a tuple, to `base.call`."""
   names = ", ".join(f"x{k}" for k in range(count))
   scope = {}
-  exec(f"def forward(self, {names}):\n"  # pylint: disable=exec-used
-       f"  return self.call(({names}{',' if count == 1 else ''}))\n", scope)
+  exec(
+    f"def forward(self, {names}):\n"  # pylint: disable=exec-used
+    f"  return self.call(({names}{',' if count == 1 else ''}))\n",
+    scope,
+  )
   cls = type(base.__name__, (base,), {"forward": scope["forward"]})
   return cls(*init_args)
 
@@ -125,8 +136,7 @@ class _Slot:
 def _fill(template, tensors):
   if isinstance(template, _Slot):
     return tensors[template.index]
-  if isinstance(template, (tuple, list)) and not isinstance(template,
-                                                            torch.Size):
+  if isinstance(template, (tuple, list)) and not isinstance(template, torch.Size):
     return type(template)(_fill(v, tensors) for v in template)
   if isinstance(template, dict):
     return {k: _fill(v, tensors) for k, v in template.items()}
@@ -162,7 +172,7 @@ def untranslated_ops(err):
 
 def _short(text, limit=300):
   text = " ".join(str(text).split())
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def classify(err):
@@ -195,8 +205,10 @@ def classify(err):
 def _with_timeout(fn, seconds):
   if not hasattr(signal, "SIGALRM"):
     return fn()
+
   def on_alarm(signum, frame):
     raise _Timeout()
+
   previous = signal.signal(signal.SIGALRM, on_alarm)
   signal.alarm(seconds)
   try:
@@ -217,8 +229,7 @@ def _is_random(module, args, kwargs):
   """Whether two torch calls with other seeds give other outputs."""
   first = _torch_outputs(module, args, kwargs, 1)
   second = _torch_outputs(module, args, kwargs, 2)
-  return any(a.shape != b.shape or not torch.equal(a, b)
-             for a, b in zip(first, second))
+  return any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(first, second))
 
 
 def _attempt(target, tensors, dynamic_batch, name):
@@ -248,16 +259,15 @@ def _translate_sample(info, sample, name):
     module.eval()
     random = _is_random(module, fwd.args, fwd.kwargs)
   except Exception as err:  # pylint: disable=broad-except
-    record.update(outcome="n/a", detail=_short(
-        f"pure torch fails: {type(err).__name__}: {err}", 200))
+    record.update(
+      outcome="n/a", detail=_short(f"pure torch fails: {type(err).__name__}: {err}", 200)
+    )
     return record
-  tensors = [t.detach().clone() for t in tensor_leaves((fwd.args,
-                                                        fwd.kwargs))]
+  tensors = [t.detach().clone() for t in tensor_leaves((fwd.args, fwd.kwargs))]
   if not tensors:
     record.update(outcome="n/a", detail="no tensor input")
     return record
-  plain = not fwd.kwargs and all(isinstance(a, torch.Tensor)
-                                 for a in fwd.args)
+  plain = not fwd.kwargs and all(isinstance(a, torch.Tensor) for a in fwd.args)
   if not plain:
     record["bound"] = True  # kwargs / non-tensor args fixed by `Bound`
   attempts = ([True] if any(t.dim() for t in tensors) else []) + [False]
@@ -265,32 +275,36 @@ def _translate_sample(info, sample, name):
   for dynamic_batch in attempts:
     target = copy.deepcopy(module)
     if not plain:
-      target = _with_named_inputs(Bound, len(tensors), target,
-                                  copy.deepcopy(fwd.args),
-                                  copy.deepcopy(fwd.kwargs))
+      target = _with_named_inputs(
+        Bound, len(tensors), target, copy.deepcopy(fwd.args), copy.deepcopy(fwd.kwargs)
+      )
     try:
       # Called at once, in this iteration.
-      _with_timeout(lambda: _attempt(target, tensors, dynamic_batch, name),  # noqa: B023
-                    SAMPLE_TIMEOUT_S)
+      _with_timeout(
+        lambda: _attempt(target, tensors, dynamic_batch, name),  # noqa: B023
+        SAMPLE_TIMEOUT_S,
+      )
     except Exception as err:  # pylint: disable=broad-except
       kind, detail, ops = classify(err)
       if kind == "parity" and random:
         kind, detail = "random", "torch's output is random: " + detail
-      failure = {"outcome": kind, "detail": detail, "ops": ops,
-                 "batch": "dynamic" if dynamic_batch else "static"}
+      failure = {
+        "outcome": kind,
+        "detail": detail,
+        "ops": ops,
+        "batch": "dynamic" if dynamic_batch else "static",
+      }
       if dynamic_batch:
         first_failure = failure
         continue
       record.update(failure)
       break
-    record.update(outcome="match",
-                  batch="dynamic" if dynamic_batch else "static")
+    record.update(outcome="match", batch="dynamic" if dynamic_batch else "static")
     break
-  if first_failure is not None and (record["outcome"] == "match" or
-                                    first_failure["outcome"] !=
-                                    record["outcome"]):
-    record["dynamic_failure"] = {k: first_failure[k] for k in
-                                 ("outcome", "detail", "ops")}
+  if first_failure is not None and (
+    record["outcome"] == "match" or first_failure["outcome"] != record["outcome"]
+  ):
+    record["dynamic_failure"] = {k: first_failure[k] for k in ("outcome", "detail", "ops")}
   if "ops" in record and not record["ops"]:
     del record["ops"]
   return record
@@ -323,13 +337,18 @@ def run_module(name, limit=DEFAULT_SAMPLES):
   else:
     status = "none"
   ops = sorted({op for r in samples for op in r.get("ops", ())})
-  return {"module": name, "samples_available": total,
-          "samples_tried": len(samples), "matched": counts["match"],
-          "dynamic_batch": sum(r["outcome"] == "match" and
-                               r["batch"] == "dynamic" for r in samples),
-          "outcomes": dict(counts), "status": status, "missing_ops": ops,
-          "seconds": round(time.perf_counter() - start, 2),
-          "samples": samples}
+  return {
+    "module": name,
+    "samples_available": total,
+    "samples_tried": len(samples),
+    "matched": counts["match"],
+    "dynamic_batch": sum(r["outcome"] == "match" and r["batch"] == "dynamic" for r in samples),
+    "outcomes": dict(counts),
+    "status": status,
+    "missing_ops": ops,
+    "seconds": round(time.perf_counter() - start, 2),
+    "samples": samples,
+  }
 
 
 # Tiny Hugging Face models: tests/test_transformers.py's configs, with the
@@ -356,31 +375,35 @@ def run_transformers_model(name):
   """The coverage record of one tiny transformers model: static shapes,
   a dynamic batch, and dynamic batch and sequence length are each tried."""
   import test_transformers  # pylint: disable=import-outside-toplevel
+
   start = time.perf_counter()
   build, make_inputs = test_transformers._load(name)  # pylint: disable=protected-access
   inputs = make_inputs()
   torch.manual_seed(0)
-  model = _with_named_inputs(_Keywords, len(inputs), build().eval(),
-                             list(inputs))
+  model = _with_named_inputs(_Keywords, len(inputs), build().eval(), list(inputs))
   examples = list(inputs.values())
-  variants = {"batch and sequence": lambda a: [None] * min(a.ndim, 2) +
-                                              list(a.shape[2:]),
-              "batch": lambda a: [None] + list(a.shape[1:]),
-              "static": lambda a: list(a.shape)}
+  variants = {
+    "batch and sequence": lambda a: [None] * min(a.ndim, 2) + list(a.shape[2:]),
+    "batch": lambda a: [None] + list(a.shape[1:]),
+    "static": lambda a: list(a.shape),
+  }
   if name == "vit":  # the image size is fixed by the position embeddings
     del variants["batch and sequence"]
   record = {"model": name, "inputs": list(inputs), "shapes": {}}
   for variant, shape_of in variants.items():
-    specs = [tf.TensorSpec(shape_of(a), tf.as_dtype(a.dtype))
-             for a in examples]
+    specs = [tf.TensorSpec(shape_of(a), tf.as_dtype(a.dtype)) for a in examples]
     try:
       with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        served = _with_timeout(lambda: tb.translate(  # called at once
-            tb.TorchModule(copy.deepcopy(model), name=name), specs,  # noqa: B023
-            example_inputs=examples), SAMPLE_TIMEOUT_S * 3)
-      result = {"outcome": "match",
-                "parity": float(max(served.parity, default=0.0))}
+        served = _with_timeout(
+          lambda: tb.translate(  # called at once
+            tb.TorchModule(copy.deepcopy(model), name=name),
+            specs,  # noqa: B023
+            example_inputs=examples,
+          ),
+          SAMPLE_TIMEOUT_S * 3,
+        )
+      result = {"outcome": "match", "parity": float(max(served.parity, default=0.0))}
     except Exception as err:  # pylint: disable=broad-except
       kind, detail, ops = classify(err)
       result = {"outcome": kind, "detail": detail}
@@ -389,10 +412,10 @@ def run_transformers_model(name):
     record["shapes"][variant] = result
   outcomes = [r["outcome"] for r in record["shapes"].values()]
   record["matched"] = "match" in outcomes
-  record["dynamic"] = next((v for v, r in record["shapes"].items()
-                            if r["outcome"] == "match"), None)
-  record["missing_ops"] = sorted({op for r in record["shapes"].values()
-                                  for op in r.get("ops", ())})
+  record["dynamic"] = next(
+    (v for v, r in record["shapes"].items() if r["outcome"] == "match"), None
+  )
+  record["missing_ops"] = sorted({op for r in record["shapes"].values() for op in r.get("ops", ())})
   record["seconds"] = round(time.perf_counter() - start, 2)
   return record
 
@@ -410,8 +433,7 @@ def _failure_text(record):
     seen.setdefault(text, []).append(r["sample"])
   parts = []
   for text, which in seen.items():
-    parts.append(f"{text} (sample{'s' if len(which) > 1 else ''} "
-                 f"{', '.join(map(str, which))})")
+    parts.append(f"{text} (sample{'s' if len(which) > 1 else ''} {', '.join(map(str, which))})")
   return "; ".join(parts).replace("|", "\\|")
 
 
@@ -425,35 +447,37 @@ def markdown(results):
   tried = sum(m["samples_tried"] for m in modules)
   matched = sum(m["matched"] for m in modules)
   dynamic = sum(m["dynamic_batch"] for m in modules)
-  hf_version = (f", transformers {results['transformers']}"
-                if results.get("transformers") else "")
+  hf_version = f", transformers {results['transformers']}" if results.get("transformers") else ""
   lines = [
-      f"Generated by `python -m benchmarks.translate_coverage` "
-      f"(torch {results['torch']}, TensorFlow {results['tensorflow']}"
-      f"{hf_version}"
-      f"; {results['seconds']:.0f} s).",
-      "",
-      f"**torch `module_db`** ({len(modules)} modules; "
-      f"{'every' if not limit else f'the first {limit}'} float32 eval "
-      f"sample{'s' if limit != 1 else ''} of each, {tried} in all; a "
-      f"dynamic batch where torch.export keeps it, else static shapes): "
-      f"**{len(by_status['all'])} translate and match on every sample**, "
-      f"{len(by_status['partial'])} on some, {len(by_status['none'])} on "
-      f"none"
-      + (f", {len(by_status['n/a'])} not applicable" if by_status["n/a"]
-         else "")
-      + f". Samples: {matched} of {tried} match ({dynamic} of them with a "
-      f"dynamic batch).",
-      ""]
+    f"Generated by `python -m benchmarks.translate_coverage` "
+    f"(torch {results['torch']}, TensorFlow {results['tensorflow']}"
+    f"{hf_version}"
+    f"; {results['seconds']:.0f} s).",
+    "",
+    f"**torch `module_db`** ({len(modules)} modules; "
+    f"{'every' if not limit else f'the first {limit}'} float32 eval "
+    f"sample{'s' if limit != 1 else ''} of each, {tried} in all; a "
+    f"dynamic batch where torch.export keeps it, else static shapes): "
+    f"**{len(by_status['all'])} translate and match on every sample**, "
+    f"{len(by_status['partial'])} on some, {len(by_status['none'])} on "
+    f"none"
+    + (f", {len(by_status['n/a'])} not applicable" if by_status["n/a"] else "")
+    + f". Samples: {matched} of {tried} match ({dynamic} of them with a "
+    f"dynamic batch).",
+    "",
+  ]
   hf = results.get("transformers_models") or []
   if hf:
     ok = [r["model"] for r in hf if r["matched"]]
-    lines += [f"**Tiny `transformers` models** (tests/test_transformers.py's "
-              f"configs, random weights, all outputs compared): {len(ok)} of "
-              f"{len(hf)} translate and match ({', '.join(ok) or 'none'}), "
-              "by which dimensions are dynamic:", "",
-              "| model | " + " | ".join(HF_VARIANTS) + " |",
-              "|---|" + "---|" * len(HF_VARIANTS)]
+    lines += [
+      f"**Tiny `transformers` models** (tests/test_transformers.py's "
+      f"configs, random weights, all outputs compared): {len(ok)} of "
+      f"{len(hf)} translate and match ({', '.join(ok) or 'none'}), "
+      "by which dimensions are dynamic:",
+      "",
+      "| model | " + " | ".join(HF_VARIANTS) + " |",
+      "|---|" + "---|" * len(HF_VARIANTS),
+    ]
     for r in hf:
       cells = []
       for variant in HF_VARIANTS:
@@ -463,20 +487,23 @@ def markdown(results):
         elif got["outcome"] == "match":
           cells.append(f"match ({got['parity']:.1g})")
         elif got.get("ops"):
-          cells.append("untranslated: " +
-                       ", ".join(f"`{o}`" for o in got["ops"]))
+          cells.append("untranslated: " + ", ".join(f"`{o}`" for o in got["ops"]))
         else:
-          cells.append(f"{got['outcome']}: {_short(got['detail'], 140)}"
-                       .replace("|", "\\|"))
+          cells.append(f"{got['outcome']}: {_short(got['detail'], 140)}".replace("|", "\\|"))
       lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
     lines.append("")
   failing = [m for m in modules if m["status"] != "all"]
   if failing:
-    lines += ["Modules that do not match on every sample:", "",
-              "| module | match / tried | why not |", "|---|---|---|"]
+    lines += [
+      "Modules that do not match on every sample:",
+      "",
+      "| module | match / tried | why not |",
+      "|---|---|---|",
+    ]
     for m in failing:
-      lines.append(f"| `{m['module']}` | {m['matched']} / "
-                   f"{m['samples_tried']} | {_failure_text(m)} |")
+      lines.append(
+        f"| `{m['module']}` | {m['matched']} / {m['samples_tried']} | {_failure_text(m)} |"
+      )
     lines.append("")
   need = collections.defaultdict(list)
   for m in modules:
@@ -486,84 +513,111 @@ def markdown(results):
     for op in r["missing_ops"]:
       need[op].append(r["model"])
   if need:
-    lines += ["Missing ops (ATen ops without a TF translation), by the number "
-              "of modules that need them:", "",
-              "| op | modules | which |", "|---|---|---|"]
+    lines += [
+      "Missing ops (ATen ops without a TF translation), by the number of modules that need them:",
+      "",
+      "| op | modules | which |",
+      "|---|---|---|",
+    ]
     for op, who in sorted(need.items(), key=lambda kv: (-len(kv[1]), kv[0])):
       lines.append(f"| `{op}` | {len(who)} | {', '.join(who)} |")
     lines.append("")
-  static_only = [m["module"] for m in modules if m["status"] == "all" and
-                 m["dynamic_batch"] < m["matched"]]
+  static_only = [
+    m["module"] for m in modules if m["status"] == "all" and m["dynamic_batch"] < m["matched"]
+  ]
   if static_only:
-    lines += ["Match, but with static shapes on some samples (torch.export "
-              "specialized dimension 0: batch-1 samples, unbatched inputs, "
-              "the time dimension of RNNs): " +
-              ", ".join(f"`{n}`" for n in static_only) + ".", ""]
+    lines += [
+      "Match, but with static shapes on some samples (torch.export "
+      "specialized dimension 0: batch-1 samples, unbatched inputs, "
+      "the time dimension of RNNs): " + ", ".join(f"`{n}`" for n in static_only) + ".",
+      "",
+    ]
   dynamic_only = collections.defaultdict(list)
   for m in modules:
     for r in m["samples"]:
       failure = r.get("dynamic_failure")
       if failure and failure["outcome"] != "specialized":
-        text = (", ".join(f"`{o}`" for o in failure["ops"]) or
-                _short(failure["detail"], 160))
+        text = ", ".join(f"`{o}`" for o in failure["ops"]) or _short(failure["detail"], 160)
         dynamic_only[f"`{m['module']}`"].append(
-            f"{failure['outcome']} {text} (sample {r['sample']})")
+          f"{failure['outcome']} {text} (sample {r['sample']})"
+        )
   if dynamic_only:
-    lines += ["Fail with a dynamic batch for another reason than torch.export "
-              "specializing it: " + "; ".join(
-                  f"{k}: {', '.join(v)}" for k, v in dynamic_only.items())
-              + ".", ""]
-  lines += ["Translate and match on every sample: " +
-            ", ".join(f"`{n}`" for n in by_status["all"]) + ".", ""]
+    lines += [
+      "Fail with a dynamic batch for another reason than torch.export "
+      "specializing it: "
+      + "; ".join(f"{k}: {', '.join(v)}" for k, v in dynamic_only.items())
+      + ".",
+      "",
+    ]
+  lines += [
+    "Translate and match on every sample: " + ", ".join(f"`{n}`" for n in by_status["all"]) + ".",
+    "",
+  ]
   return "\n".join(lines)
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(
-      prog="python -m benchmarks.translate_coverage",
-      description=__doc__.split("\n\n", 1)[0])
-  parser.add_argument("--quick", action="store_true",
-                      help="the first sample per module, no transformers")
-  parser.add_argument("--samples", type=int, default=None,
-                      help=f"samples per module (default {DEFAULT_SAMPLES}; "
-                      "0: all)")
-  parser.add_argument("--modules", nargs="*", default=None,
-                      help="only these module_db names (e.g. nn.Linear)")
-  parser.add_argument("--out", default=os.path.join(
-      _ROOT, "benchmarks", "results", "translate_coverage.json"))
+    prog="python -m benchmarks.translate_coverage", description=__doc__.split("\n\n", 1)[0]
+  )
+  parser.add_argument(
+    "--quick", action="store_true", help="the first sample per module, no transformers"
+  )
+  parser.add_argument(
+    "--samples",
+    type=int,
+    default=None,
+    help=f"samples per module (default {DEFAULT_SAMPLES}; 0: all)",
+  )
+  parser.add_argument(
+    "--modules", nargs="*", default=None, help="only these module_db names (e.g. nn.Linear)"
+  )
+  parser.add_argument(
+    "--out", default=os.path.join(_ROOT, "benchmarks", "results", "translate_coverage.json")
+  )
   args = parser.parse_args(argv)
-  limit = args.samples if args.samples is not None else (
-      1 if args.quick else DEFAULT_SAMPLES)
+  limit = args.samples if args.samples is not None else (1 if args.quick else DEFAULT_SAMPLES)
   start = time.perf_counter()
   names = args.modules or sorted(db_cases.MODULES)
   modules = []
   for name in names:
     record = run_module(name, limit)
     modules.append(record)
-    print(f"[{time.perf_counter() - start:6.0f} s] {name}: "
-          f"{record['matched']}/{record['samples_tried']} "
-          f"{dict(record['outcomes'])} {record['missing_ops'] or ''}",
-          file=sys.stderr, flush=True)
+    print(
+      f"[{time.perf_counter() - start:6.0f} s] {name}: "
+      f"{record['matched']}/{record['samples_tried']} "
+      f"{dict(record['outcomes'])} {record['missing_ops'] or ''}",
+      file=sys.stderr,
+      flush=True,
+    )
   hf_models, hf_version = [], None
   if not args.quick and args.modules is None:
     try:
       import transformers  # pylint: disable=import-outside-toplevel
+
       hf_version = transformers.__version__
     except ImportError:
-      print("transformers is not installed: no transformers models",
-            file=sys.stderr)
+      print("transformers is not installed: no transformers models", file=sys.stderr)
     else:
       for name in TRANSFORMERS_MODELS:
         record = run_transformers_model(name)
         hf_models.append(record)
-        print(f"[{time.perf_counter() - start:6.0f} s] {name}: "
-              f"{ {v: r['outcome'] for v, r in record['shapes'].items()} }",
-              file=sys.stderr, flush=True)
-  results = {"torch": torch.__version__, "tensorflow": tf.__version__,
-             "transformers": hf_version, "quick": args.quick,
-             "samples_per_module": limit,
-             "seconds": round(time.perf_counter() - start, 1),
-             "module_db": modules, "transformers_models": hf_models}
+        print(
+          f"[{time.perf_counter() - start:6.0f} s] {name}: "
+          f"{ {v: r['outcome'] for v, r in record['shapes'].items()} }",
+          file=sys.stderr,
+          flush=True,
+        )
+  results = {
+    "torch": torch.__version__,
+    "tensorflow": tf.__version__,
+    "transformers": hf_version,
+    "quick": args.quick,
+    "samples_per_module": limit,
+    "seconds": round(time.perf_counter() - start, 1),
+    "module_db": modules,
+    "transformers_models": hf_models,
+  }
   text = markdown(results)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as f:

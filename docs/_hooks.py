@@ -15,22 +15,26 @@ import sys
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
-PICTURES = ("benchmarks/results/*.png", "examples/results/*.png",
-            "examples/results/*/*.png")
+PICTURES = ("benchmarks/results/*.png", "examples/results/*.png", "examples/results/*/*.png")
 
 
 def on_files(files, config):
   for pattern in PICTURES:
     for path in sorted(ROOT.glob(pattern)):
-      files.append(File(str(path.relative_to(ROOT)), str(ROOT),
-                        config["site_dir"], config["use_directory_urls"]))
+      files.append(
+        File(
+          str(path.relative_to(ROOT)), str(ROOT), config["site_dir"], config["use_directory_urls"]
+        )
+      )
   return files
 
 
 COSTS_PAGE = "performance/costs.md"
-COSTS_MARKER = ("<!-- latest.json tables: docs/_hooks.py writes them here "
-                "from benchmarks/results/latest.json, with "
-                "benchmarks/report.py -->")
+COSTS_MARKER = (
+  "<!-- latest.json tables: docs/_hooks.py writes them here "
+  "from benchmarks/results/latest.json, with "
+  "benchmarks/report.py -->"
+)
 
 
 def on_page_markdown(markdown, page, config, files):
@@ -43,6 +47,5 @@ def on_page_markdown(markdown, page, config, files):
     from benchmarks import report  # pylint: disable=import-outside-toplevel
   finally:
     sys.path.remove(str(ROOT))
-  results = json.loads((ROOT / "benchmarks" / "results" /
-                        "latest.json").read_text())
+  results = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
   return markdown.replace(COSTS_MARKER, report.markdown(results))

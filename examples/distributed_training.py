@@ -29,14 +29,13 @@ def make_strategy(args):
     return tf.distribute.MultiWorkerMirroredStrategy()
   gpus = tf.config.list_physical_devices("GPU")
   if len(gpus) >= args.replicas:
-    return tf.distribute.MirroredStrategy(
-        [f"/gpu:{k}" for k in range(args.replicas)])
+    return tf.distribute.MirroredStrategy([f"/gpu:{k}" for k in range(args.replicas)])
   # No GPUs: split the CPU into logical devices (before TF starts running).
   tf.config.set_logical_device_configuration(
-      tf.config.list_physical_devices("CPU")[0],
-      [tf.config.LogicalDeviceConfiguration()] * args.replicas)
-  return tf.distribute.MirroredStrategy(
-      [f"/cpu:{k}" for k in range(args.replicas)])
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * args.replicas,
+  )
+  return tf.distribute.MirroredStrategy([f"/cpu:{k}" for k in range(args.replicas)])
 
 
 def regression_data(n, seed=0):
@@ -55,11 +54,9 @@ def main():
   args = parser.parse_args()
 
   strategy = make_strategy(args)
-  print(f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} "
-        "replicas")
+  print(f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas")
   torch.manual_seed(0)
-  net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(),
-                            torch.nn.Linear(64, 1))
+  net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
   with strategy.scope():
     model = tb.TorchModule(net, name="regressor")
     optimizer = tf.keras.optimizers.Adam(1e-2)
@@ -68,15 +65,18 @@ def main():
     optimizer.build(model.trainable_variables)
 
   x, y = regression_data(4096)
-  dataset = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(4096, seed=0)
-             .repeat().batch(args.global_batch))
+  dataset = (
+    tf.data.Dataset.from_tensor_slices((x, y))
+    .shuffle(4096, seed=0)
+    .repeat()
+    .batch(args.global_batch)
+  )
   batches = iter(strategy.experimental_distribute_dataset(dataset))
 
   def replica_step(x_tf, y_tf):
     with tf.GradientTape() as tape:
       per_example = tf.reduce_mean((model(x_tf) - y_tf) ** 2, axis=1)
-      loss = tf.nn.compute_average_loss(
-          per_example, global_batch_size=args.global_batch)
+      loss = tf.nn.compute_average_loss(per_example, global_batch_size=args.global_batch)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
@@ -90,8 +90,10 @@ def main():
   for step in range(1, args.steps + 1):
     loss = train_step(next(batches))
     if step % 100 == 0 or step == args.steps:
-      print(f"step {step:5d}  loss {float(loss):.4f}  "
-            f"{(time.perf_counter() - start) / step * 1e3:.1f} ms/step")
+      print(
+        f"step {step:5d}  loss {float(loss):.4f}  "
+        f"{(time.perf_counter() - start) / step * 1e3:.1f} ms/step"
+      )
   # The trained torch module, e.g. for torch.save:
   trained = model.torch_module
   print("first weight row:", trained[0].weight[0, :4].tolist())

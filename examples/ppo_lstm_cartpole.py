@@ -47,16 +47,21 @@ def parse_args(argv=None):
   p.add_argument("--steps", type=int, default=100_000, help="environment steps")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", required=True, help="run directory")
-  p.add_argument("--eval-every", type=int, default=5120,
-                 help="environment steps between evaluations")
+  p.add_argument(
+    "--eval-every", type=int, default=5120, help="environment steps between evaluations"
+  )
   p.add_argument("--eval-episodes", type=int, default=10)
   p.add_argument("--checkpoint-every", type=int, default=10240)
-  p.add_argument("--n-steps", type=int, default=agents.Hyper.n_steps,
-                 help="steps per environment and rollout")
-  p.add_argument("--max-seq-len", type=int, default=agents.Hyper.max_seq_len,
-                 help="the padded length T of the training sequences")
-  p.add_argument("--threads", type=int, default=1,
-                 help="threads for each framework's kernels")
+  p.add_argument(
+    "--n-steps", type=int, default=agents.Hyper.n_steps, help="steps per environment and rollout"
+  )
+  p.add_argument(
+    "--max-seq-len",
+    type=int,
+    default=agents.Hyper.max_seq_len,
+    help="the padded length T of the training sequences",
+  )
+  p.add_argument("--threads", type=int, default=1, help="threads for each framework's kernels")
   return p.parse_args(argv)
 
 
@@ -83,16 +88,31 @@ class Run:
     self.envs = [networks.make_env() for _ in range(self.hyper.n_envs)]
     obs_dim = self.envs[0].observation_space.shape[0]
     self.n_actions = int(self.envs[0].action_space.n)
-    self.agent = agents.make_agent(args.backend, args.policy, obs_dim, self.n_actions,
-                                   args.seed, self.hyper, masked=args.loss == "masked")
+    self.agent = agents.make_agent(
+      args.backend,
+      args.policy,
+      obs_dim,
+      self.n_actions,
+      args.seed,
+      self.hyper,
+      masked=args.loss == "masked",
+    )
     if args.backend != "torch":
       self.tf_checkpoint = tf.train.CheckpointManager(
-          self.agent.checkpoint(), os.path.join(args.out, "checkpoints"), max_to_keep=2)
+        self.agent.checkpoint(), os.path.join(args.out, "checkpoints"), max_to_keep=2
+      )
     self.rollout = sequences.Rollout(self.hyper.n_steps, self.hyper.n_envs, obs_dim)
     self.rng = np.random.default_rng(args.seed)
-    self.progress = {"env_step": 0, "iteration": 0, "episodes": 0,
-                     "eval_returns": [], "updates": 0, "update_seconds": 0.0,
-                     "rollout_seconds": 0.0, "resumed_from": None}
+    self.progress = {
+      "env_step": 0,
+      "iteration": 0,
+      "episodes": 0,
+      "eval_returns": [],
+      "updates": 0,
+      "update_seconds": 0.0,
+      "rollout_seconds": 0.0,
+      "resumed_from": None,
+    }
 
   # --- checkpoints -----------------------------------------------------
   def _progress_path(self):
@@ -124,7 +144,8 @@ class Run:
       self.agent.load_state_dict(torch.load(os.path.join(ckpt_dir, f"torch-{step}.pt")))
     else:
       self.tf_checkpoint.checkpoint.restore(
-          os.path.join(ckpt_dir, f"ckpt-{step}")).assert_consumed()
+        os.path.join(ckpt_dir, f"ckpt-{step}")
+      ).assert_consumed()
     self.rng.bit_generator.state = state.pop("rng")
     self.progress = dict(state, resumed_from=step)
     return True
@@ -176,8 +197,9 @@ class Run:
     """Mean return of greedy episodes, run side by side."""
     n = self.args.eval_episodes
     envs = [networks.make_env() for _ in range(n)]
-    obs = np.stack([env.reset(seed=10_000 + 100 * self.args.seed + k)[0]
-                    for k, env in enumerate(envs)])
+    obs = np.stack(
+      [env.reset(seed=10_000 + 100 * self.args.seed + k)[0] for k, env in enumerate(envs)]
+    )
     state, returns = networks.zero_state(n), np.zeros(n)
     alive = np.ones(n, bool)
     while alive.any():
@@ -198,7 +220,8 @@ class Run:
     pieces = self.rollout.sequences(hyper.max_seq_len)
     # The share of the padded batch that is padding (what the mask removes).
     self.progress.setdefault("padded_fractions", []).append(
-        1.0 - pieces[:, 2].sum() / (len(pieces) * hyper.max_seq_len))
+      1.0 - pieces[:, 2].sum() / (len(pieces) * hyper.max_seq_len)
+    )
     stats = None
     for _ in range(hyper.epochs):
       order = self.rng.permutation(len(pieces))
@@ -226,8 +249,7 @@ def train(args):
   with writer.as_default():
     while run.progress["env_step"] < args.steps:
       start = time.perf_counter()
-      obs, state, starts, last_values, finished = run.collect(
-          obs, state, starts, episode_returns)
+      obs, state, starts, last_values, finished = run.collect(obs, state, starts, episode_returns)
       run.progress["rollout_seconds"] += time.perf_counter() - start
       stats, n_sequences = run.learn(last_values)
       run.progress["env_step"] += steps_per_rollout
@@ -245,16 +267,18 @@ def train(args):
         tf.summary.scalar("eval_return", last_eval, step=step)
       if step % args.checkpoint_every < steps_per_rollout or step >= args.steps:
         run.save()
-      bar.update(min(step, args.steps),
-                 episode_return=float(np.mean(recent)) if recent else None,
-                 eval_return=last_eval)
+      bar.update(
+        min(step, args.steps),
+        episode_return=float(np.mean(recent)) if recent else None,
+        eval_return=last_eval,
+      )
   bar.close()
   results = reporting.results(run, args, time.time() - wall_start)
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
   results["curve"] = reporting.plot_learning_curves(
-      os.path.dirname(os.path.abspath(args.out)),
-      os.path.join(args.out, "learning_curve.png"))
+    os.path.dirname(os.path.abspath(args.out)), os.path.join(args.out, "learning_curve.png")
+  )
   return results
 
 

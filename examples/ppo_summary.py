@@ -21,8 +21,10 @@ from td3.reporting import load_runs  # noqa: E402
 
 def main(run_dir):
   runs = load_runs(run_dir)
-  print("| policy, loss (backend) | seed | eval return at the end | mean of all evals | "
-        "first step >= 400 | padding in the batches | ms per update |")
+  print(
+    "| policy, loss (backend) | seed | eval return at the end | mean of all evals | "
+    "first step >= 400 | padding in the batches | ms per update |"
+  )
   print("|---|---|---|---|---|---|---|")
   variants = {}
   for r in sorted(runs, key=lambda r: (reporting.label(r), r["seed"])):
@@ -30,10 +32,12 @@ def main(run_dir):
     area = sum(ret for _, ret in r["eval_returns"]) / len(r["eval_returns"])
     reached = r["first_step_at_or_above_400"]
     padded = r.get("mean_padded_fraction")
-    print(f"| {reporting.label(r)} | {r['seed']} | {last:.1f} (step {last_step}) | "
-          f"{area:.1f} | {reached if reached is not None else 'not reached'} | "
-          f"{'n/a' if padded is None else f'{100 * padded:.0f}%'} | "
-          f"{r['ms_per_update']:.1f} |")
+    print(
+      f"| {reporting.label(r)} | {r['seed']} | {last:.1f} (step {last_step}) | "
+      f"{area:.1f} | {reached if reached is not None else 'not reached'} | "
+      f"{'n/a' if padded is None else f'{100 * padded:.0f}%'} | "
+      f"{r['ms_per_update']:.1f} |"
+    )
     variants.setdefault(reporting.label(r), []).append(r)
   print()
   for name, group in variants.items():
@@ -41,9 +45,11 @@ def main(run_dir):
     ended = sum(r["eval_returns"][-1][1] >= reporting.SOLVED for r in group)
     budget = max(r["steps"] for r in group)
     area = [sum(ret for _, ret in r["eval_returns"]) / len(r["eval_returns"]) for r in group]
-    print(f"{name}: {reached} of {len(group)} seeds reached 400 within {budget:,} "
-          f"steps; {ended} of {len(group)} end at 400 or more; mean of all "
-          f"evaluations {sum(area) / len(area):.1f}")
+    print(
+      f"{name}: {reached} of {len(group)} seeds reached 400 within {budget:,} "
+      f"steps; {ended} of {len(group)} end at 400 or more; mean of all "
+      f"evaluations {sum(area) / len(area):.1f}"
+    )
   curve = reporting.plot_learning_curves(run_dir, os.path.join(run_dir, "learning_curve.png"))
   print(f"\nlearning curve: {curve}")
 

@@ -28,12 +28,17 @@ def main(steps=300, seed=0):
   # A regression task: y = sin(3 x0) + x1 * x2, learnt by a torch MLP.
   x_np = rng.uniform(-1, 1, size=(2048, 3)).astype(np.float32)
   y_np = (np.sin(3 * x_np[:, :1]) + x_np[:, 1:2] * x_np[:, 2:3]).astype(np.float32)
-  dataset = tf.data.Dataset.from_tensor_slices((x_np, y_np)).shuffle(2048, seed=seed).batch(64).repeat()
+  dataset = (
+    tf.data.Dataset.from_tensor_slices((x_np, y_np)).shuffle(2048, seed=seed).batch(64).repeat()
+  )
 
   net_torch = torch.nn.Sequential(
-      torch.nn.Linear(3, 64), torch.nn.Tanh(),
-      torch.nn.Linear(64, 64), torch.nn.Tanh(),
-      torch.nn.Linear(64, 1))
+    torch.nn.Linear(3, 64),
+    torch.nn.Tanh(),
+    torch.nn.Linear(64, 64),
+    torch.nn.Tanh(),
+    torch.nn.Linear(64, 1),
+  )
   model = tb.TorchModule(net_torch, name="regressor")
   optimizer = tf.keras.optimizers.Adam(3e-3)
 
@@ -62,23 +67,29 @@ def main(steps=300, seed=0):
   with tempfile.TemporaryDirectory() as tmp:
     path = tf.train.Checkpoint(model=model).save(f"{tmp}/ckpt")
     torch.manual_seed(seed + 1)  # a fresh, differently initialized copy
-    restored = tb.TorchModule(torch.nn.Sequential(
-        torch.nn.Linear(3, 64), torch.nn.Tanh(),
-        torch.nn.Linear(64, 64), torch.nn.Tanh(),
-        torch.nn.Linear(64, 1)), name="regressor")
+    restored = tb.TorchModule(
+      torch.nn.Sequential(
+        torch.nn.Linear(3, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 64),
+        torch.nn.Tanh(),
+        torch.nn.Linear(64, 1),
+      ),
+      name="regressor",
+    )
     tf.train.Checkpoint(model=restored).restore(path).assert_consumed()
     same = np.array_equal(restored(x_test).numpy(), model(x_test).numpy())
     print(f"TF checkpoint restored into a fresh TorchModule: outputs identical = {same}")
 
-  print(f"\nwhat crossed the boundary in {steps} train steps "
-        "(forward + backward + Adam update):")
-  print(f"  tensors shared zero-copy:   {stats['zero_copy']}"
-        f"  ({stats['zero_copy'] / steps:.0f} per step)")
+  print(f"\nwhat crossed the boundary in {steps} train steps (forward + backward + Adam update):")
+  print(
+    f"  tensors shared zero-copy:   {stats['zero_copy']}"
+    f"  ({stats['zero_copy'] / steps:.0f} per step)"
+  )
   print(f"  tensors copied:             {stats['copied']}")
   print(f"  bytes copied:               {stats['bytes_copied']}")
   final = float(tf.reduce_mean((model(tf.constant(x_np)) - y_np) ** 2))
-  print(f"final training-set MSE: {final:.5f} (predicting 0 gives "
-        f"{float(np.mean(y_np ** 2)):.5f})")
+  print(f"final training-set MSE: {final:.5f} (predicting 0 gives {float(np.mean(y_np**2)):.5f})")
 
 
 if __name__ == "__main__":

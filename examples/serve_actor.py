@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 def main(savedmodel, obs_path):
   try:
     import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
     torch_importable = True
   except ImportError:
     torch_importable = False

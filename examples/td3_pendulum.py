@@ -46,17 +46,23 @@ def parse_args(argv=None):
   p.add_argument("--steps", type=int, default=20000, help="environment steps")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", required=True, help="run directory")
-  p.add_argument("--start-steps", type=int, default=1000,
-                 help="steps of uniform random actions before the policy acts")
+  p.add_argument(
+    "--start-steps",
+    type=int,
+    default=1000,
+    help="steps of uniform random actions before the policy acts",
+  )
   p.add_argument("--eval-every", type=int, default=2000)
   p.add_argument("--eval-episodes", type=int, default=5)
   p.add_argument("--checkpoint-every", type=int, default=2000)
-  p.add_argument("--threads", type=int, default=2,
-                 help="threads for each framework's kernels")
-  p.add_argument("--export", action="store_true",
-                 help="torchbridge backend: at the end, translate the actor to "
-                      "TF ops (tb.translate), save it as a SavedModel and serve "
-                      "it in a process without torch (DIR/actor_savedmodel)")
+  p.add_argument("--threads", type=int, default=2, help="threads for each framework's kernels")
+  p.add_argument(
+    "--export",
+    action="store_true",
+    help="torchbridge backend: at the end, translate the actor to "
+    "TF ops (tb.translate), save it as a SavedModel and serve "
+    "it in a process without torch (DIR/actor_savedmodel)",
+  )
   return p.parse_args(argv)
 
 
@@ -72,18 +78,26 @@ class Run:
     self.max_action = float(self.env.action_space.high[0])
     self.hyper = agents.Hyper()
     if args.backend == "torch":
-      self.agent = agents.TorchAgent(obs_dim, act_dim, self.max_action,
-                                     args.seed, self.hyper)
+      self.agent = agents.TorchAgent(obs_dim, act_dim, self.max_action, args.seed, self.hyper)
     else:
-      self.agent = agents.TFAgent(args.backend, obs_dim, act_dim,
-                                  self.max_action, args.seed, self.hyper)
+      self.agent = agents.TFAgent(
+        args.backend, obs_dim, act_dim, self.max_action, args.seed, self.hyper
+      )
       self.tf_checkpoint = tf.train.CheckpointManager(
-          tf.train.Checkpoint(**self.agent.checkpoint_items()),
-          os.path.join(args.out, "checkpoints"), max_to_keep=2)
+        tf.train.Checkpoint(**self.agent.checkpoint_items()),
+        os.path.join(args.out, "checkpoints"),
+        max_to_keep=2,
+      )
     self.buffer = replay.ReplayBuffer(obs_dim, act_dim, capacity=max(args.steps, 1))
     self.rng = np.random.default_rng(args.seed)
-    self.progress = {"env_step": 0, "episodes": 0, "eval_returns": [],
-                     "train_steps": 0, "train_seconds": 0.0, "resumed_from": None}
+    self.progress = {
+      "env_step": 0,
+      "episodes": 0,
+      "eval_returns": [],
+      "train_steps": 0,
+      "train_seconds": 0.0,
+      "resumed_from": None,
+    }
 
   # --- checkpoints -----------------------------------------------------
   def _progress_path(self):
@@ -118,7 +132,8 @@ class Run:
     ckpt_dir = os.path.join(self.args.out, "checkpoints")
     if self.args.backend == "torch":
       self.agent.load_state_dict(
-          torch.load(os.path.join(ckpt_dir, f"torch-{step}.pt"), weights_only=False))
+        torch.load(os.path.join(ckpt_dir, f"torch-{step}.pt"), weights_only=False)
+      )
     else:
       path = os.path.join(ckpt_dir, f"ckpt-{step}")
       self.tf_checkpoint.checkpoint.restore(path).assert_consumed()
@@ -132,8 +147,9 @@ class Run:
     if self.progress["env_step"] < self.args.start_steps:
       return self.rng.uniform(-self.max_action, self.max_action, size=1).astype(np.float32)
     noise = self.rng.normal(0, self.max_action * self.hyper.expl_noise, size=1)
-    return np.clip(self.agent.policy(obs) + noise, -self.max_action,
-                   self.max_action).astype(np.float32)
+    return np.clip(self.agent.policy(obs) + noise, -self.max_action, self.max_action).astype(
+      np.float32
+    )
 
   def evaluate(self):
     returns = []
@@ -142,7 +158,8 @@ class Run:
       done, total = False, 0.0
       while not done:
         obs, reward, terminated, truncated, _ = self.eval_env.step(
-            self.agent.policy(obs.astype(np.float32)))
+          self.agent.policy(obs.astype(np.float32))
+        )
         total += reward
         done = terminated or truncated
       returns.append(total)
@@ -200,29 +217,35 @@ def train(args):
       bar.update(step, episode_return=last_return, eval_return=last_eval)
   bar.close()
   results = {
-      "backend": args.backend, "seed": args.seed, "steps": args.steps,
-      "eval_returns": run.progress["eval_returns"],
-      "sec_per_train_step": run.progress["train_seconds"] / max(run.progress["train_steps"], 1),
-      "train_steps": run.progress["train_steps"],
-      "episodes": run.progress["episodes"],
-      "resumed_from": run.progress["resumed_from"],
-      "wall_seconds_this_process": time.time() - wall_start,
-      "hyperparameters": vars(run.hyper) | {"start_steps": args.start_steps},
-      "versions": {"torch": torch.__version__, "tensorflow": tf.__version__,
-                   "gymnasium": gym.__version__},
-      "exchange_stats": tb.exchange_stats(),
-      # Threads of this process at the end (Linux): TF's pools, torch's
-      # OpenMP teams, the torch thread of the bridge, Python's own.
-      "threads_at_end": (len(os.listdir("/proc/self/task"))
-                         if os.path.isdir("/proc/self/task") else None),
+    "backend": args.backend,
+    "seed": args.seed,
+    "steps": args.steps,
+    "eval_returns": run.progress["eval_returns"],
+    "sec_per_train_step": run.progress["train_seconds"] / max(run.progress["train_steps"], 1),
+    "train_steps": run.progress["train_steps"],
+    "episodes": run.progress["episodes"],
+    "resumed_from": run.progress["resumed_from"],
+    "wall_seconds_this_process": time.time() - wall_start,
+    "hyperparameters": vars(run.hyper) | {"start_steps": args.start_steps},
+    "versions": {
+      "torch": torch.__version__,
+      "tensorflow": tf.__version__,
+      "gymnasium": gym.__version__,
+    },
+    "exchange_stats": tb.exchange_stats(),
+    # Threads of this process at the end (Linux): TF's pools, torch's
+    # OpenMP teams, the torch thread of the bridge, Python's own.
+    "threads_at_end": (
+      len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
+    ),
   }
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
   # The curve shows this run and every other run beside it (other backends
   # and seeds written to sibling directories).
   results["curve"] = reporting.plot_learning_curves(
-      os.path.dirname(os.path.abspath(args.out)),
-      os.path.join(args.out, "learning_curve.png"))
+    os.path.dirname(os.path.abspath(args.out)), os.path.join(args.out, "learning_curve.png")
+  )
   return results, run.agent
 
 
@@ -242,7 +265,8 @@ def main(argv=None):
   if args.export and args.backend == "torchbridge":
     # Serve what was trained: the actor as TF ops, in a process without torch.
     results["export"] = export.export_actor(
-        agent.actor, agent.actor.torch_module.l1.in_features, args.out, args.seed)
+      agent.actor, agent.actor.torch_module.l1.in_features, args.out, args.seed
+    )
     with open(os.path.join(args.out, "results.json"), "w") as f:
       json.dump({k: v for k, v in results.items() if k != "curve"}, f, indent=1)
     print(export.summary(results["export"]))

@@ -55,8 +55,9 @@ class RolloutWorker(tb.ray.TorchModuleWorker):
   """Acts in its own environment with the latest actor weights it was sent."""
 
   def __init__(self, obs_dim, act_dim, max_action, seed, expl_noise):
-    super().__init__(functools.partial(networks.TorchActor, obs_dim, act_dim,
-                                       max_action), name="actor")
+    super().__init__(
+      functools.partial(networks.TorchActor, obs_dim, act_dim, max_action), name="actor"
+    )
     self.max_action, self.expl_noise = max_action, expl_noise
     self.env = gym.make(ENV_ID)
     self.rng = np.random.default_rng(seed)
@@ -67,22 +68,24 @@ class RolloutWorker(tb.ray.TorchModuleWorker):
   def rollout(self, num_steps, random_actions):
     """`num_steps` transitions, and the returns of the episodes they ended."""
     obs_dim = self.obs.shape[0]
-    out = {"obs": np.zeros((num_steps, obs_dim), np.float32),
-           "action": np.zeros((num_steps, 1), np.float32),
-           "reward": np.zeros((num_steps,), np.float32),
-           "next_obs": np.zeros((num_steps, obs_dim), np.float32),
-           "terminated": np.zeros((num_steps,), bool),
-           "episode_returns": []}
+    out = {
+      "obs": np.zeros((num_steps, obs_dim), np.float32),
+      "action": np.zeros((num_steps, 1), np.float32),
+      "reward": np.zeros((num_steps,), np.float32),
+      "next_obs": np.zeros((num_steps, obs_dim), np.float32),
+      "terminated": np.zeros((num_steps,), bool),
+      "episode_returns": [],
+    }
     for i in range(num_steps):
       obs = self.obs.astype(np.float32)
       if random_actions:
         action = self.rng.uniform(-self.max_action, self.max_action, size=1)
       else:
         noise = self.rng.normal(0, self.max_action * self.expl_noise, size=1)
-        action = np.clip(self.act(tf.constant(obs)).numpy() + noise,
-                         -self.max_action, self.max_action)
-      next_obs, reward, terminated, truncated, _ = self.env.step(
-          action.astype(np.float32))
+        action = np.clip(
+          self.act(tf.constant(obs)).numpy() + noise, -self.max_action, self.max_action
+        )
+      next_obs, reward, terminated, truncated, _ = self.env.step(action.astype(np.float32))
       out["obs"][i], out["action"][i], out["reward"][i] = obs, action, reward
       out["next_obs"][i], out["terminated"][i] = next_obs, terminated
       self.episode_return += float(reward)
@@ -103,8 +106,7 @@ def evaluate(agent, episodes, seed):
     obs, _ = env.reset(seed=10_000 + 100 * seed + k)
     done, total = False, 0.0
     while not done:
-      obs, reward, terminated, truncated, _ = env.step(
-          agent.policy(obs.astype(np.float32)))
+      obs, reward, terminated, truncated, _ = env.step(agent.policy(obs.astype(np.float32)))
       total += reward
       done = terminated or truncated
     returns.append(total)
@@ -113,22 +115,32 @@ def evaluate(agent, episodes, seed):
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--address", default=None,
-                 help="Ray cluster address ('auto', 'ray://host:10001'); "
-                      "default: start Ray on this machine")
+  p.add_argument(
+    "--address",
+    default=None,
+    help="Ray cluster address ('auto', 'ray://host:10001'); default: start Ray on this machine",
+  )
   p.add_argument("--workers", type=int, default=2, help="rollout workers")
-  p.add_argument("--steps", type=int, default=20000,
-                 help="environment steps, all workers together")
-  p.add_argument("--push-every", type=int, default=200,
-                 help="environment steps between weight pushes (one round: "
-                      "each worker collects push-every / workers steps)")
-  p.add_argument("--start-steps", type=int, default=1000,
-                 help="steps of uniform random actions before the policy acts")
+  p.add_argument("--steps", type=int, default=20000, help="environment steps, all workers together")
+  p.add_argument(
+    "--push-every",
+    type=int,
+    default=200,
+    help="environment steps between weight pushes (one round: "
+    "each worker collects push-every / workers steps)",
+  )
+  p.add_argument(
+    "--start-steps",
+    type=int,
+    default=1000,
+    help="steps of uniform random actions before the policy acts",
+  )
   p.add_argument("--eval-every", type=int, default=2000)
   p.add_argument("--eval-episodes", type=int, default=5)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--threads", type=int, default=1,
-                 help="threads for the learner's kernels (torch and TF)")
+  p.add_argument(
+    "--threads", type=int, default=1, help="threads for the learner's kernels (torch and TF)"
+  )
   p.add_argument("--out", required=True, help="run directory")
   return p.parse_args(argv)
 
@@ -138,23 +150,28 @@ def train(args):
   obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
   max_action = float(env.action_space.high[0])
   hyper = agents.Hyper()
-  agent = agents.TFAgent("torchbridge", obs_dim, act_dim, max_action,
-                         args.seed, hyper)
+  agent = agents.TFAgent("torchbridge", obs_dim, act_dim, max_action, args.seed, hyper)
   buffer = replay.ReplayBuffer(obs_dim, act_dim, capacity=max(args.steps, 1))
   rng = np.random.default_rng(args.seed)
   start = time.perf_counter()
-  workers = [RolloutWorker.remote(obs_dim, act_dim, max_action,
-                                  args.seed + 1 + i, hyper.expl_noise)
-             for i in range(args.workers)]
+  workers = [
+    RolloutWorker.remote(obs_dim, act_dim, max_action, args.seed + 1 + i, hyper.expl_noise)
+    for i in range(args.workers)
+  ]
   # One ray.put for all workers; calls made later to a worker run after it.
   ray.get(tb.ray.broadcast_weights(agent.actor, workers))
   ready = time.perf_counter()
-  print(f"{args.workers} rollout workers ready in {ready - start:.1f} s",
-        flush=True)
+  print(f"{args.workers} rollout workers ready in {ready - start:.1f} s", flush=True)
   per_worker = max(args.push_every // args.workers, 1)
-  progress = {"env_steps": 0, "train_steps": 0, "pushes": 1,
-              "push_seconds": 0.0, "train_seconds": 0.0,
-              "episode_returns": [], "eval_returns": []}
+  progress = {
+    "env_steps": 0,
+    "train_steps": 0,
+    "pushes": 1,
+    "push_seconds": 0.0,
+    "train_seconds": 0.0,
+    "episode_returns": [],
+    "eval_returns": [],
+  }
 
   def launch():
     random_actions = progress["env_steps"] < args.start_steps
@@ -166,8 +183,13 @@ def train(args):
     collected = 0
     for out in ray.get(rollouts):
       for i in range(len(out["reward"])):
-        buffer.add(out["obs"][i], out["action"][i], out["reward"][i],
-                   out["next_obs"][i], out["terminated"][i])
+        buffer.add(
+          out["obs"][i],
+          out["action"][i],
+          out["reward"][i],
+          out["next_obs"][i],
+          out["terminated"][i],
+        )
       collected += len(out["reward"])
       progress["episode_returns"].extend(out["episode_returns"])
     progress["env_steps"] += collected
@@ -188,34 +210,41 @@ def train(args):
       progress["pushes"] += 1
     if progress["env_steps"] >= next_eval or progress["env_steps"] >= args.steps:
       progress["eval_returns"].append(
-          [progress["env_steps"], evaluate(agent, args.eval_episodes, args.seed)])
+        [progress["env_steps"], evaluate(agent, args.eval_episodes, args.seed)]
+      )
       next_eval += args.eval_every
       recent = progress["episode_returns"][-10:]
-      print(f"env steps {progress['env_steps']:6d}  eval return "
-            f"{progress['eval_returns'][-1][1]:8.1f}  last 10 episodes "
-            f"{np.mean(recent) if recent else float('nan'):8.1f}  pushes "
-            f"{progress['pushes']}", flush=True)
+      print(
+        f"env steps {progress['env_steps']:6d}  eval return "
+        f"{progress['eval_returns'][-1][1]:8.1f}  last 10 episodes "
+        f"{np.mean(recent) if recent else float('nan'):8.1f}  pushes "
+        f"{progress['pushes']}",
+        flush=True,
+      )
   # Every worker ends with the learner's final actor weights.
   final_np = agent.actor.get_weights()
   workers_agree = all(
-      all(np.array_equal(w_np[k], v) for k, v in final_np.items())
-      for w_np in ray.get([w.get_weights.remote() for w in workers]))
+    all(np.array_equal(w_np[k], v) for k, v in final_np.items())
+    for w_np in ray.get([w.get_weights.remote() for w in workers])
+  )
   wall = time.perf_counter() - ready
   for w in workers:
     ray.kill(w)
   return {
-      "workers": args.workers, "steps": progress["env_steps"],
-      "push_every": args.push_every, "seed": args.seed,
-      "eval_returns": progress["eval_returns"],
-      "episodes": len(progress["episode_returns"]),
-      "train_steps": progress["train_steps"], "pushes": progress["pushes"],
-      "sec_per_push": progress["push_seconds"] / max(progress["pushes"] - 1, 1),
-      "sec_per_train_step":
-          progress["train_seconds"] / max(progress["train_steps"], 1),
-      "env_steps_per_sec": progress["env_steps"] / wall,
-      "wall_seconds": wall,
-      "workers_hold_learner_weights": workers_agree,
-      "hyperparameters": vars(hyper) | {"start_steps": args.start_steps},
+    "workers": args.workers,
+    "steps": progress["env_steps"],
+    "push_every": args.push_every,
+    "seed": args.seed,
+    "eval_returns": progress["eval_returns"],
+    "episodes": len(progress["episode_returns"]),
+    "train_steps": progress["train_steps"],
+    "pushes": progress["pushes"],
+    "sec_per_push": progress["push_seconds"] / max(progress["pushes"] - 1, 1),
+    "sec_per_train_step": progress["train_seconds"] / max(progress["train_steps"], 1),
+    "env_steps_per_sec": progress["env_steps"] / wall,
+    "wall_seconds": wall,
+    "workers_hold_learner_weights": workers_agree,
+    "hyperparameters": vars(hyper) | {"start_steps": args.start_steps},
   }
 
 
@@ -226,18 +255,19 @@ def main(argv=None):
   tf.config.threading.set_inter_op_parallelism_threads(1)
   if not ray.is_initialized():
     # Locally, no dashboard (it costs a laptop CPU); a cluster keeps its own.
-    ray.init(address=args.address,
-             **({} if args.address else {"include_dashboard": False}))
+    ray.init(address=args.address, **({} if args.address else {"include_dashboard": False}))
   os.makedirs(args.out, exist_ok=True)
   results = train(args)
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=1)
-  print(f"{results['steps']} env steps by {results['workers']} workers, "
-        f"{results['train_steps']} train steps, {results['pushes']} weight "
-        f"pushes ({1e3 * results['sec_per_push']:.2f} ms each to send); "
-        f"{results['env_steps_per_sec']:.0f} env steps/s; final eval return "
-        f"{results['eval_returns'][-1][1]:.1f}; workers hold the learner's "
-        f"weights: {results['workers_hold_learner_weights']}")
+  print(
+    f"{results['steps']} env steps by {results['workers']} workers, "
+    f"{results['train_steps']} train steps, {results['pushes']} weight "
+    f"pushes ({1e3 * results['sec_per_push']:.2f} ms each to send); "
+    f"{results['env_steps_per_sec']:.0f} env steps/s; final eval return "
+    f"{results['eval_returns'][-1][1]:.1f}; workers hold the learner's "
+    f"weights: {results['workers_hold_learner_weights']}"
+  )
   print(f"wrote {os.path.join(args.out, 'results.json')}")
   return 0
 

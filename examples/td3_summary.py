@@ -26,16 +26,17 @@ def main(run_dir):
   for r in sorted(runs, key=lambda r: (r["backend"], r["seed"])):
     reached = next((s for s, ret in r["eval_returns"] if ret >= THRESHOLD), None)
     last_step, last = r["eval_returns"][-1]
-    print(f"| {r['backend']} | {r['seed']} | {last:.1f} (step {last_step}) | "
-          f"{reached if reached is not None else 'not reached'} | "
-          f"{r['sec_per_train_step'] * 1e3:.2f} |")
+    print(
+      f"| {r['backend']} | {r['seed']} | {last:.1f} (step {last_step}) | "
+      f"{reached if reached is not None else 'not reached'} | "
+      f"{r['sec_per_train_step'] * 1e3:.2f} |"
+    )
     by_backend.setdefault(r["backend"], []).append((reached, last))
   print()
   for backend, results in by_backend.items():
     ok = sum(1 for reached, _ in results if reached is not None and reached <= 20000)
     print(f"{backend}: {ok} of {len(results)} seeds reached -250 within 20,000 steps")
-  curve = reporting.plot_learning_curves(
-      run_dir, os.path.join(run_dir, "learning_curve.png"))
+  curve = reporting.plot_learning_curves(run_dir, os.path.join(run_dir, "learning_curve.png"))
   print(f"\nlearning curve: {curve}")
 
 

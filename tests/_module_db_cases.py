@@ -31,26 +31,27 @@ import torchbridge as tb
 # Samples per module (None: every one torch lists).
 SAMPLES_PER_MODULE = None  # all of them
 DTYPES = (torch.float32, torch.float64)
-TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-5),
-             torch.float64: dict(rtol=1e-9, atol=1e-10)}
+TOLERANCE = {torch.float32: dict(rtol=2e-4, atol=2e-5), torch.float64: dict(rtol=1e-9, atol=1e-10)}
 
 # Modules whose failures are understood: name -> (a regex every failure
 # message of the module matches, why). The README's table shows them. A
 # module listed here that passes fails the test, so the list cannot go
 # stale.
 KNOWN_FAILURES = {
-    "nn.CTCLoss": (
-        r"Declare the outputs",
-        "inside tf.function only, with 1-d concatenated targets and tensor "
-        "lengths: meta tensors have no CTC kernel, and stand-in ones break "
-        "the rule that the target lengths add up to the targets' size; "
-        "pass output_signature= (eagerly it works)"),
-    "nn.MultiLabelMarginLoss": (
-        r"has shape \(\), but \(1,\) was declared .*by running it on "
-        r"meta tensors|Torch's meta kernel",
-        "inside tf.function only, reduction='none' on a 1-d input: torch's "
-        "meta kernel says shape (1,) where its CPU kernel returns (); the "
-        "call fails with an error that says so and names output_signature"),
+  "nn.CTCLoss": (
+    r"Declare the outputs",
+    "inside tf.function only, with 1-d concatenated targets and tensor "
+    "lengths: meta tensors have no CTC kernel, and stand-in ones break "
+    "the rule that the target lengths add up to the targets' size; "
+    "pass output_signature= (eagerly it works)",
+  ),
+  "nn.MultiLabelMarginLoss": (
+    r"has shape \(\), but \(1,\) was declared .*by running it on "
+    r"meta tensors|Torch's meta kernel",
+    "inside tf.function only, reduction='none' on a 1-d input: torch's "
+    "meta kernel says shape (1,) where its CPU kernel returns (); the "
+    "call fails with an error that says so and names output_signature",
+  ),
 }
 
 
@@ -62,25 +63,32 @@ class Case:
   tape: bool
 
   def __str__(self):
-    return (f"{str(self.dtype).replace('torch.', '')}/"
-            f"{'train' if self.training else 'eval'}/{self.mode}/"
-            f"{'tape' if self.tape else 'no tape'}")
+    return (
+      f"{str(self.dtype).replace('torch.', '')}/"
+      f"{'train' if self.training else 'eval'}/{self.mode}/"
+      f"{'tape' if self.tape else 'no tape'}"
+    )
 
 
-CASES = [Case(d, t, m, g) for d in DTYPES for t in (True, False)
-         for m in ("eager", "graph") for g in (True, False)]
+CASES = [
+  Case(d, t, m, g)
+  for d in DTYPES
+  for t in (True, False)
+  for m in ("eager", "graph")
+  for g in (True, False)
+]
 
 MODULES = {info.name: info for info in module_db}
 
 
 def samples(info, dtype, training):
   try:
-    inputs = info.module_inputs_func(info, device="cpu", dtype=dtype,
-                                     requires_grad=False, training=training)
+    inputs = info.module_inputs_func(
+      info, device="cpu", dtype=dtype, requires_grad=False, training=training
+    )
   except Exception:  # pylint: disable=broad-except
     return []
-  return [s for s in inputs if s.forward_input is not None][
-      :SAMPLES_PER_MODULE]
+  return [s for s in inputs if s.forward_input is not None][:SAMPLES_PER_MODULE]
 
 
 def _map(fn, value):
@@ -105,8 +113,10 @@ def _to_tf(t):
 
 def _weights_like(outs, seed):
   gen = torch.Generator().manual_seed(seed)
-  return [torch.randn(o.shape, generator=gen, dtype=o.dtype)
-          if o.is_floating_point() else None for o in outs]
+  return [
+    torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.is_floating_point() else None
+    for o in outs
+  ]
 
 
 def _check_close(what, got, want, dtype):
@@ -135,8 +145,7 @@ def run_case(info, sample, case):
   kwargs_torch = copy.deepcopy(fwd.kwargs)
 
   # Pure torch.
-  leaves = [t for t in _flat_tensors((args_torch, kwargs_torch))
-            if t.is_floating_point()]
+  leaves = [t for t in _flat_tensors((args_torch, kwargs_torch)) if t.is_floating_point()]
   for t in leaves:
     t.requires_grad_(case.tape)
   torch.manual_seed(1)
@@ -147,8 +156,7 @@ def run_case(info, sample, case):
         break
       except RuntimeError as err:  # e.g. a loss's target: no requires_grad
         left = [t for t in leaves if t.requires_grad]
-        if "is not differentiable with respect to" not in str(err) or \
-            not left:
+        if "is not differentiable with respect to" not in str(err) or not left:
           raise
         left[-1].requires_grad_(False)
         torch.manual_seed(1)
@@ -157,8 +165,9 @@ def run_case(info, sample, case):
   params_ref = [p for p in reference.parameters() if p.requires_grad]
   grads_ref = None
   if case.tape:
-    loss = sum((o * w).sum() for o, w in zip(outs_ref, weights)
-               if w is not None and o.requires_grad)
+    loss = sum(
+      (o * w).sum() for o, w in zip(outs_ref, weights) if w is not None and o.requires_grad
+    )
     targets = leaves + params_ref
     grads_ref = [None] * len(targets)
     if isinstance(loss, torch.Tensor):
@@ -168,11 +177,11 @@ def run_case(info, sample, case):
         if not target.requires_grad:
           continue
         try:
-          grads_ref[k] = torch.autograd.grad(loss, [target], allow_unused=True,
-                                             retain_graph=True)[0]
+          grads_ref[k] = torch.autograd.grad(loss, [target], allow_unused=True, retain_graph=True)[
+            0
+          ]
         except RuntimeError as err:
-          if "not differentiable" not in str(err) and \
-              "not implemented" not in str(err):
+          if "not differentiable" not in str(err) and "not implemented" not in str(err):
             raise
 
   # Through the bridge.
@@ -189,27 +198,23 @@ def run_case(info, sample, case):
   args_tf = _map(to_tf_once, fwd.args)
   kwargs_tf = _map(to_tf_once, fwd.kwargs)
   inputs_tf = [t for t in _flat_tensors((fwd.args, fwd.kwargs))]
-  float_positions = [k for k, t in enumerate(inputs_tf)
-                     if t.is_floating_point()]
+  float_positions = [k for k, t in enumerate(inputs_tf) if t.is_floating_point()]
   trainable = [v for v in bridged.trainable_variables]
-  by_name = {v.name[len("m/"):-2]: v for v in bridged.variables}
-  param_vars = [by_name[n] for n, p in reference.named_parameters()
-                if p.requires_grad]
+  by_name = {v.name[len("m/") : -2]: v for v in bridged.variables}
+  param_vars = [by_name[n] for n, p in reference.named_parameters() if p.requires_grad]
   del trainable
   weights_tf = [None if w is None else _to_tf(w) for w in weights]
 
   def step(args, kwargs):
     if not case.tape:
       return bridged(*args, **kwargs, training=case.training), None
-    flat_in = [t for t in tf.nest.flatten((args, kwargs))
-               if isinstance(t, tf.Tensor)]
+    flat_in = [t for t in tf.nest.flatten((args, kwargs)) if isinstance(t, tf.Tensor)]
     watched = [flat_in[k] for k in float_positions]
     with tf.GradientTape() as tape:
       tape.watch(watched)
       out = bridged(*args, **kwargs, training=case.training)
       outs = [o for o in tf.nest.flatten(out) if o is not None]
-      terms = [tf.reduce_sum(o * w) for o, w in zip(outs, weights_tf)
-               if w is not None]
+      terms = [tf.reduce_sum(o * w) for o, w in zip(outs, weights_tf) if w is not None]
       loss = tf.add_n(terms) if terms else tf.constant(0.0, tf.float64)
     return out, tape.gradient(loss, watched + param_vars)
 
@@ -225,14 +230,12 @@ def run_case(info, sample, case):
   if len(outs_tf) != len(outs_ref):
     return f"{len(outs_tf)} outputs, pure torch {len(outs_ref)}"
   for k, (o_tf, o_ref) in enumerate(zip(outs_tf, outs_ref)):
-    problem = _check_close(f"output {k}", o_tf.numpy(),
-                           o_ref.detach().numpy(), case.dtype)
+    problem = _check_close(f"output {k}", o_tf.numpy(), o_ref.detach().numpy(), case.dtype)
     if problem:
       return problem
   state = bridged.torch_module.state_dict()
   for n, b in reference.named_buffers():
-    problem = _check_close(f"buffer {n}", state[n].numpy(), b.numpy(),
-                           case.dtype)
+    problem = _check_close(f"buffer {n}", state[n].numpy(), b.numpy(), case.dtype)
     if problem:
       return problem
   if case.tape:
@@ -245,20 +248,17 @@ def run_case(info, sample, case):
       for k, source in enumerate(sources):
         same = [j for j, s in enumerate(sources) if s == source]
         if len(same) > 1 and all(grads_tf[j] is not None for j in same):
-          summed[k] = tf.add_n([tf.convert_to_tensor(grads_tf[j])
-                                for j in same])
+          summed[k] = tf.add_n([tf.convert_to_tensor(grads_tf[j]) for j in same])
       grads_tf = summed
     for k, (g_tf, g_ref) in enumerate(zip(grads_tf, grads_ref)):
       if g_ref is None and g_tf is None:
         continue
-      want = (np.zeros(tuple(g_tf.shape)) if g_ref is None else
-              g_ref.numpy())
+      want = np.zeros(tuple(g_tf.shape)) if g_ref is None else g_ref.numpy()
       if g_tf is None:
         if np.any(want):
           return f"gradient {k}: None, pure torch nonzero"
         continue
-      problem = _check_close(f"gradient {k}", tf.convert_to_tensor(
-          g_tf).numpy(), want, case.dtype)
+      problem = _check_close(f"gradient {k}", tf.convert_to_tensor(g_tf).numpy(), want, case.dtype)
       if problem:
         return problem
   return None
@@ -290,8 +290,7 @@ def main():
     failed = {r for r in results.values() if r is not None}
     n_fail = sum(r is not None for r in results.values())
     why = KNOWN_FAILURES.get(name, (None, "; ".join(sorted(failed))[:160]))[1]
-    rows.append((name, len(results), len(results) - n_fail, n_fail,
-                 why if n_fail else ""))
+    rows.append((name, len(results), len(results) - n_fail, n_fail, why if n_fail else ""))
     print(name, rows[-1][1:4], file=sys.stderr)
   print("| module | cases | pass | fail | why |")
   print("|---|---|---|---|---|")

@@ -27,8 +27,7 @@ class MLP(torch.nn.Module):
   def __init__(self, n_in=4, n_hidden=(16, 8), n_out=2):
     super().__init__()
     sizes = (n_in,) + tuple(n_hidden)
-    self.hidden = torch.nn.ModuleList(
-        torch.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+    self.hidden = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
     self.head = torch.nn.Linear(sizes[-1], n_out)
 
   def forward(self, x):
@@ -98,6 +97,7 @@ def var(module_tf, torch_name):
 def data_ptr(variable):
   """Address of the buffer that holds a TF variable's current value."""
   import torchbridge as tb
+
   return tb.to_torch(variable).data_ptr()
 
 
@@ -111,9 +111,12 @@ def checkpoint_model(opt_name, seed):
   """A TorchModule with buffers (BatchNorm) and an optimizer for it."""
   import tf_keras
   import torchbridge as tb
+
   actor = tb.TorchModule(seeded(seed, BNNet), name="actor")
-  opt = {"keras_adam": lambda: tf.keras.optimizers.Adam(0.01),
-         "tf_keras_adam": lambda: tf_keras.optimizers.Adam(0.01)}[opt_name]()
+  opt = {
+    "keras_adam": lambda: tf.keras.optimizers.Adam(0.01),
+    "tf_keras_adam": lambda: tf_keras.optimizers.Adam(0.01),
+  }[opt_name]()
   return actor, opt
 
 

@@ -21,7 +21,8 @@ STEPS = 20
 def mlp():
   torch.manual_seed(0)
   return torch.nn.Sequential(
-      torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
+    torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+  ).double()
 
 
 def data():
@@ -51,8 +52,7 @@ def train(strategy, worker, num_workers, wrap):
     optimizer.build(module.trainable_variables)
   step = make_step(module, optimizer)
   x, y = data()
-  rows = slice(worker * GLOBAL_BATCH // num_workers,
-               (worker + 1) * GLOBAL_BATCH // num_workers)
+  rows = slice(worker * GLOBAL_BATCH // num_workers, (worker + 1) * GLOBAL_BATCH // num_workers)
   x_tf, y_tf = tf.constant(x[rows]), tf.constant(y[rows])
   run = wrap(lambda: strategy.run(step, (x_tf, y_tf)))
   for _ in range(STEPS):

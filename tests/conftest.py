@@ -17,19 +17,18 @@ import torchbridge as tb
 # CPU-only machine. Must happen before TF's runtime starts (before any test
 # runs an op); everything else keeps running on /CPU:0 as before.
 tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration()] * 2)
+  tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+)
 
 
 def cuda_available():
   """Whether both torch and TF see a CUDA GPU."""
-  return torch.cuda.is_available() and bool(
-      tf.config.list_physical_devices("GPU"))
+  return torch.cuda.is_available() and bool(tf.config.list_physical_devices("GPU"))
 
 
 requires_gpu = pytest.mark.skipif(
-    not cuda_available(),
-    reason="needs a CUDA GPU visible to both torch and TF")
+  not cuda_available(), reason="needs a CUDA GPU visible to both torch and TF"
+)
 
 
 @pytest.fixture(autouse=True)

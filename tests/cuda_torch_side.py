@@ -67,9 +67,10 @@ def _load_torchbridge_modules():
   sys.modules["torchbridge"] = package
   # The layers' own __init__ files import nothing: only these modules and
   # what they import run.
-  loaded = {name: importlib.import_module(f"torchbridge.{path}")
-            for name, path in (("_exchange", "_crossing._exchange"),
-                               ("_native", "_native._callbacks"))}
+  loaded = {
+    name: importlib.import_module(f"torchbridge.{path}")
+    for name, path in (("_exchange", "_crossing._exchange"), ("_native", "_native._callbacks"))
+  }
   return loaded["_exchange"], loaded["_native"]
 
 
@@ -87,8 +88,14 @@ def _dispatch(native, fn, inputs_torch, stream, device, torch_tensors=False):
     callback_id = native.register(native.torch_callback(fn), None)  # pylint: disable=protected-access
     args = [torch_dlpack.to_dlpack(t) for t in inputs_torch]
   try:
-    return native.dispatch(callback_id, args, None, stream.cuda_stream,  # pylint: disable=protected-access
-                            device, torch_tensors)
+    return native.dispatch(
+      callback_id,
+      args,
+      None,
+      stream.cuda_stream,  # pylint: disable=protected-access
+      device,
+      torch_tensors,
+    )
   finally:
     native.release([callback_id])  # pylint: disable=protected-access
 
@@ -114,55 +121,68 @@ def main():
   def fn(args, unused=None):
     (a,) = args
     seen.update(
-        stream=torch.cuda.current_stream().cuda_stream,
-        device=torch.cuda.current_device(),
-        gpu=native._placement.current_gpu(),
-        input_ptr=a.data_ptr(), input_device=a.device)
+      stream=torch.cuda.current_stream().cuda_stream,
+      device=torch.cuda.current_device(),
+      gpu=native._placement.current_gpu(),
+      input_ptr=a.data_ptr(),
+      input_device=a.device,
+    )
     misaligned = torch.zeros(1025, device=gpu)[1:]
-    return [a * 2, a.to(torch.int32), a.cpu(), a.reshape(32, 32).t(),
-            misaligned, a]
+    return [a * 2, a.to(torch.int32), a.cpu(), a.reshape(32, 32).t(), misaligned, a]
 
   for torch_tensors in (False, True):
     mode = "torch tensors" if torch_tensors else "capsules"
     print(f"-- {mode}")
-    _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu,
-                   check, torch_tensors)
+    _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu, check, torch_tensors)
   _check_ordering(native, tf_stream, device, gpu, check)
   print(f"{len(failures)} failed" if failures else "all passed")
   return 1 if failures else 0
 
 
-def _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu,
-                   check, torch_tensors):
+def _check_outputs(native, exchange, fn, seen, x, tf_stream, device, gpu, check, torch_tensors):
   """Stream, device, zero-copy input, output placement and copies."""
   stats_before = exchange.exchange_stats()
   outs = _dispatch(native, fn, [x], tf_stream, device, torch_tensors)
   stats_after = exchange.exchange_stats()
-  check(seen["stream"] == tf_stream.cuda_stream,
-        "the callback runs on the stream the kernel passes")
-  check(seen["device"] == device and seen["gpu"] == device,
-        f"the callback runs on the kernel's device (cuda:{device})")
-  check(seen["input_ptr"] == x.data_ptr() and seen["input_device"] == gpu,
-        "the input is a zero-copy view in GPU memory")
+  check(
+    seen["stream"] == tf_stream.cuda_stream, "the callback runs on the stream the kernel passes"
+  )
+  check(
+    seen["device"] == device and seen["gpu"] == device,
+    f"the callback runs on the kernel's device (cuda:{device})",
+  )
+  check(
+    seen["input_ptr"] == x.data_ptr() and seen["input_device"] == gpu,
+    "the input is a zero-copy view in GPU memory",
+  )
   check(native._placement.current_gpu() is None, "current_gpu() is None after the call")
   torch.cuda.synchronize(gpu)
   outs_torch = [torch_dlpack.from_dlpack(c) for c in outs]
   doubled, as_int, moved, strided, aligned, same = outs_torch
-  check(doubled.device == gpu and torch.equal(doubled, x * 2),
-        "a float output stays in GPU memory with the right values")
-  check(as_int.device.type == "cpu" and as_int.dtype == torch.int32 and
-        torch.equal(as_int, x.cpu().to(torch.int32)),
-        "an int32 output goes to host memory, as TF keeps int32 on GPUs")
-  check(moved.device == gpu and torch.equal(moved.cpu(), x.cpu()),
-        "a host output is moved to the kernel's GPU")
-  check(strided.is_contiguous() and
-        torch.equal(strided, x.reshape(32, 32).t()),
-        "a strided output is copied to dense row-major memory")
-  check(aligned.data_ptr() % exchange.TF_ALIGNMENT == 0 and
-        torch.equal(aligned, torch.zeros(1024, device=gpu)),
-        "a misaligned output is copied to an aligned buffer")
-  check(same.data_ptr() == x.data_ptr(),
-        "an output that is the input crosses back without a copy")
+  check(
+    doubled.device == gpu and torch.equal(doubled, x * 2),
+    "a float output stays in GPU memory with the right values",
+  )
+  check(
+    as_int.device.type == "cpu"
+    and as_int.dtype == torch.int32
+    and torch.equal(as_int, x.cpu().to(torch.int32)),
+    "an int32 output goes to host memory, as TF keeps int32 on GPUs",
+  )
+  check(
+    moved.device == gpu and torch.equal(moved.cpu(), x.cpu()),
+    "a host output is moved to the kernel's GPU",
+  )
+  check(
+    strided.is_contiguous() and torch.equal(strided, x.reshape(32, 32).t()),
+    "a strided output is copied to dense row-major memory",
+  )
+  check(
+    aligned.data_ptr() % exchange.TF_ALIGNMENT == 0
+    and torch.equal(aligned, torch.zeros(1024, device=gpu)),
+    "a misaligned output is copied to an aligned buffer",
+  )
+  check(same.data_ptr() == x.data_ptr(), "an output that is the input crosses back without a copy")
   copies = stats_after["copied"] - stats_before["copied"]
   check(copies == 4, f"exactly the 4 copies are counted (got {copies})")
 
@@ -177,12 +197,12 @@ def _check_ordering(native, tf_stream, device, gpu, check):
   with torch.cuda.stream(tf_stream):
     torch.cuda._sleep(50_000_000)  # pylint: disable=protected-access
     src.fill_(3.0)
-  outs = _dispatch(native, lambda args, unused=None: [args[0] + 1], [src], tf_stream,
-                   device)
+  outs = _dispatch(native, lambda args, unused=None: [args[0] + 1], [src], tf_stream, device)
   tf_stream.synchronize()
   result = torch_dlpack.from_dlpack(outs[0])
-  check(bool((result == 4.0).all()),
-        "the callback's work is ordered after what TF queued on its stream")
+  check(
+    bool((result == 4.0).all()), "the callback's work is ordered after what TF queued on its stream"
+  )
   # The control: handed another stream, the callback does not wait, so the
   # check above can tell ordered from unordered work.
   src.zero_()
@@ -191,12 +211,13 @@ def _check_ordering(native, tf_stream, device, gpu, check):
     torch.cuda._sleep(50_000_000)  # pylint: disable=protected-access
     src.fill_(3.0)
   other_stream = torch.cuda.Stream(device=gpu)
-  outs = _dispatch(native, lambda args, unused=None: [args[0] + 1], [src], other_stream,
-                   device)
+  outs = _dispatch(native, lambda args, unused=None: [args[0] + 1], [src], other_stream, device)
   torch.cuda.synchronize(gpu)
   result = torch_dlpack.from_dlpack(outs[0])
-  check(not bool((result == 4.0).all()),
-        "control: on another stream the callback does not wait for TF's work")
+  check(
+    not bool((result == 4.0).all()),
+    "control: on another stream the callback does not wait for TF's work",
+  )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,13 @@ pytestmark = pytest.mark.slow
 
 def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   assert "targets:" in out.stdout and "training step, small_mlp" in out.stdout
   assert "headline" in out.stdout
@@ -42,11 +46,17 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
 
   # Every training-step contender ran in processes of its own.
   steps = results["train_steps"]["small_mlp"]
-  expected = {"torchbridge tf.function", "keras tf.function", "pure torch",
-              "numpy-copy bridge tf.function"}
+  expected = {
+    "torchbridge tf.function",
+    "keras tf.function",
+    "pure torch",
+    "numpy-copy bridge tf.function",
+  }
   if tb.native_available():
-    expected |= {"torchbridge tf.function (tf.py_function path)",
-                 "floor: TF function + Keras Adam + 2 bare native ops"}
+    expected |= {
+      "torchbridge tf.function (tf.py_function path)",
+      "floor: TF function + Keras Adam + 2 bare native ops",
+    }
   assert expected <= set(steps)
   pids = [p["pid"] for t in steps.values() for p in t["processes"]]
   assert len(pids) == len(set(pids)) and os.getpid() not in pids
@@ -54,16 +64,21 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
     assert t["processes"] and all(p["contender"] == name for p in t["processes"])
     assert t["min"] <= t["median_us"] <= t["max"]
     for p in t["processes"]:
-      assert p["threads"] == {"torch_intra": env["threads"]["torch_intra"],
-                              "tf_intra": env["threads"]["tf_intra"]}
+      assert p["threads"] == {
+        "torch_intra": env["threads"]["torch_intra"],
+        "tf_intra": env["threads"]["tf_intra"],
+      }
       assert len(p["samples_us"]) == p["repeats"] and p["median_us"] > 0
 
   # The headline ratios are those of the separate processes' medians.
   ratios = results["headline"]["small_mlp"]
-  for other, key in (("pure torch", "torchbridge / pure torch"),
-                     ("keras tf.function", "torchbridge / keras")):
+  for other, key in (
+    ("pure torch", "torchbridge / pure torch"),
+    ("keras tf.function", "torchbridge / keras"),
+  ):
     assert ratios[key]["ratio"] == pytest.approx(
-        steps["torchbridge tf.function"]["median_us"] / steps[other]["median_us"])
+      steps["torchbridge tf.function"]["median_us"] / steps[other]["median_us"]
+    )
   if tb.native_available():
     labels = [label for label, _ in results["decomposition"]["small_mlp"]]
     assert "floor: TF function + Keras Adam + 2 bare native ops" in labels
@@ -72,16 +87,19 @@ def test_quick_run_writes_table_json_targets_and_plots(tmp_path):
   assert after["processes"][0]["pid"] not in pids
   assert after["processes"][0]["bridged_calls"] == 1000
   assert after["ratio_right_after"] == pytest.approx(
-      after["processes"][0]["right_after_us"] / after["processes"][0]["before_us"])
+    after["processes"][0]["right_after_us"] / after["processes"][0]["before_us"]
+  )
 
   names = {t["name"] for t in results["targets"]}
-  assert {"exchange bytes copied (torchbridge, all sizes)",
-          "small_mlp tf.function step: torchbridge / pure torch",
-          "pure torch on the main thread right after 1,000 bridged calls / "
-          "before them"} <= names
+  assert {
+    "exchange bytes copied (torchbridge, all sizes)",
+    "small_mlp tf.function step: torchbridge / pure torch",
+    "pure torch on the main thread right after 1,000 bridged calls / before them",
+  } <= names
   if tb.native_available():
-    assert ("bridge's own overhead per call in tf.function, native op (us "
-            "over a bare native op)") in names
+    assert (
+      "bridge's own overhead per call in tf.function, native op (us over a bare native op)"
+    ) in names
   for target in results["targets"]:
     assert set(target) == {"name", "measured", "limit", "met"}
     assert isinstance(target["met"], bool)
@@ -96,60 +114,73 @@ def test_full_run_targets_have_issue_16_names():
   # The full run's targets, from records shaped as the full run writes them
   # (TD3 and every model), without running it.
   def timing(us, key="median_us"):
-    return {key: us, "min": us, "max": us, "spread": 0.0,
-            "processes": [{key: us, "pid": 1}]}
+    return {key: us, "min": us, "max": us, "spread": 0.0, "processes": [{key: us, "pid": 1}]}
 
-  steps = {name: timing(us) for name, us in (
-      ("torchbridge tf.function", 1100.0), ("pure torch", 1000.0),
-      ("keras tf.function", 1200.0), ("numpy-copy bridge tf.function", 4000.0))}
+  steps = {
+    name: timing(us)
+    for name, us in (
+      ("torchbridge tf.function", 1100.0),
+      ("pure torch", 1000.0),
+      ("keras tf.function", 1200.0),
+      ("numpy-copy bridge tf.function", 4000.0),
+    )
+  }
   results = {
-      "train_steps": {m: steps for m in ("small_mlp", "cnn", "large_mlp")},
-      "td3": {name: timing(ms, "ms_per_train_step") for name, ms in (
-          ("torchbridge", 10.0), ("pure torch", 9.0), ("keras", 11.0))},
-      "torch_after_bridge": {"ratio_right_after": 1.2},
+    "train_steps": {m: steps for m in ("small_mlp", "cnn", "large_mlp")},
+    "td3": {
+      name: timing(ms, "ms_per_train_step")
+      for name, ms in (("torchbridge", 10.0), ("pure torch", 9.0), ("keras", 11.0))
+    },
+    "torch_after_bridge": {"ratio_right_after": 1.2},
   }
   results["headline"] = report.headline(results)
   assert set(results["headline"]) == {"small_mlp", "cnn", "large_mlp", "td3"}
   targets = {t["name"]: t for t in report.targets(results)}
   assert set(targets) == {
-      "TD3 train step: torchbridge / pure torch",
-      "TD3 train step: torchbridge / native Keras",
-      "small_mlp tf.function step: torchbridge / pure torch",
-      "cnn tf.function step: torchbridge / pure torch",
-      "large_mlp tf.function step: torchbridge / pure torch",
-      "large_mlp tf.function step: speed-up over numpy-copy bridge",
-      "pure torch on the main thread right after 1,000 bridged calls / "
-      "before them"}
+    "TD3 train step: torchbridge / pure torch",
+    "TD3 train step: torchbridge / native Keras",
+    "small_mlp tf.function step: torchbridge / pure torch",
+    "cnn tf.function step: torchbridge / pure torch",
+    "large_mlp tf.function step: torchbridge / pure torch",
+    "large_mlp tf.function step: speed-up over numpy-copy bridge",
+    "pure torch on the main thread right after 1,000 bridged calls / before them",
+  }
   assert targets["TD3 train step: torchbridge / pure torch"]["met"] is False
   assert targets["TD3 train step: torchbridge / native Keras"]["met"] is True
   assert targets["cnn tf.function step: torchbridge / pure torch"]["met"] is True
-  assert targets["large_mlp tf.function step: speed-up over numpy-copy "
-                 "bridge"]["met"] is True
-  assert targets["pure torch on the main thread right after 1,000 bridged "
-                 "calls / before them"]["met"] is False
+  assert targets["large_mlp tf.function step: speed-up over numpy-copy bridge"]["met"] is True
+  assert (
+    targets["pure torch on the main thread right after 1,000 bridged calls / before them"]["met"]
+    is False
+  )
 
 
 def test_numpy_bridge_baseline_computes_the_same_gradients():
   # The baseline must be a faithful bridge, not a strawman: same outputs
   # and gradients as torchbridge for the same torch module.
   torch.manual_seed(0)
-  module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
-                               torch.nn.Linear(8, 2)).double()
+  module = torch.nn.Sequential(
+    torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+  ).double()
   copied = numpy_bridge.NumpyBridgeModule(module)
   bridged = tb.TorchModule(module)
   x = tf.constant(np.random.default_rng(0).standard_normal((5, 4)))
   with tf.GradientTape(persistent=True) as tape:
     tape.watch(x)
     y_copied, y_bridged = copied(x), bridged(x)
-    loss_copied = tf.reduce_sum(y_copied ** 2)
-    loss_bridged = tf.reduce_sum(y_bridged ** 2)
+    loss_copied = tf.reduce_sum(y_copied**2)
+    loss_bridged = tf.reduce_sum(y_bridged**2)
   np.testing.assert_allclose(y_copied.numpy(), y_bridged.numpy(), rtol=1e-12)
-  np.testing.assert_allclose(tape.gradient(loss_copied, x).numpy(),
-                             tape.gradient(loss_bridged, x).numpy(), rtol=1e-12)
+  np.testing.assert_allclose(
+    tape.gradient(loss_copied, x).numpy(), tape.gradient(loss_bridged, x).numpy(), rtol=1e-12
+  )
   grads_copied = tape.gradient(loss_copied, copied.trainable_variables)
-  grads_bridged = dict(zip([v.name.split("/", 1)[1].split(":")[0]
-                            for v in bridged.trainable_variables],
-                           tape.gradient(loss_bridged, bridged.trainable_variables)))
+  grads_bridged = dict(
+    zip(
+      [v.name.split("/", 1)[1].split(":")[0] for v in bridged.trainable_variables],
+      tape.gradient(loss_bridged, bridged.trainable_variables),
+    )
+  )
   for name, g in zip([n for n, _ in module.named_parameters()], grads_copied):
     np.testing.assert_allclose(g.numpy(), grads_bridged[name].numpy(), rtol=1e-12)
 
@@ -170,7 +201,8 @@ def test_bare_native_module_has_the_torch_modules_shapes_and_gradients():
   critic_torch = TorchCritic(3, 1)
   bare = bare_native.BareNativeModule(critic_torch, "critic")
   assert [tuple(v.shape) for v in bare.trainable_variables] == [
-      tuple(p.shape) for p in critic_torch.parameters()]
+    tuple(p.shape) for p in critic_torch.parameters()
+  ]
   obs, action = tf.ones([5, 3]), tf.ones([5, 1])
 
   @tf.function
@@ -190,15 +222,19 @@ def test_bare_native_module_has_the_torch_modules_shapes_and_gradients():
 @pytest.mark.skipif(not tb.native_available(), reason="needs the native op")
 def test_td3_floor_agent_trains_bare_native_modules():
   from benchmarks import td3_process
+
   agent = td3_process.bare_native_agent()
-  assert all(isinstance(m, bare_native.BareNativeModule) for m in (
-      agent.actor, agent.critic, agent.actor_target, agent.critic_target))
+  assert all(
+    isinstance(m, bare_native.BareNativeModule)
+    for m in (agent.actor, agent.critic, agent.actor_target, agent.critic_target)
+  )
   durations = []
   step = td3_process._timed(agent.train_step, durations)
   rng = np.random.default_rng(0)
   for _ in range(2):  # a critic update, then the actor update too
     critic_loss, actor_loss = step(
-        *[rng.standard_normal((8, d), dtype=np.float32) for d in (3, 1, 1, 3, 1)])
+      *[rng.standard_normal((8, d), dtype=np.float32) for d in (3, 1, 1, 3, 1)]
+    )
   assert len(durations) == 2 and not np.isnan(actor_loss)
   assert int(agent.actor_opt.iterations) == 1
   assert int(agent.critic_opt.iterations) == 2
@@ -206,17 +242,30 @@ def test_td3_floor_agent_trains_bare_native_modules():
 
 def test_td3_process_times_the_scripts_train_steps(tmp_path):
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.td3_process", "torch", "--steps", "40",
-       "--start-steps", "20", "--out", str(tmp_path / "run")],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.td3_process",
+      "torch",
+      "--steps",
+      "40",
+      "--start-steps",
+      "20",
+      "--out",
+      str(tmp_path / "run"),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   record = json.loads(out.stdout.strip().splitlines()[-1])
   script = json.loads((tmp_path / "run" / "results.json").read_text())
   assert record["train_steps"] == script["train_steps"] == 20
   assert record["pid"] != os.getpid() and record["ms_per_train_step"] > 0
-  assert record["script_ms_per_train_step"] == pytest.approx(
-      1e3 * script["sec_per_train_step"])
+  assert record["script_ms_per_train_step"] == pytest.approx(1e3 * script["sec_per_train_step"])
   assert record["wall_s"] > 0
 
 
@@ -226,10 +275,26 @@ def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   env.pop("TORCHBRIDGE_TORCH_THREAD", None)
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.td3_process", "torchbridge",
-       "--steps", "30", "--start-steps", "20", "--torch-thread", choice,
-       "--out", str(tmp_path / "run")],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.td3_process",
+      "torchbridge",
+      "--steps",
+      "30",
+      "--start-steps",
+      "20",
+      "--torch-thread",
+      choice,
+      "--out",
+      str(tmp_path / "run"),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   record = json.loads(out.stdout.strip().splitlines()[-1])
   # The example runs its graph calls on TF's one inter-op thread.
@@ -240,9 +305,13 @@ def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_callback_cost_times_the_bridges_python_per_call():
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.callback_cost", "--calls", "200"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    [sys.executable, "-m", "benchmarks.callback_cost", "--calls", "200"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout.strip().splitlines()[-1])
   # Saving state for a backward is work an inference call skips.

@@ -72,8 +72,7 @@ def test_a_new_wrapper_from_the_call_layer_alone(in_graph):
 
 def test_the_new_wrapper_is_one_op_in_a_graph():
   wrapper = Clipped(lambda x: x * 2, limit=1.0)
-  graph = tf.function(wrapper).get_concrete_function(
-      tf.TensorSpec([None], tf.float32)).graph
+  graph = tf.function(wrapper).get_concrete_function(tf.TensorSpec([None], tf.float32)).graph
   kinds = {op.type for op in graph.get_operations()}
   assert kinds & {"TorchbridgeCall", "EagerPyFunc"}, kinds
 
@@ -82,8 +81,14 @@ def test_the_core_runs_one_forward_protocol():
   """`_bridge.call` takes a `Forward` and nothing beside it (no `infer`),
   and runs a hand-written one eagerly and in a graph."""
   params = inspect.signature(_bridge.call).parameters
-  assert list(params) == ["forward", "args_tf", "out_specs", "name",
-                          "differentiable", "specs_found"]
+  assert list(params) == [
+    "forward",
+    "args_tf",
+    "out_specs",
+    "name",
+    "differentiable",
+    "specs_found",
+  ]
   calls = []
 
   def forward(args_torch, *, record, unused=None):
@@ -91,8 +96,7 @@ def test_the_core_runs_one_forward_protocol():
     (x_torch,) = args_torch
     if record:
       x_torch.requires_grad_(True)
-    return _saved.Saved([x_torch * 3], [x_torch if record else None],
-                        has_graph=record)
+    return _saved.Saved([x_torch * 3], [x_torch if record else None], has_graph=record)
 
   x = tf.constant([1.0, 2.0])
   with tf.GradientTape() as tape:
@@ -120,8 +124,7 @@ class _Count:
     return self.real(*args, **kwargs)
 
 
-@pytest.mark.parametrize("wrapper", ["torch_function", "TorchModule",
-                                     "TorchLayer"])
+@pytest.mark.parametrize("wrapper", ["torch_function", "TorchModule", "TorchLayer"])
 def test_every_public_wrapper_goes_through_call_bridged(wrapper, monkeypatch):
   counter = _Count(_call.call_bridged)
   monkeypatch.setattr(_call, "call_bridged", counter)

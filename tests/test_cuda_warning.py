@@ -37,11 +37,11 @@ import pytest
 import torch
 
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(torch.version.cuda is None,
-                       reason="torch is not a CUDA build"),
-    pytest.mark.skipif(not sys.platform.startswith("linux"),
-                       reason="the symbol clash is a Linux dynamic-linker one"),
+  pytest.mark.slow,
+  pytest.mark.skipif(torch.version.cuda is None, reason="torch is not a CUDA build"),
+  pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the symbol clash is a Linux dynamic-linker one"
+  ),
 ]
 
 _BRIDGED = textwrap.dedent("""
@@ -86,10 +86,13 @@ _PURE_TORCH = textwrap.dedent("""
 def _run(code, tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   env.pop("PYTHONWARNINGS", None)
-  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
-  report = (f"exited with {out.returncode}\n--- stdout\n{out.stdout[-3000:]}"
-            f"\n--- stderr\n{out.stderr[-3000:]}")
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+  )
+  report = (
+    f"exited with {out.returncode}\n--- stdout\n{out.stdout[-3000:]}"
+    f"\n--- stderr\n{out.stderr[-3000:]}"
+  )
   assert out.returncode == 0, report
   assert "ok" in out.stdout.split(), report
   return out, report
@@ -98,7 +101,8 @@ def _run(code, tmp_path):
 def test_the_bridge_warns_exactly_when_plain_torch_does(tmp_path):
   bridged, report = _run(_BRIDGED, tmp_path)
   pure, pure_report = _run(_PURE_TORCH, tmp_path)
-  assert ("CUDA initialization" in bridged.stderr) == (
-      "CUDA initialization" in pure.stderr), report + pure_report
+  assert ("CUDA initialization" in bridged.stderr) == ("CUDA initialization" in pure.stderr), (
+    report + pure_report
+  )
   # The bridge itself never starts CUDA for CPU tensors.
   assert "cuda initialized False" in bridged.stdout, report

@@ -30,7 +30,8 @@ def strategy():
 def _mlp(seed=0):
   torch.manual_seed(seed)
   return torch.nn.Sequential(
-      torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
+    torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+  ).double()
 
 
 def _data(seed=0):
@@ -45,7 +46,7 @@ def _shards(strategy, array):
 
   def shard(ctx):
     k = ctx.replica_id_in_sync_group
-    return tf.constant(array[k * per_replica:(k + 1) * per_replica])
+    return tf.constant(array[k * per_replica : (k + 1) * per_replica])
 
   return strategy.experimental_distribute_values_from_function(shard)
 
@@ -74,8 +75,9 @@ def _train_single(net, x, y, steps, in_mode, optimizer=tf.keras.optimizers.Adam)
   return module
 
 
-def _train_mirrored(strategy, net, x, y, steps, in_mode, training=None,
-                    optimizer=tf.keras.optimizers.Adam):
+def _train_mirrored(
+  strategy, net, x, y, steps, in_mode, training=None, optimizer=tf.keras.optimizers.Adam
+):
   with strategy.scope():
     module = tb.TorchModule(net, name="net")
     opt = optimizer(0.01)
@@ -90,8 +92,7 @@ def _train_mirrored(strategy, net, x, y, steps, in_mode, training=None,
     opt.apply_gradients(zip(grads, module.trainable_variables))
     return loss
 
-  step = in_mode(lambda x_tf, y_tf: strategy.run(replica_step,
-                                                 (x_tf, y_tf)))
+  step = in_mode(lambda x_tf, y_tf: strategy.run(replica_step, (x_tf, y_tf)))
   x_dist, y_dist = _shards(strategy, x), _shards(strategy, y)
   losses = []
   for _ in range(steps):
@@ -112,8 +113,9 @@ def test_variables_are_mirrored(strategy):
   for var in module.variables:
     assert isinstance(var, tf.distribute.DistributedValues), var
     assert [v.device for v in var.values] == [
-        "/job:localhost/replica:0/task:0/device:CPU:0",
-        "/job:localhost/replica:0/task:0/device:CPU:1"]
+      "/job:localhost/replica:0/task:0/device:CPU:0",
+      "/job:localhost/replica:0/task:0/device:CPU:1",
+    ]
   _assert_replicas_equal(module)
 
 
@@ -126,8 +128,7 @@ def test_two_replicas_match_single_process(strategy, in_mode):
   _assert_replicas_equal(mirrored)
   expected = reference.get_weights()
   for name, value in mirrored.get_weights().items():
-    np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-9,
-                               err_msg=name)
+    np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-9, err_msg=name)
   # It trained: the weights moved and the loss fell.
   initial = tb.TorchModule(_mlp(), name="init").get_weights()
   assert not np.allclose(expected["0.weight"], initial["0.weight"])
@@ -156,10 +157,8 @@ def test_sgd_matches_single_process(strategy):
   x, y = _data(seed=3)
   net = _mlp(seed=3)
   in_mode = lambda fn: fn  # noqa: E731
-  reference = _train_single(copy.deepcopy(net), x, y, 5, in_mode,
-                            optimizer=tf.keras.optimizers.SGD)
-  mirrored, _ = _train_mirrored(strategy, net, x, y, 5, in_mode,
-                                optimizer=tf.keras.optimizers.SGD)
+  reference = _train_single(copy.deepcopy(net), x, y, 5, in_mode, optimizer=tf.keras.optimizers.SGD)
+  mirrored, _ = _train_mirrored(strategy, net, x, y, 5, in_mode, optimizer=tf.keras.optimizers.SGD)
   expected = reference.get_weights()
   for name, value in mirrored.get_weights().items():
     np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-9)
@@ -167,28 +166,27 @@ def test_sgd_matches_single_process(strategy):
 
 def test_buffers_written_by_replicas_stay_in_sync(strategy, in_mode):
   torch.manual_seed(1)
-  net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
-                            torch.nn.Linear(4, 2)).double()
+  net = torch.nn.Sequential(
+    torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)
+  ).double()
   x, y = _data(seed=1)
   steps = 3
-  mirrored, _ = _train_mirrored(strategy, copy.deepcopy(net), x, y, steps,
-                                in_mode, training=True)
+  mirrored, _ = _train_mirrored(strategy, copy.deepcopy(net), x, y, steps, in_mode, training=True)
   _assert_replicas_equal(mirrored)
   # Integer counters take the first replica's value: one per step.
   assert mirrored.get_weights()["1.num_batches_tracked"] == steps
 
   # Floating buffers take the replicas' mean: for equal shards, the mean of
   # the shards' running-mean updates is the whole batch's update.
-  one_step, _ = _train_mirrored(strategy, copy.deepcopy(net), x, y, 1,
-                                in_mode, training=True)
+  one_step, _ = _train_mirrored(strategy, copy.deepcopy(net), x, y, 1, in_mode, training=True)
   _assert_replicas_equal(one_step)
   with torch.no_grad():
     batch_mean = net[0](torch.from_numpy(x)).mean(0).numpy()
   momentum = net[1].momentum
-  expected = ((1 - momentum) * net[1].running_mean.numpy() +
-              momentum * batch_mean)
-  np.testing.assert_allclose(one_step.get_weights()["1.running_mean"],
-                             expected, rtol=1e-9, atol=1e-12)
+  expected = (1 - momentum) * net[1].running_mean.numpy() + momentum * batch_mean
+  np.testing.assert_allclose(
+    one_step.get_weights()["1.running_mean"], expected, rtol=1e-9, atol=1e-12
+  )
 
 
 class _ReplicaStamp(torch.nn.Module):
@@ -207,16 +205,16 @@ class _ReplicaStamp(torch.nn.Module):
     return self.lin(x)
 
 
-def test_integer_buffers_take_the_first_replica_and_floats_the_mean(
-    strategy, in_mode):
+def test_integer_buffers_take_the_first_replica_and_floats_the_mean(strategy, in_mode):
   # Replica 0 writes 10 and replica 1 writes 30: the first replica's value
   # (10) and the mean (20) differ, so the test tells the two rules apart.
   x = np.zeros((GLOBAL_BATCH, 3))
   x[0, 0], x[GLOBAL_BATCH // 2, 0] = 10.0, 30.0
   with strategy.scope():
     module = tb.TorchModule(_ReplicaStamp(), name="stamp")
-  step = in_mode(lambda x_tf: strategy.run(
-      lambda x_replica: module(x_replica, training=True), (x_tf,)))
+  step = in_mode(
+    lambda x_tf: strategy.run(lambda x_replica: module(x_replica, training=True), (x_tf,))
+  )
   step(_shards(strategy, x))
   _assert_replicas_equal(module)
   weights = module.get_weights()
@@ -278,29 +276,35 @@ def test_unsupported_strategy_is_refused_with_the_fix():
       tb.keras.TorchLayer(_mlp(), name="layer")
 
 
-@pytest.mark.parametrize("real_strategy, reason", [
+@pytest.mark.parametrize(
+  "real_strategy, reason",
+  [
     (tf.distribute.TPUStrategy, "TPUs run compiled XLA programs"),
-    (tf.distribute.experimental.ParameterServerStrategy,
-     "remote worker processes"),
-], ids=["tpu", "parameter_server"])
-def test_tpu_and_parameter_server_strategies_are_refused(real_strategy,
-                                                         reason):
+    (tf.distribute.experimental.ParameterServerStrategy, "remote worker processes"),
+  ],
+  ids=["tpu", "parameter_server"],
+)
+def test_tpu_and_parameter_server_strategies_are_refused(real_strategy, reason):
   # README: TPUStrategy and ParameterServerStrategy are refused with an
   # error saying why. Neither can be made here (no TPU, no cluster), so a
   # stand-in carries the real class's name (which the check reads) and
   # nothing else of it: the real classes are none of the supported ones.
-  assert not issubclass(real_strategy, (
+  assert not issubclass(
+    real_strategy,
+    (
       tf.distribute.MirroredStrategy,
       tf.distribute.MultiWorkerMirroredStrategy,
-      tf.distribute.OneDeviceStrategy))
-  stand_in = type(real_strategy.__name__,
-                  (tf.distribute.experimental.CentralStorageStrategy,), {})()
+      tf.distribute.OneDeviceStrategy,
+    ),
+  )
+  stand_in = type(
+    real_strategy.__name__, (tf.distribute.experimental.CentralStorageStrategy,), {}
+  )()
   with stand_in.scope():
     with pytest.raises(ValueError) as info:
       tb.TorchModule(_mlp(), name="net")
   message = str(info.value)
-  assert (f"TorchModule 'net' cannot run under {real_strategy.__name__}:"
-          in message)
+  assert f"TorchModule 'net' cannot run under {real_strategy.__name__}:" in message
   assert reason in message
   assert "MirroredStrategy" in message and "strategy.scope()" in message
   with stand_in.scope():
@@ -315,21 +319,19 @@ def test_keras_fit_under_mirrored_strategy_matches_single_process(strategy):
   net = _mlp(seed=2)
 
   def fit(module):
-    model = keras.Sequential([keras.Input((3,), dtype="float64"),
-                              tb.keras.TorchLayer(module, name="torch")])
+    model = keras.Sequential(
+      [keras.Input((3,), dtype="float64"), tb.keras.TorchLayer(module, name="torch")]
+    )
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=10, shuffle=False,
-              verbose=0)
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=10, shuffle=False, verbose=0)
     return model
 
   reference = fit(copy.deepcopy(net))
   with strategy.scope():
     mirrored = fit(net)
   for ref, got in zip(reference.weights, mirrored.weights):
-    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-9,
-                               atol=1e-9, err_msg=got.path)
-  assert not np.allclose(reference.weights[0].numpy(),
-                         _mlp(seed=2)[0].weight.detach().numpy())
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-9, atol=1e-9, err_msg=got.path)
+  assert not np.allclose(reference.weights[0].numpy(), _mlp(seed=2)[0].weight.detach().numpy())
 
 
 def test_distributed_training_example_runs_and_learns():
@@ -339,22 +341,34 @@ def test_distributed_training_example_runs_and_learns():
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
-      [sys.executable, os.path.join(root, "examples", "distributed_training.py"),
-       "--replicas", "2", "--steps", "200"],
-      capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      os.path.join(root, "examples", "distributed_training.py"),
+      "--replicas",
+      "2",
+      "--steps",
+      "200",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   assert "MirroredStrategy with 2 replicas" in out.stdout
-  losses = [float(line.split("loss ")[1].split()[0])
-            for line in out.stdout.splitlines() if line.startswith("step")]
+  losses = [
+    float(line.split("loss ")[1].split()[0])
+    for line in out.stdout.splitlines()
+    if line.startswith("step")
+  ]
   assert len(losses) == 2 and losses[-1] < losses[0]
 
 
 def test_torch_function_runs_per_replica_with_gradients(strategy, in_mode):
-  cube = tb.torch_function(lambda t: t ** 3, name="cube")
+  cube = tb.torch_function(lambda t: t**3, name="cube")
   x = np.arange(GLOBAL_BATCH, dtype=np.float64).reshape(GLOBAL_BATCH, 1)
 
   devices = []  # where each replica's torch call runs (in the graph, when
-                # traced: a tf.function returns every result on CPU:0)
+  # traced: a tf.function returns every result on CPU:0)
 
   def replica_fn(x_tf):
     with tf.GradientTape() as tape:
@@ -365,10 +379,8 @@ def test_torch_function_runs_per_replica_with_gradients(strategy, in_mode):
 
   run = in_mode(lambda x_tf: strategy.run(replica_fn, (x_tf,)))
   y_dist, grad_dist = run(_shards(strategy, x))
-  y = np.concatenate([v.numpy() for v in strategy.experimental_local_results(
-      y_dist)])
-  grad = np.concatenate([v.numpy() for v in
-                         strategy.experimental_local_results(grad_dist)])
-  np.testing.assert_array_equal(y, x ** 3)
-  np.testing.assert_array_equal(grad, 3 * x ** 2)
+  y = np.concatenate([v.numpy() for v in strategy.experimental_local_results(y_dist)])
+  grad = np.concatenate([v.numpy() for v in strategy.experimental_local_results(grad_dist)])
+  np.testing.assert_array_equal(y, x**3)
+  np.testing.assert_array_equal(grad, 3 * x**2)
   assert [d.split(":")[-2:] for d in devices] == [["CPU", "0"], ["CPU", "1"]]

@@ -9,17 +9,14 @@ import pytest
 
 import torchbridge
 
-_MODULES = sorted(
-    info.name for info in pkgutil.walk_packages(torchbridge.__path__,
-                                                "torchbridge."))
+_MODULES = sorted(info.name for info in pkgutil.walk_packages(torchbridge.__path__, "torchbridge."))
 
 
 @pytest.mark.parametrize("name", _MODULES)
 def test_docstring_examples(name):
   module = importlib.import_module(name)
   try:
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS,
-                             verbose=False, report=True)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False, report=True)
   finally:
     _shut_down_ray()  # tb.ray's examples start Ray; test_ray starts its own
   assert result.failed == 0, f"{result.failed} docstring examples failed in {name}"

@@ -18,21 +18,21 @@ from conftest import requires_gpu
 
 # (TF dtype, torch dtype, a value to write in memory-identity tests).
 SHARED_DTYPES = [
-    (tf.float16, torch.float16, 7.5),
-    (tf.bfloat16, torch.bfloat16, 7.5),
-    (tf.float32, torch.float32, 7.25),
-    (tf.float64, torch.float64, 7.125),
-    (tf.int8, torch.int8, -7),
-    (tf.int16, torch.int16, -700),
-    (tf.int32, torch.int32, -70000),
-    (tf.int64, torch.int64, -(2**40)),
-    (tf.uint8, torch.uint8, 250),
-    (tf.uint16, torch.uint16, 65000),
-    (tf.uint32, torch.uint32, 2**31 + 5),
-    (tf.uint64, torch.uint64, 2**40 + 5),
-    (tf.bool, torch.bool, True),
-    (tf.complex64, torch.complex64, 7.5 - 2.25j),
-    (tf.complex128, torch.complex128, 7.125 + 3.5j),
+  (tf.float16, torch.float16, 7.5),
+  (tf.bfloat16, torch.bfloat16, 7.5),
+  (tf.float32, torch.float32, 7.25),
+  (tf.float64, torch.float64, 7.125),
+  (tf.int8, torch.int8, -7),
+  (tf.int16, torch.int16, -700),
+  (tf.int32, torch.int32, -70000),
+  (tf.int64, torch.int64, -(2**40)),
+  (tf.uint8, torch.uint8, 250),
+  (tf.uint16, torch.uint16, 65000),
+  (tf.uint32, torch.uint32, 2**31 + 5),
+  (tf.uint64, torch.uint64, 2**40 + 5),
+  (tf.bool, torch.bool, True),
+  (tf.complex64, torch.complex64, 7.5 - 2.25j),
+  (tf.complex128, torch.complex128, 7.125 + 3.5j),
 ]
 DTYPE_IDS = [tf_dt.name for tf_dt, _, _ in SHARED_DTYPES]
 SHAPES = [(), (0, 3), (2, 3)]
@@ -53,17 +53,16 @@ def sample_np(tf_dtype, shape, seed=0):
     return (real + 1j * imag).astype(tf_dtype.as_numpy_dtype).reshape(shape)
   if tf_dtype.is_floating:
     values = rng.integers(-16, 16, size=size) / 4
-    return values.astype(np.float32 if tf_dtype == tf.bfloat16 else
-                         tf_dtype.as_numpy_dtype).reshape(shape)
+    return values.astype(
+      np.float32 if tf_dtype == tf.bfloat16 else tf_dtype.as_numpy_dtype
+    ).reshape(shape)
   low = 0 if tf_dtype.is_unsigned else -100
-  return rng.integers(low, 100, size=size).astype(
-      tf_dtype.as_numpy_dtype).reshape(shape)
+  return rng.integers(low, 100, size=size).astype(tf_dtype.as_numpy_dtype).reshape(shape)
 
 
 def tf_owned(tf_dtype, shape, seed=0):
   """A TF tensor in a buffer TF allocated (the result of a TF op)."""
-  return tf.identity(tf.constant(sample_np(tf_dtype, shape, seed),
-                                 dtype=tf_dtype))
+  return tf.identity(tf.constant(sample_np(tf_dtype, shape, seed), dtype=tf_dtype))
 
 
 def torch_owned(tf_dtype, torch_dtype, shape, seed=0):
@@ -104,7 +103,10 @@ def ptr_of_tf(x_tf):
 
 def assert_stats(zero_copy=0, copied=0, bytes_copied=0):
   assert tb.exchange_stats() == {
-      "zero_copy": zero_copy, "copied": copied, "bytes_copied": bytes_copied}
+    "zero_copy": zero_copy,
+    "copied": copied,
+    "bytes_copied": bytes_copied,
+  }
 
 
 # --- Round trips of every shared dtype, scalars and zero-size tensors. ---
@@ -139,8 +141,7 @@ def test_torch_to_tf_round_trip(tf_dtype, torch_dtype, _, shape):
   assert x_tf.shape == shape
   np.testing.assert_array_equal(np_of_tf(x_tf), np_of_torch(x_torch))
   # TF kernels can use the buffer (a misaligned one would abort here).
-  np.testing.assert_array_equal(np_of_tf(tf.identity(x_tf)),
-                                np_of_torch(x_torch))
+  np.testing.assert_array_equal(np_of_tf(tf.identity(x_tf)), np_of_torch(x_torch))
 
   back_torch = tb.to_torch(x_tf)
   assert back_torch.dtype == torch_dtype
@@ -154,8 +155,7 @@ def test_torch_to_tf_round_trip(tf_dtype, torch_dtype, _, shape):
 
 
 @pytest.mark.parametrize("shape", [(), (2, 3)], ids=["scalar", "matrix"])
-@pytest.mark.parametrize("tf_dtype,torch_dtype,new", SHARED_DTYPES,
-                         ids=DTYPE_IDS)
+@pytest.mark.parametrize("tf_dtype,torch_dtype,new", SHARED_DTYPES, ids=DTYPE_IDS)
 def test_to_torch_shares_memory(tf_dtype, torch_dtype, new, shape):
   x_tf = tf_owned(tf_dtype, shape, seed=1)
   x_torch = tb.to_torch(x_tf)
@@ -170,8 +170,7 @@ def test_to_torch_shares_memory(tf_dtype, torch_dtype, new, shape):
 
 
 @pytest.mark.parametrize("shape", [(), (2, 3)], ids=["scalar", "matrix"])
-@pytest.mark.parametrize("tf_dtype,torch_dtype,new", SHARED_DTYPES,
-                         ids=DTYPE_IDS)
+@pytest.mark.parametrize("tf_dtype,torch_dtype,new", SHARED_DTYPES, ids=DTYPE_IDS)
 def test_to_tf_shares_memory(tf_dtype, torch_dtype, new, shape):
   x_torch = torch_owned(tf_dtype, torch_dtype, shape, seed=2)
   x_tf = tb.to_tf(x_torch)
@@ -227,12 +226,16 @@ def test_requires_grad_tensor_is_detached_and_shared():
   assert x_tf.numpy()[3] == 42.0
 
 
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: torch.randn(64)[16:],  # offset of 64 bytes: still aligned
     lambda: torch.randn(8, 16)[2:5],  # whole rows at an aligned offset
     lambda: torch.randn(5).unsqueeze(0).as_strided((1, 5), (99, 1)),
     lambda: torch.randn(3, 4)[:, None, :],  # size-1 dimension, any stride
-], ids=["aligned_offset", "row_slice", "size1_odd_stride", "unsqueezed"])
+  ],
+  ids=["aligned_offset", "row_slice", "size1_odd_stride", "unsqueezed"],
+)
 def test_aligned_views_are_shared(make):
   x_torch = make()
   x_tf = tb.to_tf(x_torch)
@@ -275,16 +278,15 @@ def _misaligned_scalar(dtype):
   return base, base[1]
 
 
-COPY_CASES = [_misaligned, _transposed, _stepped, _expanded, _column_slice,
-              _misaligned_scalar]
+COPY_CASES = [_misaligned, _transposed, _stepped, _expanded, _column_slice, _misaligned_scalar]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int8,
-                                   torch.bool, torch.complex128],
-                         ids=["float32", "float64", "int8", "bool",
-                              "complex128"])
-@pytest.mark.parametrize("make", COPY_CASES,
-                         ids=[m.__name__[1:] for m in COPY_CASES])
+@pytest.mark.parametrize(
+  "dtype",
+  [torch.float32, torch.float64, torch.int8, torch.bool, torch.complex128],
+  ids=["float32", "float64", "int8", "bool", "complex128"],
+)
+@pytest.mark.parametrize("make", COPY_CASES, ids=[m.__name__[1:] for m in COPY_CASES])
 def test_to_tf_copies_layouts_tf_cannot_view(make, dtype):
   base, x_torch = make(dtype)
   expected = x_torch.contiguous().numpy().copy()
@@ -300,8 +302,7 @@ def test_to_tf_copies_layouts_tf_cannot_view(make, dtype):
   copy_ptr = ptr_of_tf(x_tf)
   assert copy_ptr % 64 == 0
   assert copy_ptr != x_torch.data_ptr()
-  np.testing.assert_array_equal(tf.reshape(x_tf, [-1]).numpy(),
-                                expected.reshape(-1))
+  np.testing.assert_array_equal(tf.reshape(x_tf, [-1]).numpy(), expected.reshape(-1))
   # It does not share memory with the source.
   base.zero_() if dtype != torch.bool else base.logical_not_()
   np.testing.assert_array_equal(x_tf.numpy(), expected)
@@ -313,11 +314,10 @@ def test_misaligned_float_view_from_issue():
   x_tf = tb.to_tf(x_torch)
   assert_stats(copied=1, bytes_copied=1024 * 4)
   # Before the fix for this kind of view, this op aborted the process.
-  np.testing.assert_allclose(tf.reduce_sum(x_tf).numpy(),
-                             x_torch.sum().item(), rtol=1e-5)
+  np.testing.assert_allclose(tf.reduce_sum(x_tf).numpy(), x_torch.sum().item(), rtol=1e-5)
   np.testing.assert_allclose(
-      tf.matmul(tf.reshape(x_tf, [32, 32]), tf.eye(32)).numpy(),
-      x_torch.reshape(32, 32).numpy())
+    tf.matmul(tf.reshape(x_tf, [32, 32]), tf.eye(32)).numpy(), x_torch.reshape(32, 32).numpy()
+  )
 
 
 def test_lazy_conjugate_view_is_resolved_and_copied():
@@ -347,7 +347,7 @@ def aligned_np(n, dtype=np.float32, offset=0):
   itemsize = np.dtype(dtype).itemsize
   raw = np.zeros(n * itemsize + 128, dtype=np.uint8)
   start = (-raw.ctypes.data) % 64 + offset
-  return raw[start:start + n * itemsize].view(dtype)
+  return raw[start : start + n * itemsize].view(dtype)
 
 
 def test_numpy_to_torch_shares_memory():
@@ -378,8 +378,7 @@ def test_misaligned_numpy_to_tf_is_copied():
   assert x_tf.numpy()[5] == 5.0
 
 
-@pytest.mark.parametrize("convert", [tb.to_torch, tb.to_tf],
-                         ids=["to_torch", "to_tf"])
+@pytest.mark.parametrize("convert", [tb.to_torch, tb.to_tf], ids=["to_torch", "to_tf"])
 def test_negatively_strided_numpy_is_copied(convert):
   base = np.arange(10, dtype=np.float64)
   x_np = base[::-1]
@@ -391,8 +390,7 @@ def test_negatively_strided_numpy_is_copied(convert):
   np.testing.assert_array_equal(result.numpy(), np.arange(9, -1, -1))
 
 
-@pytest.mark.parametrize("convert", [tb.to_torch, tb.to_tf],
-                         ids=["to_torch", "to_tf"])
+@pytest.mark.parametrize("convert", [tb.to_torch, tb.to_tf], ids=["to_torch", "to_tf"])
 def test_read_only_numpy_is_copied(convert):
   x_np = np.arange(8, dtype=np.int32)
   x_np.flags.writeable = False
@@ -413,9 +411,9 @@ def test_to_torch_keeps_nest_and_static_leaves():
   x_tf = tf_owned(tf.float32, (2, 3))
   i_tf = tf_owned(tf.int64, (4,))
   nest = {
-      "pair": (x_tf, [i_tf, 3.5]),
-      "point": Point(x=x_tf, y="label"),
-      "misc": [None, marker, t_static],
+    "pair": (x_tf, [i_tf, 3.5]),
+    "point": Point(x=x_tf, y="label"),
+    "misc": [None, marker, t_static],
   }
   out = tb.to_torch(nest)
   assert set(out) == {"pair", "point", "misc"}
@@ -453,8 +451,7 @@ def test_nested_round_trip_mixed_copy_and_share():
   out = tb.to_tf({"shared": shared, "strided": strided})
   assert_stats(zero_copy=1, copied=1, bytes_copied=64)
   assert ptr_of_tf(out["shared"]) == shared.data_ptr()
-  np.testing.assert_array_equal(out["strided"].numpy(),
-                                strided.contiguous().numpy())
+  np.testing.assert_array_equal(out["strided"].numpy(), strided.contiguous().numpy())
 
 
 # --- Counters. ---
@@ -489,20 +486,35 @@ def _indexed_slices():
   return tf.IndexedSlices(tf.ones([1, 3]), tf.constant([0]), tf.constant([2, 3]))
 
 
-@pytest.mark.parametrize("make,kind,fix", [
+@pytest.mark.parametrize(
+  "make,kind,fix",
+  [
     (_ragged, "tf.RaggedTensor", "x.to_tensor()"),
     (_sparse, "tf.SparseTensor", "tf.sparse.to_dense(x)"),
     (_indexed_slices, "tf.IndexedSlices", "tf.convert_to_tensor(x)"),
     (lambda: tf.constant(["a", "bc"]), "dtype string", "tf.strings.to_number"),
     (lambda: tf.constant("scalar"), "dtype string", "tf.strings.to_number"),
     (lambda: tf.Variable(["a"]), "dtype string", "tf.strings.to_number"),
-    (lambda: {"ok": tf.ones([2]), "bad": [tf.constant(["s"])]},
-     "dtype string", "tf.strings.to_number"),
+    (
+      lambda: {"ok": tf.ones([2]), "bad": [tf.constant(["s"])]},
+      "dtype string",
+      "tf.strings.to_number",
+    ),
     (lambda: np.array(["a", "b"]), "numpy array of dtype <U1", "astype"),
-    (lambda: np.array([object()], dtype=object), "numpy array of dtype object",
-     "astype"),
-], ids=["ragged", "sparse", "indexed_slices", "string", "string_scalar",
-        "string_variable", "nested_string", "numpy_str", "numpy_object"])
+    (lambda: np.array([object()], dtype=object), "numpy array of dtype object", "astype"),
+  ],
+  ids=[
+    "ragged",
+    "sparse",
+    "indexed_slices",
+    "string",
+    "string_scalar",
+    "string_variable",
+    "nested_string",
+    "numpy_str",
+    "numpy_object",
+  ],
+)
 def test_to_torch_rejects_unsupported_kinds(make, kind, fix):
   with pytest.raises(TypeError) as info:
     tb.to_torch(make())
@@ -532,20 +544,37 @@ def _complex32():
     return torch.zeros(3, dtype=torch.complex32)
 
 
-@pytest.mark.parametrize("make,kind,fix", [
+@pytest.mark.parametrize(
+  "make,kind,fix",
+  [
     (lambda: torch.eye(3).to_sparse(), "sparse torch tensor", "x.to_dense()"),
     (_sparse_csr, "sparse torch tensor", "x.to_dense()"),
     (_quantized, "quantized torch tensor", "x.dequantize()"),
-    (lambda: torch.empty(2, 3, device="meta"), "meta torch tensor",
-     "device='cpu'"),
+    (lambda: torch.empty(2, 3, device="meta"), "meta torch tensor", "device='cpu'"),
     (_complex32, "torch.complex32, which TF lacks", "x.to(torch.float32)"),
-    (lambda: torch.zeros(3).to(torch.float8_e4m3fn),
-     "torch.float8_e4m3fn, which TF lacks", "x.to(torch.float32)"),
-    (lambda: (torch.ones(2), {"k": torch.zeros(3).to(torch.float8_e5m2)}),
-     "torch.float8_e5m2, which TF lacks", "x.to(torch.float32)"),
+    (
+      lambda: torch.zeros(3).to(torch.float8_e4m3fn),
+      "torch.float8_e4m3fn, which TF lacks",
+      "x.to(torch.float32)",
+    ),
+    (
+      lambda: (torch.ones(2), {"k": torch.zeros(3).to(torch.float8_e5m2)}),
+      "torch.float8_e5m2, which TF lacks",
+      "x.to(torch.float32)",
+    ),
     (lambda: np.array(["a"]), "numpy array of dtype <U1", "astype"),
-], ids=["sparse_coo", "sparse_csr", "quantized", "meta", "complex32",
-        "float8", "nested_float8", "numpy_str"])
+  ],
+  ids=[
+    "sparse_coo",
+    "sparse_csr",
+    "quantized",
+    "meta",
+    "complex32",
+    "float8",
+    "nested_float8",
+    "numpy_str",
+  ],
+)
 def test_to_tf_rejects_unsupported_kinds(make, kind, fix):
   with pytest.raises(TypeError) as info:
     tb.to_tf(make())
@@ -599,5 +628,4 @@ def test_gpu_to_tf_shares_device_memory_and_orders_streams():
   assert "GPU" in y_tf.device
   assert ptr_of_tf(y_tf) == y_torch.data_ptr()
   expected = (a_torch.cpu() @ a_torch.cpu()).numpy()
-  np.testing.assert_allclose(tf.reduce_sum(y_tf, axis=0).numpy(),
-                             expected.sum(axis=0), rtol=1e-9)
+  np.testing.assert_allclose(tf.reduce_sum(y_tf, axis=0).numpy(), expected.sum(axis=0), rtol=1e-9)

@@ -33,8 +33,7 @@ def counting(fn):
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
-    leaves = [a for a in tf.nest.flatten((args, kwargs))
-              if isinstance(a, torch.Tensor)]
+    leaves = [a for a in tf.nest.flatten((args, kwargs)) if isinstance(a, torch.Tensor)]
     calls["meta" if any(a.is_meta for a in leaves) else "real"] += 1
     return fn(*args, **kwargs)
 
@@ -91,7 +90,6 @@ def test_bad_output_signature_is_rejected():
 
 def test_decorated_method(in_mode):
   class Scaler:
-
     def __init__(self, scale):
       self.scale = scale
 
@@ -116,9 +114,10 @@ def test_nested_inputs_and_outputs(in_mode, float_dtype):
     assert isinstance(offset, torch.Tensor)
     combined = getattr(torch, op)(inputs["a"]) * scale + pair.first[0]
     return {
-        "combined": combined ** power,
-        "pair": Pair(first=[pair.first[1].sum(), None],
-                     second=inputs["idx"] * 2 + offset.to(torch.int64)),
+      "combined": combined**power,
+      "pair": Pair(
+        first=[pair.first[1].sum(), None], second=inputs["idx"] * 2 + offset.to(torch.int64)
+      ),
     }
 
   a = random_tf([3, 4], float_dtype, seed=1)
@@ -128,8 +127,9 @@ def test_nested_inputs_and_outputs(in_mode, float_dtype):
   offset_torch = torch.tensor(10)
 
   def call(a, b, c, idx):
-    return fn({"a": a, "idx": idx}, Pair(first=[b, c], second=None), 0.5,
-              "cos", offset_torch, power=2)
+    return fn(
+      {"a": a, "idx": idx}, Pair(first=[b, c], second=None), 0.5, "cos", offset_torch, power=2
+    )
 
   out = in_mode(call)(a, b, c, idx)
   assert set(out) == {"combined", "pair"}
@@ -138,10 +138,10 @@ def test_nested_inputs_and_outputs(in_mode, float_dtype):
   assert out["combined"].dtype == float_dtype
   assert out["pair"].second.dtype == tf.int64
   expected = (np.cos(a.numpy()) * 0.5 + b.numpy()) ** 2
-  np.testing.assert_allclose(out["combined"].numpy(), expected,
-                             **tolerance(float_dtype))
-  np.testing.assert_allclose(out["pair"].first[0].numpy(), c.numpy().sum(),
-                             **tolerance(float_dtype))
+  np.testing.assert_allclose(out["combined"].numpy(), expected, **tolerance(float_dtype))
+  np.testing.assert_allclose(
+    out["pair"].first[0].numpy(), c.numpy().sum(), **tolerance(float_dtype)
+  )
   np.testing.assert_array_equal(out["pair"].second.numpy(), [16, 12, 14])
 
 
@@ -149,23 +149,41 @@ def test_numbers_in_the_result_become_tf_scalars(in_mode):
   # Python and numpy numbers come back as scalars of torch's dtype for them.
   @tb.torch_function
   def fn(x):
-    return {"sum": x.sum(), "count": int(x.shape[0]), "scale": 0.5,
-            "flag": True, "np": np.int32(7), "none": None}
+    return {
+      "sum": x.sum(),
+      "count": int(x.shape[0]),
+      "scale": 0.5,
+      "flag": True,
+      "np": np.int32(7),
+      "none": None,
+    }
 
   out = in_mode(fn)(tf.constant([1.0, 2.0, 4.0]))
   assert out["none"] is None
-  assert (out["count"].dtype, out["scale"].dtype, out["flag"].dtype,
-          out["np"].dtype) == (tf.int64, tf.float32, tf.bool, tf.int32)
+  assert (out["count"].dtype, out["scale"].dtype, out["flag"].dtype, out["np"].dtype) == (
+    tf.int64,
+    tf.float32,
+    tf.bool,
+    tf.int32,
+  )
   assert all(out[k].shape == () for k in ("count", "scale", "flag", "np"))
-  assert (out["sum"].numpy(), out["count"].numpy(), out["scale"].numpy(),
-          out["flag"].numpy(), out["np"].numpy()) == (7.0, 3, 0.5, True, 7)
+  assert (
+    out["sum"].numpy(),
+    out["count"].numpy(),
+    out["scale"].numpy(),
+    out["flag"].numpy(),
+    out["np"].numpy(),
+  ) == (7.0, 3, 0.5, True, 7)
 
 
 def test_a_result_that_is_not_a_tensor_or_number_is_refused(in_mode):
   fn = tb.torch_function(lambda x: (x, "label"), name="labelled")
-  with pytest.raises(TypeError, match=r"labelled returned a str \('label'\) "
-                     r"inside its result; torchbridge passes back torch "
-                     r"tensors, numbers \(or None\) only"):
+  with pytest.raises(
+    TypeError,
+    match=r"labelled returned a str \('label'\) "
+    r"inside its result; torchbridge passes back torch "
+    r"tensors, numbers \(or None\) only",
+  ):
     in_mode(fn)(tf.constant([1.0]))
 
 
@@ -195,8 +213,7 @@ def test_variables_and_numpy_arrays_are_tensor_inputs(in_mode, float_dtype):
     return y, tape.gradient(y, v)
 
   y, grad = in_mode(step)()
-  np.testing.assert_allclose(y.numpy(), (v.numpy() * n).sum(),
-                             **tolerance(float_dtype))
+  np.testing.assert_allclose(y.numpy(), (v.numpy() * n).sum(), **tolerance(float_dtype))
   np.testing.assert_allclose(grad.numpy(), n, **tolerance(float_dtype))
 
 
@@ -212,24 +229,42 @@ def test_no_tensor_arguments(in_mode):
 def test_all_shared_output_dtypes(in_mode):
   @tb.torch_function
   def many(x):
-    return [x.to(dtype) for dtype in (
-        torch.float16, torch.bfloat16, torch.float64, torch.int8,
-        torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64)]
+    return [
+      x.to(dtype)
+      for dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+      )
+    ]
 
   outs = in_mode(many)(tf.constant([0.0, 1.0, 2.0]))
   assert [o.dtype for o in outs] == [
-      tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32, tf.int64,
-      tf.uint8, tf.bool, tf.complex64]
+    tf.float16,
+    tf.bfloat16,
+    tf.float64,
+    tf.int8,
+    tf.int32,
+    tf.int64,
+    tf.uint8,
+    tf.bool,
+    tf.complex64,
+  ]
   for out in outs:
-    np.testing.assert_array_equal(tf.cast(out, tf.float32).numpy(),
-                                  [0.0, 1.0, 1.0 if out.dtype == tf.bool
-                                   else 2.0])
+    np.testing.assert_array_equal(
+      tf.cast(out, tf.float32).numpy(), [0.0, 1.0, 1.0 if out.dtype == tf.bool else 2.0]
+    )
 
 
 def _tf_buffer_address(x_tf):
   """Address of a TF tensor's buffer, read through a DLPack view of it."""
-  return torch.utils.dlpack.from_dlpack(
-      tf.experimental.dlpack.to_dlpack(x_tf)).data_ptr()
+  return torch.utils.dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)).data_ptr()
 
 
 def test_activations_cross_without_copies():
@@ -239,14 +274,12 @@ def test_activations_cross_without_copies():
   def fn(a, b):
     out, product = a + b, a * b
     if not a.is_meta:  # shapes may be found on meta tensors first
-      seen.update(a=a.data_ptr(), b=b.data_ptr(), out=out,
-                  product=product.data_ptr())
+      seen.update(a=a.data_ptr(), b=b.data_ptr(), out=out, product=product.data_ptr())
     return out, product.t()  # the second output is transposed in torch
 
   a = tf.ones([8, 16])
   out, transposed = fn(a, a)
-  assert tb.exchange_stats() == {
-      "zero_copy": 3, "copied": 1, "bytes_copied": 8 * 16 * 4}
+  assert tb.exchange_stats() == {"zero_copy": 3, "copied": 1, "bytes_copied": 8 * 16 * 4}
   np.testing.assert_array_equal(transposed.numpy(), np.ones([16, 8]))
   np.testing.assert_array_equal(out.numpy(), np.full([8, 16], 2.0))
   # Zero copy by memory identity: torch saw TF's input buffer, and TF's
@@ -299,17 +332,15 @@ def test_gradients_match_torch_autograd(in_mode, float_dtype):
 
   leaves = [as_torch_leaf(t) for t in (a, b, w)]
   out_torch = sin_mix(*leaves)
-  loss_torch = ((out_torch["y"] * tb.to_torch(u_y)).sum() +
-                (out_torch["z"] * tb.to_torch(u_z)).sum())
+  loss_torch = (out_torch["y"] * tb.to_torch(u_y)).sum() + (out_torch["z"] * tb.to_torch(u_z)).sum()
   grads_torch = torch.autograd.grad(loss_torch, leaves)
   for key in ("y", "z"):
-    np.testing.assert_allclose(out_tf[key].numpy(),
-                               out_torch[key].detach().numpy(),
-                               **tolerance(float_dtype))
+    np.testing.assert_allclose(
+      out_tf[key].numpy(), out_torch[key].detach().numpy(), **tolerance(float_dtype)
+    )
   for grad_tf, grad_torch in zip(grads_tf, grads_torch):
     assert grad_tf.dtype == float_dtype
-    np.testing.assert_allclose(grad_tf.numpy(), grad_torch.numpy(),
-                               **tolerance(float_dtype))
+    np.testing.assert_allclose(grad_tf.numpy(), grad_torch.numpy(), **tolerance(float_dtype))
 
 
 @pytest.mark.parametrize("case", ["sin_mul", "softmax", "mlp"])
@@ -344,9 +375,13 @@ def mlp_tf(x, w1, b1, w2, b2):
 
 
 def mlp_params(dtype):
-  return [random_tf([6, 4], dtype, seed=20), random_tf([4, 8], dtype, seed=21),
-          random_tf([8], dtype, seed=22), random_tf([8, 3], dtype, seed=23),
-          random_tf([3], dtype, seed=24)]
+  return [
+    random_tf([6, 4], dtype, seed=20),
+    random_tf([4, 8], dtype, seed=21),
+    random_tf([8], dtype, seed=22),
+    random_tf([8, 3], dtype, seed=23),
+    random_tf([3], dtype, seed=24),
+  ]
 
 
 def test_mlp_matches_tf_native(in_mode, float_dtype):
@@ -360,15 +395,17 @@ def test_mlp_matches_tf_native(in_mode, float_dtype):
       out_native = mlp_tf(*params)
       loss_bridged = tf.reduce_sum(tf.square(out_bridged))
       loss_native = tf.reduce_sum(tf.square(out_native))
-    return (out_bridged, out_native, tape.gradient(loss_bridged, params),
-            tape.gradient(loss_native, params))
+    return (
+      out_bridged,
+      out_native,
+      tape.gradient(loss_bridged, params),
+      tape.gradient(loss_native, params),
+    )
 
   out_b, out_n, grads_b, grads_n = in_mode(step)(*params)
-  np.testing.assert_allclose(out_b.numpy(), out_n.numpy(),
-                             **tolerance(float_dtype))
+  np.testing.assert_allclose(out_b.numpy(), out_n.numpy(), **tolerance(float_dtype))
   for grad_b, grad_n in zip(grads_b, grads_n):
-    np.testing.assert_allclose(grad_b.numpy(), grad_n.numpy(),
-                               **tolerance(float_dtype))
+    np.testing.assert_allclose(grad_b.numpy(), grad_n.numpy(), **tolerance(float_dtype))
 
 
 def test_sin_mul_matches_tf_native(in_mode, float_dtype):
@@ -381,14 +418,12 @@ def test_sin_mul_matches_tf_native(in_mode, float_dtype):
       tape.watch([a, b])
       y_bridged = bridged(a, b)
       y_native = tf.sin(a) * b
-    return (y_bridged, y_native, tape.gradient(y_bridged, [a, b]),
-            tape.gradient(y_native, [a, b]))
+    return (y_bridged, y_native, tape.gradient(y_bridged, [a, b]), tape.gradient(y_native, [a, b]))
 
   y_b, y_n, grads_b, grads_n = in_mode(step)(a, b)
   np.testing.assert_allclose(y_b.numpy(), y_n.numpy(), **tolerance(float_dtype))
   for grad_b, grad_n in zip(grads_b, grads_n):
-    np.testing.assert_allclose(grad_b.numpy(), grad_n.numpy(),
-                               **tolerance(float_dtype))
+    np.testing.assert_allclose(grad_b.numpy(), grad_n.numpy(), **tolerance(float_dtype))
 
 
 def test_integer_inputs_get_no_gradient(in_mode, float_dtype):
@@ -415,8 +450,7 @@ def test_integer_inputs_get_no_gradient(in_mode, float_dtype):
 def test_outputs_the_loss_ignores_contribute_zero(in_mode, float_dtype):
   @tb.torch_function
   def several(a):
-    return {"double": a * 2, "triple": a * 3, "detached": a.detach() * 5,
-            "argmax": torch.argmax(a)}
+    return {"double": a * 2, "triple": a * 3, "detached": a.detach() * 5, "argmax": torch.argmax(a)}
 
   a = random_tf([4], float_dtype, seed=33)
 
@@ -427,8 +461,7 @@ def test_outputs_the_loss_ignores_contribute_zero(in_mode, float_dtype):
       only_double = tf.reduce_sum(out["double"])
       with_detached = only_double + tf.reduce_sum(out["detached"])
       with_argmax = only_double + tf.cast(out["argmax"], float_dtype)
-    return [tape.gradient(loss, a)
-            for loss in (only_double, with_detached, with_argmax)]
+    return [tape.gradient(loss, a) for loss in (only_double, with_detached, with_argmax)]
 
   for grad in in_mode(step)(a):
     np.testing.assert_array_equal(grad.numpy(), np.full([4], 2.0))
@@ -450,8 +483,7 @@ def test_low_precision_gradients(in_mode):
 
     grad = in_mode(step)(a)
     assert grad.dtype == dtype
-    np.testing.assert_array_equal(tf.cast(grad, tf.float32).numpy(),
-                                  [2.0, 4.0, -6.0])
+    np.testing.assert_array_equal(tf.cast(grad, tf.float32).numpy(), [2.0, 4.0, -6.0])
 
 
 # --- Higher-order gradients. ---
@@ -471,13 +503,11 @@ def second_order(fn, a, b):
 def assert_sin_mul_derivatives(a, b, dy_da, d2y_da2, d2y_dadb, dtype):
   a, b = a.numpy(), b.numpy()
   np.testing.assert_allclose(dy_da.numpy(), np.cos(a) * b, **tolerance(dtype))
-  np.testing.assert_allclose(d2y_da2.numpy(), -np.sin(a) * b,
-                             **tolerance(dtype))
+  np.testing.assert_allclose(d2y_da2.numpy(), -np.sin(a) * b, **tolerance(dtype))
   np.testing.assert_allclose(d2y_dadb.numpy(), np.cos(a), **tolerance(dtype))
 
 
-@pytest.mark.parametrize("where", [
-    "eager", "inside_tf_function", "eager_tapes_around_tf_function"])
+@pytest.mark.parametrize("where", ["eager", "inside_tf_function", "eager_tapes_around_tf_function"])
 def test_second_order_gradients(where, float_dtype):
   fn, calls = counting(lambda a, b: torch.sin(a) * b)
   bridged = tb.torch_function(fn)
@@ -520,8 +550,7 @@ def test_second_order_after_first_order_on_the_same_tf_function():
   with tf.GradientTape() as tape:
     tape.watch(a)
     y = tf.reduce_sum(traced(a, b))
-  np.testing.assert_allclose(tape.gradient(y, a).numpy(),
-                             np.cos(a.numpy()) * b.numpy(), rtol=1e-12)
+  np.testing.assert_allclose(tape.gradient(y, a).numpy(), np.cos(a.numpy()) * b.numpy(), rtol=1e-12)
   # The backward TF built for first order is reused; second order must still
   # be right.
   assert_sin_mul_derivatives(a, b, *second_order(traced, a, b), tf.float64)
@@ -531,8 +560,7 @@ def test_second_order_after_first_order_on_the_same_tf_function():
 def test_gradients_with_unknown_batch_dimension():
   bridged = tb.torch_function(lambda a, b: torch.sin(a) * b)
   spec = tf.TensorSpec([None, 2], tf.float64)
-  traced = tf.function(lambda a, b: second_order(bridged, a, b),
-                       input_signature=[spec, spec])
+  traced = tf.function(lambda a, b: second_order(bridged, a, b), input_signature=[spec, spec])
   for batch in (3, 5):
     a = random_tf([batch, 2], tf.float64, seed=batch)
     b = random_tf([batch, 2], tf.float64, seed=batch + 1)
@@ -556,8 +584,9 @@ def test_third_order_gradient(in_mode):
       g2 = t2.gradient(g1, a)
     return t3.gradient(g2, a)
 
-  np.testing.assert_allclose(in_mode(step)(a, b).numpy(),
-                             -np.cos(a.numpy()) * b.numpy(), rtol=1e-12)
+  np.testing.assert_allclose(
+    in_mode(step)(a, b).numpy(), -np.cos(a.numpy()) * b.numpy(), rtol=1e-12
+  )
 
 
 def test_gradient_penalty_matches_tf_native(in_mode, float_dtype):
@@ -579,8 +608,7 @@ def test_gradient_penalty_matches_tf_native(in_mode, float_dtype):
   np.testing.assert_allclose(p_b.numpy(), p_n.numpy(), **tolerance(float_dtype))
   for grad_b, grad_n in zip(grads_b, grads_n):
     grad_n = np.zeros_like(grad_b) if grad_n is None else grad_n.numpy()
-    np.testing.assert_allclose(grad_b.numpy(), grad_n,
-                               **tolerance(float_dtype))
+    np.testing.assert_allclose(grad_b.numpy(), grad_n, **tolerance(float_dtype))
   assert np.abs(grads_b[0].numpy()).max() > 1e-3
 
 
@@ -602,10 +630,8 @@ def test_persistent_tape_asked_twice(in_mode, float_dtype):
   first, second, (again_a, grad_b) = in_mode(step)(a, b)
   expected_a = np.cos(a.numpy()) * b.numpy()
   for grad in (first, second, again_a):
-    np.testing.assert_allclose(grad.numpy(), expected_a,
-                               **tolerance(float_dtype))
-  np.testing.assert_allclose(grad_b.numpy(), np.sin(a.numpy()),
-                             **tolerance(float_dtype))
+    np.testing.assert_allclose(grad.numpy(), expected_a, **tolerance(float_dtype))
+  np.testing.assert_allclose(grad_b.numpy(), np.sin(a.numpy()), **tolerance(float_dtype))
   assert calls["real"] == 1
 
 
@@ -623,8 +649,7 @@ def test_backward_never_reruns_forward(mode, in_mode):
   step = in_mode(step)
   for n in range(1, 4):
     grad = step(a)
-    np.testing.assert_allclose(grad.numpy(), 2 * np.exp([0.5, 1.0]),
-                               rtol=1e-14)
+    np.testing.assert_allclose(grad.numpy(), 2 * np.exp([0.5, 1.0]), rtol=1e-14)
     assert calls["real"] == n
   # Shape inference runs the code once per trace, on meta tensors only.
   assert calls["meta"] == (0 if mode == "eager" else 1)
@@ -649,8 +674,7 @@ def test_static_shapes_fully_known():
 
   @tb.torch_function
   def fn(x, w):
-    return {"h": x @ w, "s": (x @ w).sum(), "flat": x.reshape(-1),
-            "cat": torch.cat([x, x], dim=0)}
+    return {"h": x @ w, "s": (x @ w).sum(), "flat": x.reshape(-1), "cat": torch.cat([x, x], dim=0)}
 
   @tf.function
   def traced(x, w):
@@ -669,9 +693,14 @@ def test_unknown_batch_dimension_stays_unknown():
 
   @tb.torch_function
   def fn(x, w):
-    return {"h": x @ w, "per_feature": x.sum(dim=0), "total": x.sum(),
-            "flat": x.reshape(-1), "cat": torch.cat([x, x], dim=0),
-            "first": x[:1]}
+    return {
+      "h": x @ w,
+      "per_feature": x.sum(dim=0),
+      "total": x.sum(),
+      "flat": x.reshape(-1),
+      "cat": torch.cat([x, x], dim=0),
+      "first": x[:1],
+    }
 
   @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
   def traced(x):
@@ -680,27 +709,29 @@ def test_unknown_batch_dimension_stays_unknown():
     return out
 
   out = traced(tf.ones([7, 3]))
-  assert shapes == {"h": [None, 4], "per_feature": [3], "total": [],
-                    "flat": [None], "cat": [None, 3], "first": [1, 3]}
+  assert shapes == {
+    "h": [None, 4],
+    "per_feature": [3],
+    "total": [],
+    "flat": [None],
+    "cat": [None, 3],
+    "first": [1, 3],
+  }
   assert out["h"].shape == (7, 4) and out["cat"].shape == (14, 3)
   assert traced(tf.ones([2, 3]))["flat"].shape == (6,)
 
 
 def test_unknown_rank_needs_output_signature():
   bridged = tb.torch_function(lambda x: x * 2)
-  traced = tf.function(lambda x: bridged(x),
-                       input_signature=[tf.TensorSpec(None, tf.float32)])
+  traced = tf.function(lambda x: bridged(x), input_signature=[tf.TensorSpec(None, tf.float32)])
   with pytest.raises(ValueError) as info:
     traced.get_concrete_function()
   assert "unknown rank" in str(info.value)
   assert "output_signature" in str(info.value)
 
-  declared = tb.torch_function(
-      lambda x: x * 2, output_signature=tf.TensorSpec(None, tf.float32))
-  traced = tf.function(lambda x: declared(x),
-                       input_signature=[tf.TensorSpec(None, tf.float32)])
-  np.testing.assert_array_equal(traced(tf.ones([2, 2])).numpy(),
-                                np.full([2, 2], 2.0))
+  declared = tb.torch_function(lambda x: x * 2, output_signature=tf.TensorSpec(None, tf.float32))
+  traced = tf.function(lambda x: declared(x), input_signature=[tf.TensorSpec(None, tf.float32)])
+  np.testing.assert_array_equal(traced(tf.ones([2, 2])).numpy(), np.full([2, 2], 2.0))
 
 
 # --- output_signature. ---
@@ -717,8 +748,9 @@ def test_code_that_cannot_run_on_meta_runs_on_stand_ins():
   # output specs come from real runs on stand-in values while tracing, and
   # the data-dependent dimension stays unknown.
   runs = []
-  bridged = tb.torch_function(lambda x: runs.append(x.is_meta) or
-                              nonzero_values(x), name="nonzero_values")
+  bridged = tb.torch_function(
+    lambda x: runs.append(x.is_meta) or nonzero_values(x), name="nonzero_values"
+  )
   x = tf.constant([1.0, -1.0, 3.0])
   shapes = []
 
@@ -729,8 +761,7 @@ def test_code_that_cannot_run_on_meta_runs_on_stand_ins():
     return y
 
   np.testing.assert_array_equal(traced(x).numpy(), [2.0, 6.0])
-  np.testing.assert_array_equal(traced(tf.constant([-1.0, 5.0, 1.0]))
-                                .numpy(), [10.0, 2.0])
+  np.testing.assert_array_equal(traced(tf.constant([-1.0, 5.0, 1.0])).numpy(), [10.0, 2.0])
   assert shapes == [[None]]
   # Tracing: one meta run (failed), a run on ones, one on random values;
   # then the two calls.
@@ -752,16 +783,14 @@ def test_code_that_runs_neither_on_meta_nor_on_ones_names_output_signature():
   assert "stand-in values (ones)" in message and "negative" in message
   assert "output_signature" in message
   # Declared, it runs.
-  declared = tb.torch_function(
-      picky, output_signature=tf.TensorSpec([None], tf.float32))
+  declared = tb.torch_function(picky, output_signature=tf.TensorSpec([None], tf.float32))
   out = tf.function(lambda x: declared(x))(tf.constant([60.0, 50.0]))
   assert out.shape == (10,)
 
 
 def test_output_signature(mode, in_mode):
   shapes = []
-  bridged = tb.torch_function(
-      nonzero_values, output_signature=tf.TensorSpec([None], tf.float32))
+  bridged = tb.torch_function(nonzero_values, output_signature=tf.TensorSpec([None], tf.float32))
 
   def step(x):
     with tf.GradientTape() as tape:
@@ -780,10 +809,12 @@ def test_output_signature(mode, in_mode):
 
 def test_nested_output_signature():
   bridged = tb.torch_function(
-      lambda x: {"a": x * 2, "b": Pair(first=x.sum(), second=x.to(torch.int32))},
-      output_signature={"a": tf.TensorSpec([None, 2], tf.float32),
-                        "b": Pair(first=tf.TensorSpec([], tf.float32),
-                                  second=tf.TensorSpec([None, 2], tf.int32))})
+    lambda x: {"a": x * 2, "b": Pair(first=x.sum(), second=x.to(torch.int32))},
+    output_signature={
+      "a": tf.TensorSpec([None, 2], tf.float32),
+      "b": Pair(first=tf.TensorSpec([], tf.float32), second=tf.TensorSpec([None, 2], tf.int32)),
+    },
+  )
 
   @tf.function
   def traced(x):
@@ -799,10 +830,13 @@ def test_nested_output_signature():
   assert out["b"].first.numpy() == 6.0
 
 
-@pytest.mark.parametrize("spec,expected", [
+@pytest.mark.parametrize(
+  "spec,expected",
+  [
     (tf.TensorSpec([3], tf.float64), "dtype torch.float32, but float64"),
     (tf.TensorSpec([4], tf.float32), "shape (3,), but (4,)"),
-])
+  ],
+)
 def test_output_signature_mismatch_is_reported(spec, expected):
   bridged = tb.torch_function(lambda x: x * 2, output_signature=spec)
   traced = tf.function(lambda x: bridged(x))
@@ -869,7 +903,6 @@ def test_exception_in_tf_function_reaches_caller(float_dtype):
 
 
 class _FailingBackward(torch.autograd.Function):
-
   @staticmethod
   def forward(ctx, a):
     return a * 3
@@ -902,11 +935,15 @@ def test_exception_in_backward(mode):
   np.testing.assert_array_equal(tf.function(step)(good, x).numpy(), [3.0, 3.0])
 
 
-@pytest.mark.parametrize("make,expected", [
+@pytest.mark.parametrize(
+  "make,expected",
+  [
     (lambda: tf.constant(["a", "b"]), "dtype string"),
     (lambda: tf.ragged.constant([[1.0], [2.0, 3.0]]), "tf.RaggedTensor"),
     (lambda: tf.sparse.SparseTensor([[0]], [1.0], [2]), "tf.SparseTensor"),
-], ids=["string", "ragged", "sparse"])
+  ],
+  ids=["string", "ragged", "sparse"],
+)
 def test_unsupported_input_kinds_are_rejected(in_mode, make, expected):
   bridged = tb.torch_function(lambda a: a, name="takes_anything")
   value = make()
@@ -926,8 +963,7 @@ def test_jit_compile_is_refused_with_the_alternative():
   assert "XLA" in message and "jit_compile=True" in message
   assert "jit_compile=False" in message
   # Without XLA the same function works.
-  np.testing.assert_array_equal(
-      tf.function(lambda a: bridged(a))(tf.ones([2])).numpy(), [2.0, 2.0])
+  np.testing.assert_array_equal(tf.function(lambda a: bridged(a))(tf.ones([2])).numpy(), [2.0, 2.0])
 
 
 # --- Eager calls pay for no tf.py_function, and keep nothing. ---
@@ -985,16 +1021,15 @@ def test_eager_saved_state_dies_with_the_tape():
     y = fn(x)
   assert refs[0]() is not None  # kept for a possible backward
   np.testing.assert_allclose(
-      tape.gradient(y, x).numpy(),
-      np.cos(np.exp([0.1, 0.2])) * np.exp([0.1, 0.2]), rtol=1e-6)
+    tape.gradient(y, x).numpy(), np.cos(np.exp([0.1, 0.2])) * np.exp([0.1, 0.2]), rtol=1e-6
+  )
   del tape, y
   gc.collect()
   assert refs[0]() is None
 
 
 def test_output_dtype_tf_lacks_is_rejected(in_mode):
-  bridged = tb.torch_function(lambda a: a.to(torch.float8_e4m3fn),
-                              name="to_float8")
+  bridged = tb.torch_function(lambda a: a.to(torch.float8_e4m3fn), name="to_float8")
   with pytest.raises(TypeError) as info:
     in_mode(lambda a: bridged(a))(tf.ones([2]))
   assert "float8_e4m3fn" in str(info.value)
@@ -1011,8 +1046,7 @@ def test_torch_function_as_tf_function_argument():
     return fn(x)
 
   x = tf.constant([0.5, 1.0])
-  np.testing.assert_allclose(apply(bridged, x).numpy(), 2 * np.sin([0.5, 1.0]),
-                             rtol=1e-6)
+  np.testing.assert_allclose(apply(bridged, x).numpy(), 2 * np.sin([0.5, 1.0]), rtol=1e-6)
   other = tb.torch_function(lambda a: a + 1)
   np.testing.assert_array_equal(apply(other, x).numpy(), [1.5, 2.0])
 
@@ -1023,14 +1057,17 @@ def test_in_place_write_into_an_argument_is_reported(in_mode):
   bump = tb.torch_function(lambda idx: idx.add_(1), name="bump")
   idx = tf.constant([1, 2, 3])
   call = in_mode(lambda i: bump(i))
-  with pytest.raises((RuntimeError, tf.errors.UnknownError),
-                     match=r"bump modified its tensor argument 0 .* in place.*"
-                           r"x = x \+ 1.*x\.clone\(\)"):
+  with pytest.raises(
+    (RuntimeError, tf.errors.UnknownError),
+    match=r"bump modified its tensor argument 0 .* in place.*"
+    r"x = x \+ 1.*x\.clone\(\)",
+  ):
     call(idx)
   # An out-of-place version of the same code works, on the same kind of input.
   plus_one = tb.torch_function(lambda i: i + 1, name="plus_one")
   np.testing.assert_array_equal(
-      in_mode(lambda i: plus_one(i))(tf.constant([1, 2, 3])).numpy(), [2, 3, 4])
+    in_mode(lambda i: plus_one(i))(tf.constant([1, 2, 3])).numpy(), [2, 3, 4]
+  )
 
 
 def test_builtin_torch_function_passed_to_tf_function_directly():

@@ -52,8 +52,7 @@ def test_ten_thousand_inference_calls_in_tf_function_leak_nothing():
   gc.collect()
   rss_growth = rss_bytes() - rss_before
 
-  np.testing.assert_allclose(acc.numpy(),
-                             10000 * np.tanh(x.numpy() * 0.5 + 1.0), rtol=1e-9)
+  np.testing.assert_allclose(acc.numpy(), 10000 * np.tanh(x.numpy() * 0.5 + 1.0), rtol=1e-9)
   assert len(live_records) == 10000
   assert max(live_records) <= 2
   assert len(_saved._SAVED_BY_HANDLE) == 0
@@ -78,8 +77,7 @@ def test_tape_without_gradient_in_tf_function_keeps_nothing():
     gc.collect()
     assert len(_saved._SAVED_BY_HANDLE) == 0
   np.testing.assert_allclose(y.numpy(), 3 * (1 + np.e), rtol=1e-6)
-  np.testing.assert_allclose(step(a, True)[1].numpy(), 3 * np.exp([0.0, 1.0]),
-                             rtol=1e-6)
+  np.testing.assert_allclose(step(a, True)[1].numpy(), 3 * np.exp([0.0, 1.0]), rtol=1e-6)
 
 
 def test_eager_inference_calls_leak_nothing():
@@ -112,8 +110,7 @@ def _run_threads(target, n_threads=4):
     except BaseException as err:  # reported in the main thread
       errors.append(err)
 
-  threads = [threading.Thread(target=guarded, args=(k,))
-             for k in range(n_threads)]
+  threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n_threads)]
   for thread in threads:
     thread.start()
   for thread in threads:
@@ -147,10 +144,8 @@ def test_concurrent_calls_are_correct():
       a_np, b_np = a.numpy(), b.numpy()
       for call in (step, traced):
         y, (grad_a, grad_b) = call(a, b)
-        np.testing.assert_allclose(y.numpy(), (np.sin(a_np) * b_np).sum(),
-                                   rtol=1e-12)
-        np.testing.assert_allclose(grad_a.numpy(), np.cos(a_np) * b_np,
-                                   rtol=1e-12)
+        np.testing.assert_allclose(y.numpy(), (np.sin(a_np) * b_np).sum(), rtol=1e-12)
+        np.testing.assert_allclose(grad_a.numpy(), np.cos(a_np) * b_np, rtol=1e-12)
         np.testing.assert_allclose(grad_b.numpy(), np.sin(a_np), rtol=1e-12)
         checked.append(k)
 
@@ -197,9 +192,15 @@ def test_tf_threads_keep_their_python_thread_state(path):
     env[_loader.DISABLE_ENV] = "1"
   elif not _loader.available():
     pytest.skip("the native op is not available here")
-  proc = subprocess.run([sys.executable, "-c", _THREAD_STATE_CHECK], env=env,
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True, timeout=300, check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", _THREAD_STATE_CHECK],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:]
   assert proc.stdout.split()[-2] == path, proc.stdout[-3000:]
 
@@ -238,5 +239,4 @@ def test_gpu_inputs_run_torch_on_the_gpu(mode):
   assert "GPU" in y.device
   expected = (a.numpy().astype(np.float64) @ b.numpy()).sum(axis=1)
   np.testing.assert_allclose(y.numpy(), expected, rtol=1e-3)
-  np.testing.assert_allclose(
-      grad.numpy(), np.tile(b.numpy().sum(axis=1), [512, 1]), rtol=1e-3)
+  np.testing.assert_allclose(grad.numpy(), np.tile(b.numpy().sum(axis=1), [512, 1]), rtol=1e-3)

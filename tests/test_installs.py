@@ -26,19 +26,25 @@ from torchbridge._frameworks import _load_order
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
-    not TRITON_INSTALLED,
-    reason="triton is not installed here (`make test-user` installs it)")
+  not TRITON_INSTALLED, reason="triton is not installed here (`make test-user` installs it)"
+)
 needs_cc = pytest.mark.skipif(
-    shutil.which("gcc") is None, reason="needs gcc to build a stand-in library")
+  shutil.which("gcc") is None, reason="needs gcc to build a stand-in library"
+)
 
 
 def run_python(code, cwd, env=None, timeout=300):
   """Runs `code` in a fresh interpreter; returns the CompletedProcess."""
   full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   full_env.update(env or {})
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                        cwd=cwd, env=full_env, capture_output=True, text=True,
-                        timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code)],
+    cwd=cwd,
+    env=full_env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def describe(out):
@@ -116,9 +122,9 @@ def test_torch_module_works_in_every_import_order(order, tmp_path):
 
 
 @needs_triton
-def test_torchbridge_loads_triton_library_before_anything_imports_triton(
-    tmp_path):
-  out = run_python("""
+def test_torchbridge_loads_triton_library_before_anything_imports_triton(tmp_path):
+  out = run_python(
+    """
       import sys
       import tensorflow
       import torchbridge
@@ -131,7 +137,9 @@ def test_torchbridge_loads_triton_library_before_anything_imports_triton(
       import torch._dynamo   # what a bridged call imports lazily
       import torch
       print("ok", triton.__version__)
-      """, tmp_path)
+      """,
+    tmp_path,
+  )
   assert_ran(out)
   assert "ok" in out.stdout
 
@@ -139,8 +147,11 @@ def test_torchbridge_loads_triton_library_before_anything_imports_triton(
 @needs_triton
 def test_without_the_preload_triton_after_tensorflow_crashes(tmp_path):
   """The control: proves the crash the preload prevents is real here."""
-  out = run_python("import tensorflow\nimport triton\nprint('survived')",
-                   tmp_path, env={_load_order.PRELOAD_ENV: "0"})
+  out = run_python(
+    "import tensorflow\nimport triton\nprint('survived')",
+    tmp_path,
+    env={_load_order.PRELOAD_ENV: "0"},
+  )
   if out.returncode == 0:
     pytest.skip("this TensorFlow/triton pair no longer crashes in this order")
   # triton 3.8 dies with SIGSEGV (an LLVM static initializer on TF's
@@ -168,16 +179,18 @@ def fake_triton(tmp_path):
   lib_dir = root / "triton" / "_C"
   lib_dir.mkdir(parents=True)
   (root / "triton" / "__init__.py").write_text(
-      "raise RuntimeError('the stand-in triton must not be imported')\n")
-  for name, source in (("libtriton.so", _FAKE_LIB),
-                       ("libglobal.so", _FAKE_GLOBAL_LIB)):
+    "raise RuntimeError('the stand-in triton must not be imported')\n"
+  )
+  for name, source in (("libtriton.so", _FAKE_LIB), ("libglobal.so", _FAKE_GLOBAL_LIB)):
     c_file = tmp_path / (name + ".c")
     c_file.write_text(source)
     target = lib_dir / name if name == "libtriton.so" else tmp_path / name
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(target), str(c_file)],
-                   check=True)
-  return {"site": str(root), "lib": str(lib_dir / "libtriton.so"),
-          "global": str(tmp_path / "libglobal.so")}
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(target), str(c_file)], check=True)
+  return {
+    "site": str(root),
+    "lib": str(lib_dir / "libtriton.so"),
+    "global": str(tmp_path / "libglobal.so"),
+  }
 
 
 _FAKE_CHILD = """
@@ -198,8 +211,9 @@ print("imported", "triton" in sys.modules)
 
 
 def run_fake(fake_triton, tmp_path, before="", env=None):
-  code = _FAKE_CHILD.format(site=fake_triton["site"], glob=fake_triton["global"],
-                            lib=fake_triton["lib"], before=before)
+  code = _FAKE_CHILD.format(
+    site=fake_triton["site"], glob=fake_triton["global"], lib=fake_triton["lib"], before=before
+  )
   return run_python(code, tmp_path, env=env, timeout=120)
 
 
@@ -214,54 +228,50 @@ def test_preload_binds_the_library_to_its_own_symbols(fake_triton, tmp_path):
 
 
 @needs_cc
-def test_a_plain_load_would_bind_to_the_global_definition(fake_triton,
-                                                          tmp_path):
+def test_a_plain_load_would_bind_to_the_global_definition(fake_triton, tmp_path):
   """The control for the test above: without RTLD_DEEPBIND, the symbol
   binds to the globally loaded library, as libtriton's LLVM did to TF's."""
-  out = run_python(f"""
+  out = run_python(
+    f"""
       import ctypes, os
       ctypes.CDLL({fake_triton["global"]!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
       lib = ctypes.CDLL({fake_triton["lib"]!r}, mode=os.RTLD_NOW)
       print("owner", lib.which_probe())
-      """, tmp_path)
+      """,
+    tmp_path,
+  )
   assert_ran(out)
   assert "owner 2" in out.stdout
 
 
 @needs_cc
 def test_preload_can_be_turned_off(fake_triton, tmp_path):
-  out = run_fake(fake_triton, tmp_path,
-                 env={_load_order.PRELOAD_ENV: "0"})
+  out = run_fake(fake_triton, tmp_path, env={_load_order.PRELOAD_ENV: "0"})
   assert_ran(out)
   assert "loaded False" in out.stdout
 
 
 @needs_cc
-def test_without_deepbind_after_tensorflow_the_import_names_the_order(
-    fake_triton, tmp_path):
-  out = run_fake(fake_triton, tmp_path,
-                 before="import tensorflow\ndel os.RTLD_DEEPBIND")
+def test_without_deepbind_after_tensorflow_the_import_names_the_order(fake_triton, tmp_path):
+  out = run_fake(fake_triton, tmp_path, before="import tensorflow\ndel os.RTLD_DEEPBIND")
   assert out.returncode == 1, describe(out)
   assert "ImportError" in out.stderr
   flat = " ".join(out.stderr.split())
   assert "TensorFlow is already imported" in flat
   assert "this C library has no RTLD_DEEPBIND" in flat
   assert fake_triton["lib"] in out.stderr
-  assert "import torch\n    import torchbridge\n    import tensorflow" in (
-      out.stderr)
+  assert "import torch\n    import torchbridge\n    import tensorflow" in (out.stderr)
 
 
 @needs_cc
-def test_without_deepbind_before_tensorflow_loads_plainly(fake_triton,
-                                                          tmp_path):
+def test_without_deepbind_before_tensorflow_loads_plainly(fake_triton, tmp_path):
   out = run_fake(fake_triton, tmp_path, before="del os.RTLD_DEEPBIND")
   assert_ran(out)
   assert "loaded True" in out.stdout
 
 
 @needs_cc
-def test_a_broken_triton_library_does_not_stop_the_import(fake_triton,
-                                                          tmp_path):
+def test_a_broken_triton_library_does_not_stop_the_import(fake_triton, tmp_path):
   with open(fake_triton["lib"], "wb") as f:
     f.write(b"not an ELF file")
   out = run_fake(fake_triton, tmp_path, before="import tensorflow")
@@ -269,18 +279,19 @@ def test_a_broken_triton_library_does_not_stop_the_import(fake_triton,
   assert "loaded False" in out.stdout
 
 
-@pytest.mark.skipif(os.environ.get("TORCHBRIDGE_USER_INSTALL") != "1",
-                    reason="only in the user-install venv (make test-user)")
+@pytest.mark.skipif(
+  os.environ.get("TORCHBRIDGE_USER_INSTALL") != "1",
+  reason="only in the user-install venv (make test-user)",
+)
 def test_user_install_runs_the_installed_package_beside_triton():
   import torchbridge  # pylint: disable=import-outside-toplevel
+
   assert "site-packages" in torchbridge.__file__, torchbridge.__file__
   assert TRITON_INSTALLED
   # The op's C++ sources ship inside the package (built on first use).
   # Every .cc/.h of the checkout's csrc/ ships, and nothing else.
   csrc = os.path.join(os.path.dirname(torchbridge.__file__), "csrc")
-  checkout_csrc = os.path.join(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))), "csrc")
-  expected = sorted(name for name in os.listdir(checkout_csrc)
-                    if name.endswith((".cc", ".h")))
+  checkout_csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+  expected = sorted(name for name in os.listdir(checkout_csrc) if name.endswith((".cc", ".h")))
   assert "torch_thread.h" in expected and "torchbridge_op.cc" in expected
   assert sorted(os.listdir(csrc)) == expected

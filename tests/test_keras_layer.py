@@ -82,13 +82,20 @@ def test_weights_are_keras_variables_named_after_torch_paths():
   assert all(isinstance(w, keras.Variable) for w in layer.weights)
   by_name = {w.name: w for w in layer.weights}
   assert set(by_name) == set(module.state_dict())
-  assert {w.path for w in layer.weights} == {
-      "net/" + n for n in module.state_dict()}
+  assert {w.path for w in layer.weights} == {"net/" + n for n in module.state_dict()}
   assert {w.name for w in layer.trainable_weights} == {
-      "0.weight", "0.bias", "1.weight", "1.bias", "2.bias"}
+    "0.weight",
+    "0.bias",
+    "1.weight",
+    "1.bias",
+    "2.bias",
+  }
   assert {w.name for w in layer.non_trainable_weights} == {
-      "2.weight", "1.running_mean", "1.running_var",
-      "1.num_batches_tracked"}
+    "2.weight",
+    "1.running_mean",
+    "1.running_var",
+    "1.num_batches_tracked",
+  }
   for n, t in module.state_dict().items():
     np.testing.assert_array_equal(by_name[n].numpy(), t.numpy())
   assert by_name["1.num_batches_tracked"].dtype == "int64"
@@ -105,10 +112,8 @@ def test_frozen_parameter_does_not_move_in_fit():
   x, y = regression_data(n_in=3)
   model.fit(x, y, epochs=1, batch_size=16, verbose=0)
   layer = model.layers[0]
-  np.testing.assert_array_equal(layer.get_weights_by_name()["0.weight"],
-                                frozen.numpy())
-  assert not np.allclose(layer.get_weights_by_name()["2.weight"],
-                         trained.numpy())
+  np.testing.assert_array_equal(layer.get_weights_by_name()["0.weight"], frozen.numpy())
+  assert not np.allclose(layer.get_weights_by_name()["2.weight"], trained.numpy())
 
 
 def test_dtype_defaults_to_the_module_dtype():
@@ -130,8 +135,7 @@ def test_non_trainable_layer_keeps_its_weights_in_fit():
   module = mlp([4, 3, 1])
   layer = TorchLayer(module, trainable=False)
   assert layer.trainable_weights == [] and len(layer.weights) == 4
-  model = keras.Sequential([keras.Input((4,)), layer,
-                            keras.layers.Dense(1)])
+  model = keras.Sequential([keras.Input((4,)), layer, keras.layers.Dense(1)])
   model.compile(keras.optimizers.SGD(0.1), "mse")
   before = layer.get_weights_by_name()
   x, y = regression_data()
@@ -144,8 +148,10 @@ def test_keras_get_and_set_weights_reach_the_torch_module():
   layer = TorchLayer(nn.Linear(2, 3))
   before = layer.get_weights()
   # Distinct values in every element, so a transposed or swapped weight shows.
-  new = [np.arange(w.size, dtype=np.float32).reshape(w.shape) + 10.0 * (k + 1)
-         for k, w in enumerate(before)]
+  new = [
+    np.arange(w.size, dtype=np.float32).reshape(w.shape) + 10.0 * (k + 1)
+    for k, w in enumerate(before)
+  ]
   for old_value, new_value in zip(before, new):
     assert not np.array_equal(old_value, new_value)
   expected = {w.name: value for w, value in zip(layer.weights, new)}
@@ -155,10 +161,8 @@ def test_keras_get_and_set_weights_reach_the_torch_module():
     np.testing.assert_array_equal(got, value)
   for w in layer.weights:
     np.testing.assert_array_equal(w.numpy(), expected[w.name], err_msg=w.name)
-  np.testing.assert_array_equal(layer.torch_module.weight.detach().numpy(),
-                                expected["weight"])
-  np.testing.assert_array_equal(layer.torch_module.bias.detach().numpy(),
-                                expected["bias"])
+  np.testing.assert_array_equal(layer.torch_module.weight.detach().numpy(), expected["weight"])
+  np.testing.assert_array_equal(layer.torch_module.bias.detach().numpy(), expected["bias"])
 
 
 # ------------------------------------------------------- models and modes
@@ -190,8 +194,7 @@ class Regressor(keras.Model):
     return self.torch_layer(x, training=training)
 
 
-@pytest.mark.parametrize("run_eagerly", [False, True],
-                         ids=["compiled", "eager"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
 @pytest.mark.parametrize("kind", ["sequential", "functional", "subclassed"])
 def test_fit_evaluate_predict(kind, run_eagerly):
   module = mlp([4, 8, 1])
@@ -200,8 +203,7 @@ def test_fit_evaluate_predict(kind, run_eagerly):
   assert model.run_eagerly == run_eagerly and model.jit_compile is False
   x, y = regression_data()
   batch_ends = BatchEnds()
-  history = model.fit(x, y, epochs=4, batch_size=16, verbose=0,
-                      callbacks=[batch_ends])
+  history = model.fit(x, y, epochs=4, batch_size=16, verbose=0, callbacks=[batch_ends])
   losses = history.history["loss"]
   assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]
   assert len(batch_ends.losses) == 4 * 3
@@ -211,8 +213,7 @@ def test_fit_evaluate_predict(kind, run_eagerly):
   assert pred.shape == (48, 1) and pred.dtype == np.float32
   with torch.no_grad():
     out = torch_layer_of(model).torch_module(torch.from_numpy(x))
-    np.testing.assert_allclose(pred, out.numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pred, out.numpy(), rtol=1e-5, atol=1e-6)
   loss = model.evaluate(x, y, batch_size=16, verbose=0)
   np.testing.assert_allclose(loss, np.mean((pred - y) ** 2), rtol=1e-5)
 
@@ -222,8 +223,7 @@ def test_early_stopping_and_validation_data():
   model.compile(keras.optimizers.SGD(0.0), "mse")  # no progress: stops
   x, y = regression_data()
   stop = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)
-  history = model.fit(x, y, validation_data=(x, y), epochs=20, verbose=0,
-                      callbacks=[stop])
+  history = model.fit(x, y, validation_data=(x, y), epochs=20, verbose=0, callbacks=[stop])
   assert len(history.history["val_loss"]) == 2
   assert stop.stopped_epoch == 1
 
@@ -234,8 +234,9 @@ def test_compiled_and_eager_fit_agree(floatx64):
     model = build_model("sequential", mlp([4, 8, 1]).double())
     model.compile(keras.optimizers.Adam(0.02), "mse", run_eagerly=run_eagerly)
     x, y = regression_data(dtype="float64")
-    histories.append(model.fit(x, y, epochs=3, batch_size=16, verbose=0,
-                               shuffle=False).history["loss"])
+    histories.append(
+      model.fit(x, y, epochs=3, batch_size=16, verbose=0, shuffle=False).history["loss"]
+    )
   np.testing.assert_allclose(histories[0], histories[1], rtol=1e-12)
 
 
@@ -246,6 +247,7 @@ def test_layer_does_not_support_xla():
   # Keras' jit_compile="auto" consults supports_jit (on a GPU it would
   # otherwise pick XLA); on this CPU machine it picks False anyway.
   from keras.src.trainers import trainer  # no public accessor
+
   assert not trainer.model_supports_jit(model)
   model.compile("sgd", "mse")
   assert model.jit_compile is False
@@ -282,18 +284,15 @@ def dense_twin(module):
   layers = [keras.Input((linears[0].in_features,), dtype="float64")]
   for i, lin in enumerate(linears):
     act = "tanh" if i < len(linears) - 1 else None
-    dense = keras.layers.Dense(lin.out_features, activation=act,
-                               dtype="float64")
+    dense = keras.layers.Dense(lin.out_features, activation=act, dtype="float64")
     layers.append(dense)
   model = keras.Sequential(layers)
   for dense, lin in zip(model.layers, linears):
-    dense.set_weights([lin.weight.detach().numpy().T,
-                       lin.bias.detach().numpy()])
+    dense.set_weights([lin.weight.detach().numpy().T, lin.bias.detach().numpy()])
   return model
 
 
-@pytest.mark.parametrize("run_eagerly", [False, True],
-                         ids=["compiled", "eager"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
 def test_fit_matches_keras_dense_twin_in_float64(floatx64, run_eagerly):
   module = mlp([4, 16, 8, 1], seed=3).double()
   twin = dense_twin(module)
@@ -304,8 +303,11 @@ def test_fit_matches_keras_dense_twin_in_float64(floatx64, run_eagerly):
   for m in (model, twin):
     m.compile(keras.optimizers.Adam(0.01), "mse", run_eagerly=run_eagerly)
     batch_ends = BatchEnds()
-    histories.append(m.fit(x, y, epochs=5, batch_size=16, shuffle=False,
-                           verbose=0, callbacks=[batch_ends]).history["loss"])
+    histories.append(
+      m.fit(
+        x, y, epochs=5, batch_size=16, shuffle=False, verbose=0, callbacks=[batch_ends]
+      ).history["loss"]
+    )
     batch_losses.append(batch_ends.losses)
   torch_losses, keras_losses = histories
   assert all(isinstance(v, float) for v in torch_losses)
@@ -313,23 +315,20 @@ def test_fit_matches_keras_dense_twin_in_float64(floatx64, run_eagerly):
   np.testing.assert_allclose(torch_losses, keras_losses, rtol=1e-9, atol=0)
   np.testing.assert_allclose(batch_losses[0], batch_losses[1], rtol=1e-9)
   trained = layer.get_weights_by_name()
-  linear_names = [n for n, m in module.named_children()
-                  if isinstance(m, nn.Linear)]
+  linear_names = [n for n, m in module.named_children() if isinstance(m, nn.Linear)]
   for n, dense in zip(linear_names, twin.layers):
     kernel, bias = dense.get_weights()
-    np.testing.assert_allclose(trained[n + ".weight"], kernel.T,
-                               rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(trained[n + ".bias"], bias,
-                               rtol=1e-9, atol=1e-12)
-  np.testing.assert_allclose(model.predict(x, verbose=0),
-                             twin.predict(x, verbose=0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(trained[n + ".weight"], kernel.T, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(trained[n + ".bias"], bias, rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(
+    model.predict(x, verbose=0), twin.predict(x, verbose=0), rtol=1e-9, atol=1e-12
+  )
 
 
 # ------------------------------------------------------------- training
 
 
-@pytest.mark.parametrize("run_eagerly", [False, True],
-                         ids=["compiled", "eager"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
 def test_training_follows_keras_in_fit_evaluate_predict(run_eagerly):
   module = Recorder(4, 1)
   module.eval()  # Keras' training flag wins over torch's own mode
@@ -371,8 +370,9 @@ def test_dropout_is_active_only_in_fit():
   x, y = regression_data()
   fit_loss = model.fit(x, y, batch_size=48, verbose=0).history["loss"][0]
   eval_loss = model.evaluate(x, y, batch_size=48, verbose=0)
-  np.testing.assert_allclose(model.evaluate(x, y, batch_size=48, verbose=0),
-                             eval_loss)  # deterministic outside fit
+  np.testing.assert_allclose(
+    model.evaluate(x, y, batch_size=48, verbose=0), eval_loss
+  )  # deterministic outside fit
   assert abs(fit_loss - eval_loss) > 1e-4  # dropout was on in fit
 
 
@@ -416,10 +416,8 @@ def test_shared_layer_weights_count_once_and_gradients_add(floatx64):
   ref_loss.backward()
   np.testing.assert_allclose(loss.numpy(), ref_loss.item(), rtol=1e-12)
   by_name = dict(zip([w.name for w in model.trainable_weights], grads))
-  np.testing.assert_allclose(by_name["weight"], ref.weight.grad.numpy(),
-                             rtol=1e-12, atol=1e-14)
-  np.testing.assert_allclose(by_name["bias"], ref.bias.grad.numpy(),
-                             rtol=1e-12, atol=1e-14)
+  np.testing.assert_allclose(by_name["weight"], ref.weight.grad.numpy(), rtol=1e-12, atol=1e-14)
+  np.testing.assert_allclose(by_name["bias"], ref.bias.grad.numpy(), rtol=1e-12, atol=1e-14)
   model.compile("sgd", "mse")
   model.fit(x, x, epochs=1, verbose=0)
 
@@ -427,8 +425,7 @@ def test_shared_layer_weights_count_once_and_gradients_add(floatx64):
 # ------------------------------------------------------------ batch norm
 
 
-@pytest.mark.parametrize("run_eagerly", [False, True],
-                         ids=["compiled", "eager"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
 def test_batch_norm_statistics_update_in_fit_only(run_eagerly):
   torch.manual_seed(0)
   module = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 1))
@@ -436,8 +433,7 @@ def test_batch_norm_statistics_update_in_fit_only(run_eagerly):
   model = keras.Sequential([keras.Input((3,)), layer])
   model.compile(keras.optimizers.SGD(0.01), "mse", run_eagerly=run_eagerly)
   rng = np.random.default_rng(0)
-  x = rng.normal(loc=[1.0, -2.0, 3.0], scale=[1.0, 2.0, 0.5],
-                 size=(40, 3)).astype(np.float32)
+  x = rng.normal(loc=[1.0, -2.0, 3.0], scale=[1.0, 2.0, 0.5], size=(40, 3)).astype(np.float32)
   y = x[:, :1]
   model.fit(x, y, epochs=1, batch_size=10, shuffle=False, verbose=0)
 
@@ -448,10 +444,8 @@ def test_batch_norm_statistics_update_in_fit_only(run_eagerly):
     mean = 0.9 * mean + 0.1 * batch.mean(axis=0)
     var = 0.9 * var + 0.1 * batch.var(axis=0, ddof=1)
   variables = {w.name: w for w in layer.weights}
-  np.testing.assert_allclose(variables["0.running_mean"].numpy(), mean,
-                             rtol=1e-5)
-  np.testing.assert_allclose(variables["0.running_var"].numpy(), var,
-                             rtol=1e-5)
+  np.testing.assert_allclose(variables["0.running_mean"].numpy(), mean, rtol=1e-5)
+  np.testing.assert_allclose(variables["0.running_var"].numpy(), var, rtol=1e-5)
   assert variables["0.num_batches_tracked"].numpy() == 4
   after_fit = layer.get_weights_by_name()
 
@@ -468,8 +462,7 @@ def test_batch_norm_statistics_update_in_fit_only(run_eagerly):
 def test_training_call_never_writes_into_tf_buffers():
   layer = TorchLayer(nn.BatchNorm1d(3))
   running_mean = {w.name: w for w in layer.weights}["running_mean"]
-  x = tf.constant(np.random.default_rng(0).normal(1.0, size=(8, 3)),
-                  tf.float32)
+  x = tf.constant(np.random.default_rng(0).normal(1.0, size=(8, 3)), tf.float32)
   for _ in range(3):
     read = tf.convert_to_tensor(running_mean)  # may share the buffer
     snapshot = read.numpy().copy()
@@ -510,8 +503,7 @@ def int_input_model():
   return model
 
 
-@pytest.mark.parametrize("run_eagerly", [False, True],
-                         ids=["compiled", "eager"])
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
 def test_wrong_input_dtype_error_names_dtypes_and_fix(run_eagerly):
   model = int_input_model()
   model.compile("sgd", "mse", run_eagerly=run_eagerly)
@@ -544,7 +536,8 @@ def test_integer_inputs_still_reach_embeddings():
   out = layer(ids)
   assert out.shape == (2, 2, 3)
   np.testing.assert_array_equal(
-      out.numpy(), layer.torch_module.weight.detach().numpy()[ids.numpy()])
+    out.numpy(), layer.torch_module.weight.detach().numpy()[ids.numpy()]
+  )
 
 
 # ----------------------------------------------------------- torch_module
@@ -566,12 +559,12 @@ def test_torch_module_holds_trained_values():
     assert not torch.equal(t, before[n]), n
   with torch.no_grad():
     pure_torch = trained(torch.from_numpy(x)).numpy()
-  np.testing.assert_allclose(model.predict(x, verbose=0), pure_torch,
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(model.predict(x, verbose=0), pure_torch, rtol=1e-6, atol=1e-6)
   # Bridged calls (predict) took the views back; reading again lends them.
   assert torch.isnan(trained[0].weight).all()
-  np.testing.assert_array_equal(layer.get_weights_by_name()["0.weight"],
-                                layer.torch_module[0].weight.detach().numpy())
+  np.testing.assert_array_equal(
+    layer.get_weights_by_name()["0.weight"], layer.torch_module[0].weight.detach().numpy()
+  )
 
 
 def test_set_weights_by_name_round_trip():
@@ -579,8 +572,7 @@ def test_set_weights_by_name_round_trip():
   weights = layer.get_weights_by_name()
   weights["0.weight"] = weights["0.weight"] + 1.0
   layer.set_weights_by_name(weights)
-  np.testing.assert_array_equal(
-      layer.torch_module[0].weight.detach().numpy(), weights["0.weight"])
+  np.testing.assert_array_equal(layer.torch_module[0].weight.detach().numpy(), weights["0.weight"])
   with pytest.raises(ValueError, match="missing names"):
     layer.set_weights_by_name({"0.weight": weights["0.weight"]})
 

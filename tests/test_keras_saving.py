@@ -23,8 +23,9 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 def make_mlp(hidden=8, seed=0):
   """A torch MLP with a BatchNorm, so that buffers travel too."""
   torch.manual_seed(seed)
-  return nn.Sequential(nn.Linear(4, hidden), nn.BatchNorm1d(hidden),
-                       nn.Tanh(), nn.Linear(hidden, 1))
+  return nn.Sequential(
+    nn.Linear(4, hidden), nn.BatchNorm1d(hidden), nn.Tanh(), nn.Linear(hidden, 1)
+  )
 
 
 def data(n=32, seed=0):
@@ -36,12 +37,14 @@ def data(n=32, seed=0):
 def pickled_model(seed=0):
   """Keras layers around a TorchLayer that carries its module in the file."""
   torch.manual_seed(seed)
-  return keras.Sequential([
+  return keras.Sequential(
+    [
       keras.Input((4,)),
       keras.layers.Dense(4, name="dense_in"),
       TorchLayer(make_mlp(seed=seed), name="torch_mlp"),
       keras.layers.Dense(1, name="dense_out"),
-  ])
+    ]
+  )
 
 
 @keras.saving.register_keras_serializable(package="torchbridge_tests")
@@ -102,8 +105,9 @@ def run_fresh_process(tmp_path, body):
       """).format(tests_dir=TESTS_DIR, tmp=str(tmp_path))
   path = tmp_path / "fresh.py"
   path.write_text(script + textwrap.dedent(body))
-  proc = subprocess.run([sys.executable, str(path)], capture_output=True,
-                        text=True, timeout=240, cwd=str(tmp_path))
+  proc = subprocess.run(
+    [sys.executable, str(path)], capture_output=True, text=True, timeout=240, cwd=str(tmp_path)
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return proc
 
@@ -132,8 +136,7 @@ def test_weights_file_round_trip_into_a_fresh_model(tmp_path):
 # ------------------------------------------------- pickled torch modules
 
 
-def test_keras_file_with_pickled_module_is_refused_in_safe_mode(
-    tmp_path, monkeypatch):
+def test_keras_file_with_pickled_module_is_refused_in_safe_mode(tmp_path, monkeypatch):
   model = trained(pickled_model(), epochs=1)
   path = str(tmp_path / "m.keras")
   model.save(path)
@@ -187,8 +190,8 @@ def test_from_config_takes_safe_mode_as_keras_torch_wrapper_does():
       TorchLayer.from_config(config, safe_mode=True)
   finally:
     from keras.src.saving import serialization_lib
-    serialization_lib.global_state.set_global_attribute(
-        "safe_mode_saving", None)
+
+    serialization_lib.global_state.set_global_attribute("safe_mode_saving", None)
 
 
 def test_load_model_unpickles_after_enable_unsafe_deserialization(tmp_path):
@@ -201,7 +204,9 @@ def test_load_model_unpickles_after_enable_unsafe_deserialization(tmp_path):
   np.save(tmp_path / "expected.npy", model.predict(x, verbose=0))
   model.save(str(tmp_path / "m.keras"))
 
-  run_fresh_process(tmp_path, """
+  run_fresh_process(
+    tmp_path,
+    """
       x = np.load(tmp + "/x.npy")
       try:
         keras.models.load_model(tmp + "/m.keras")
@@ -211,9 +216,11 @@ def test_load_model_unpickles_after_enable_unsafe_deserialization(tmp_path):
       keras.config.enable_unsafe_deserialization()
       model = keras.models.load_model(tmp + "/m.keras")  # no safe_mode arg
       np.save(tmp + "/loaded.npy", model.predict(x, verbose=0))
-      """)
-  np.testing.assert_array_equal(np.load(tmp_path / "loaded.npy"),
-                                np.load(tmp_path / "expected.npy"))
+      """,
+  )
+  np.testing.assert_array_equal(
+    np.load(tmp_path / "loaded.npy"), np.load(tmp_path / "expected.npy")
+  )
 
 
 def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
@@ -226,7 +233,9 @@ def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
   model.save_weights(str(tmp_path / "x.weights.h5"))
   iterations = int(model.optimizer.iterations.numpy())
 
-  run_fresh_process(tmp_path, """
+  run_fresh_process(
+    tmp_path,
+    """
       x = np.load(tmp + "/x.npy")
       y = np.load(tmp + "/y.npy")
       model = keras.models.load_model(tmp + "/m.keras", safe_mode=False)
@@ -242,14 +251,13 @@ def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
       fresh = helpers.pickled_model(seed=5)
       fresh.load_weights(tmp + "/x.weights.h5")
       np.save(tmp + "/from_weights.npy", fresh.predict(x, verbose=0))
-      """)
+      """,
+  )
   expected = np.load(tmp_path / "expected.npy")
   np.testing.assert_array_equal(np.load(tmp_path / "loaded.npy"), expected)
-  np.testing.assert_array_equal(np.load(tmp_path / "from_weights.npy"),
-                                expected)
+  np.testing.assert_array_equal(np.load(tmp_path / "from_weights.npy"), expected)
   assert np.load(tmp_path / "iterations.npy") == iterations
-  module_state = np.load(tmp_path / "module_state.npy",
-                         allow_pickle=True).item()
+  module_state = np.load(tmp_path / "module_state.npy", allow_pickle=True).item()
   for n, value in torch_layer(model).get_weights_by_name().items():
     np.testing.assert_array_equal(module_state[n], value, err_msg=n)
 
@@ -273,8 +281,7 @@ def test_code_built_layers_skip_the_pickle(monkeypatch):
   config = layer.get_config()
   assert "module" not in config and config["hidden"] == 5
   clone = CodeBuiltMLP.from_config(config)  # no opt-in needed
-  assert clone.get_weights_by_name().keys() == \
-      layer.get_weights_by_name().keys()
+  assert clone.get_weights_by_name().keys() == layer.get_weights_by_name().keys()
   assert "module" not in UnpicklableMLP().get_config()
 
 
@@ -284,8 +291,7 @@ def test_unpicklable_code_built_layer_saves_and_loads(tmp_path):
   # restores the saved values: move every value away from what that code
   # builds, so a load that restored nothing cannot pass.
   layer = model.get_layer("u")
-  saved = {n: (value + 1).astype(value.dtype)
-           for n, value in layer.get_weights_by_name().items()}
+  saved = {n: (value + 1).astype(value.dtype) for n, value in layer.get_weights_by_name().items()}
   layer.set_weights_by_name(saved)
   x, _ = data()
   expected = model.predict(x, verbose=0)
@@ -310,14 +316,14 @@ def test_code_built_models_load_in_safe_mode_in_a_fresh_process(tmp_path):
   np.save(tmp_path / "x.npy", x)
   sequential = trained(code_built_sequential())
   subclassed = trained(CodeBuiltModel(hidden=6))
-  np.save(tmp_path / "expected_sequential.npy",
-          sequential.predict(x, verbose=0))
-  np.save(tmp_path / "expected_subclassed.npy",
-          subclassed.predict(x, verbose=0))
+  np.save(tmp_path / "expected_sequential.npy", sequential.predict(x, verbose=0))
+  np.save(tmp_path / "expected_subclassed.npy", subclassed.predict(x, verbose=0))
   sequential.save(str(tmp_path / "sequential.keras"))
   subclassed.save(str(tmp_path / "subclassed.keras"))
 
-  run_fresh_process(tmp_path, """
+  run_fresh_process(
+    tmp_path,
+    """
       def no_torch_load(*args, **kwargs):
         raise AssertionError("torch.load must not run in safe mode")
 
@@ -327,8 +333,11 @@ def test_code_built_models_load_in_safe_mode_in_a_fresh_process(tmp_path):
         model = keras.models.load_model(tmp + f"/{kind}.keras")  # safe mode
         np.save(tmp + f"/loaded_{kind}.npy", model.predict(x, verbose=0))
         assert isinstance(helpers.torch_layer(model), keras.layers.Layer)
-      """)
+      """,
+  )
   for kind in ("sequential", "subclassed"):
     np.testing.assert_array_equal(
-        np.load(tmp_path / f"loaded_{kind}.npy"),
-        np.load(tmp_path / f"expected_{kind}.npy"), err_msg=kind)
+      np.load(tmp_path / f"loaded_{kind}.npy"),
+      np.load(tmp_path / f"expected_{kind}.npy"),
+      err_msg=kind,
+    )

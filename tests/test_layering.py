@@ -18,8 +18,8 @@ PACKAGE = ROOT / "torchbridge"
 
 # Files that may import these third-party packages (paths under torchbridge/).
 ALLOWED_FRAMEWORK_IMPORTS = {
-    "keras": {"keras.py", "_wrappers/_keras_layer.py", "_cli/_report.py"},
-    "ray": {"ray/_ray.py"},
+  "keras": {"keras.py", "_wrappers/_keras_layer.py", "_cli/_report.py"},
+  "ray": {"ray/_ray.py"},
 }
 
 
@@ -29,12 +29,12 @@ def layers():
   for init in sorted(PACKAGE.glob("_*/__init__.py")):
     doc = ast.get_docstring(ast.parse(init.read_text())) or ""
     match = re.search(r"^May import: (.*)\.$", doc, flags=re.M)
-    assert match, (f"{init.relative_to(ROOT)} must end its docstring with "
-                   "'May import: <layers>.' (or 'May import: nothing.')")
+    assert match, (
+      f"{init.relative_to(ROOT)} must end its docstring with "
+      "'May import: <layers>.' (or 'May import: nothing.')"
+    )
     names = match.group(1)
-    rules[init.parent.name] = (
-        set() if names == "nothing" else
-        {n.strip() for n in names.split(",")})
+    rules[init.parent.name] = set() if names == "nothing" else {n.strip() for n in names.split(",")}
   return rules
 
 
@@ -47,8 +47,7 @@ def imported_modules(source):
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
       found.append((node.module, node.lineno))
       if node.module == "torchbridge":  # from torchbridge import _call
-        found += [(f"torchbridge.{alias.name}", node.lineno)
-                  for alias in node.names]
+        found += [(f"torchbridge.{alias.name}", node.lineno) for alias in node.names]
   return found
 
 
@@ -62,21 +61,31 @@ def violations(layer, source, rules, where):
       continue
     target = parts[1]
     if target.startswith("_") and target in rules and target not in allowed:
-      bad.append(f"{where}:{line} imports {module} ({layer} may import "
-                 f"{sorted(rules[layer]) or 'nothing'})")
+      bad.append(
+        f"{where}:{line} imports {module} ({layer} may import {sorted(rules[layer]) or 'nothing'})"
+      )
     elif not target.startswith("_") or target not in rules:
       # A public face (torchbridge, torchbridge.keras, .ray): only the
       # public faces import those.
-      bad.append(f"{where}:{line} imports the public {module}; layers "
-                 "import only layers below them")
+      bad.append(
+        f"{where}:{line} imports the public {module}; layers import only layers below them"
+      )
   return bad
 
 
 def test_every_layer_states_its_rule_and_the_rules_point_down():
   rules = layers()
-  assert set(rules) >= {"_wrappers", "_state", "_call", "_native",
-                        "_crossing", "_runtime", "_frameworks",
-                        "_translate", "_cli"}
+  assert set(rules) >= {
+    "_wrappers",
+    "_state",
+    "_call",
+    "_native",
+    "_crossing",
+    "_runtime",
+    "_frameworks",
+    "_translate",
+    "_cli",
+  }
   for layer, allowed in rules.items():
     assert allowed <= set(rules), f"{layer} names unknown layers"
   # No cycle: the rules order the layers.
@@ -96,8 +105,14 @@ def test_every_layer_states_its_rule_and_the_rules_point_down():
   # The ground: framework internals import nothing; tb.translate shares only
   # the variables with the bridge and never imports the call path.
   assert rules["_frameworks"] == set()
-  assert not rules["_translate"] & {"_call", "_state", "_wrappers",
-                                    "_native", "_crossing", "_runtime"}
+  assert not rules["_translate"] & {
+    "_call",
+    "_state",
+    "_wrappers",
+    "_native",
+    "_crossing",
+    "_runtime",
+  }
   assert "_state" not in rules["_call"] and "_wrappers" not in rules["_call"]
 
 
@@ -109,8 +124,7 @@ def test_every_import_in_the_package_follows_the_rules():
     layer = relative.parts[0]
     if len(relative.parts) == 1 or layer == "ray":
       continue  # the public faces import any layer
-    bad += violations(layer, path.read_text(), rules,
-                      str(path.relative_to(ROOT)))
+    bad += violations(layer, path.read_text(), rules, str(path.relative_to(ROOT)))
   assert not bad, "imports against the layering rules:\n" + "\n".join(bad)
 
 
@@ -123,19 +137,23 @@ def test_keras_and_ray_stay_at_the_edges(framework):
       importing.add(str(path.relative_to(PACKAGE)))
   allowed = ALLOWED_FRAMEWORK_IMPORTS[framework]
   assert importing <= allowed, (
-      f"{sorted(importing - allowed)} import {framework}; the core never "
-      f"does (allowed: {sorted(allowed)})")
+    f"{sorted(importing - allowed)} import {framework}; the core never "
+    f"does (allowed: {sorted(allowed)})"
+  )
   assert importing, f"nothing imports {framework}: update this test"
 
 
-@pytest.mark.parametrize("layer, line, forbidden", [
+@pytest.mark.parametrize(
+  "layer, line, forbidden",
+  [
     ("_call", "from torchbridge._state import _swap", True),
     ("_call", "from torchbridge import _wrappers", True),
     ("_translate", "from torchbridge._call import _bridge", True),
     ("_runtime", "import torchbridge.keras", True),
     ("_crossing", "from torchbridge._runtime import _placement", False),
     ("_state", "from torchbridge import _call", False),
-])
+  ],
+)
 def test_the_check_catches_a_wrong_import(layer, line, forbidden):
   """The checker itself: an import against the rules is reported (the
   mutation a wrong import would be), one along them is not."""
@@ -147,8 +165,6 @@ def test_architecture_table_states_the_same_rules():
   """ARCHITECTURE.md's table of folders lists, per folder, what it may
   import: the same sets as the `__init__.py` files."""
   text = (ROOT / "ARCHITECTURE.md").read_text()
-  rows = re.findall(r"^\| `torchbridge/(_[a-z_]+)/` \|.*\| ([^|]*) \|$", text,
-                    flags=re.M)
-  table = {folder: set(re.findall(r"`(_[a-z_]+)`", imports))
-           for folder, imports in rows}
+  rows = re.findall(r"^\| `torchbridge/(_[a-z_]+)/` \|.*\| ([^|]*) \|$", text, flags=re.M)
+  table = {folder: set(re.findall(r"`(_[a-z_]+)`", imports)) for folder, imports in rows}
   assert table == layers(), "ARCHITECTURE.md's table and the __init__ rules differ"

@@ -24,8 +24,7 @@ CSRC = ROOT / "csrc"
 MAX_PY_LINES = 400
 MAX_CPP_LINES = 400
 # The layers a bridged call runs through (issue 29): smaller still.
-CALL_PATH = ("_wrappers", "_state", "_call", "_native", "_crossing",
-             "_runtime")
+CALL_PATH = ("_wrappers", "_state", "_call", "_native", "_crossing", "_runtime")
 MAX_CALL_PATH_LINES = 300
 
 
@@ -38,24 +37,28 @@ def _layout_section():
 
 def _named_files(text):
   return set(re.findall(r"`([A-Za-z_./]+\.(?:py|cc|h|md))`", text)) | {
-      name + suffix
-      for name in re.findall(r"`([a-z_]+)`", text)
-      for suffix in (".h", ".cc") if (CSRC / (name + suffix)).exists()}
+    name + suffix
+    for name in re.findall(r"`([a-z_]+)`", text)
+    for suffix in (".h", ".cc")
+    if (CSRC / (name + suffix)).exists()
+  }
 
 
 def test_every_module_and_source_is_in_the_readme_layout():
   layout = _layout_section()
-  modules = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-                   if p.name != "__init__.py")
-  folders = sorted(f"{p.parent.relative_to(PACKAGE)}/"
-                   for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
-  missing = [m for m in modules + folders
-             if f"`{m}`" not in layout and
-             f"`{Path(m).name}{'/' if m.endswith('/') else ''}`" not in layout]
-  assert not missing, f"modules missing from {LAYOUT}: " \
-                      f"{missing}"
-  sources = sorted(p.name for p in CSRC.iterdir()
-                   if p.suffix in (".cc", ".h"))
+  modules = sorted(
+    str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"
+  )
+  folders = sorted(
+    f"{p.parent.relative_to(PACKAGE)}/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE
+  )
+  missing = [
+    m
+    for m in modules + folders
+    if f"`{m}`" not in layout and f"`{Path(m).name}{'/' if m.endswith('/') else ''}`" not in layout
+  ]
+  assert not missing, f"modules missing from {LAYOUT}: {missing}"
+  sources = sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cc", ".h"))
   named = _named_files(layout)
   missing = [s for s in sources if s not in named]
   assert not missing, f"csrc files missing from the layout: {missing}"
@@ -63,13 +66,11 @@ def test_every_module_and_source_is_in_the_readme_layout():
 
 @pytest.mark.parametrize("document", [LAYOUT, "ARCHITECTURE.md"])
 def test_files_named_in_the_docs_exist(document):
-  text = (_layout_section() if document == LAYOUT else
-          (ROOT / document).read_text())
+  text = _layout_section() if document == LAYOUT else (ROOT / document).read_text()
   names = [n for n in re.findall(r"`([A-Za-z_]+\.(?:py|cc|h))`", text)]
   assert names
   for name in names:
-    found = (list(PACKAGE.rglob(name)) + list(CSRC.glob(name)) +
-             list((ROOT / "examples").glob(name)))
+    found = list(PACKAGE.rglob(name)) + list(CSRC.glob(name)) + list((ROOT / "examples").glob(name))
     assert found, f"{document} names {name}, which does not exist"
 
 
@@ -79,20 +80,28 @@ def _limit(path):
 
 
 def test_modules_and_sources_stay_small():
-  too_long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-              if (n := len(p.read_text().splitlines())) > _limit(p)}
-  too_long.update({p.name: n for p in CSRC.iterdir()
-                   if p.suffix in (".cc", ".h") and
-                   (n := len(p.read_text().splitlines())) > MAX_CPP_LINES})
+  too_long = {
+    str(p.relative_to(PACKAGE)): n
+    for p in PACKAGE.rglob("*.py")
+    if (n := len(p.read_text().splitlines())) > _limit(p)
+  }
+  too_long.update(
+    {
+      p.name: n
+      for p in CSRC.iterdir()
+      if p.suffix in (".cc", ".h") and (n := len(p.read_text().splitlines())) > MAX_CPP_LINES
+    }
+  )
   assert not too_long, f"over the size limit: {too_long}"
 
 
 def test_private_framework_apis_only_in_compat():
   private = re.compile(
-      r"tensorflow\.python|tensorflow\.core|keras\.src|torch\._C\b|"
-      r"torch\.utils\._|_forward_pre_hooks|(?<!self)\._parameters\b|"
-      r"(?<!self)\._buffers\b|"
-      r"tf\.__internal__")
+    r"tensorflow\.python|tensorflow\.core|keras\.src|torch\._C\b|"
+    r"torch\.utils\._|_forward_pre_hooks|(?<!self)\._parameters\b|"
+    r"(?<!self)\._buffers\b|"
+    r"tf\.__internal__"
+  )
   offenders = []
   for path in PACKAGE.rglob("*.py"):
     if path.name == "_compat.py":

@@ -35,10 +35,10 @@ def test_one_variable_per_parameter_and_buffer_named_after_torch_path():
   actor = tb.TorchModule(net, name="actor")
   params = dict(net.named_parameters())
   buffers = dict(net.named_buffers())
-  assert sorted(v.name for v in actor.trainable_variables) == sorted(
-      f"actor/{n}:0" for n in params)
+  assert sorted(v.name for v in actor.trainable_variables) == sorted(f"actor/{n}:0" for n in params)
   assert sorted(v.name for v in actor.variables) == sorted(
-      f"actor/{n}:0" for n in list(params) + list(buffers))
+    f"actor/{n}:0" for n in list(params) + list(buffers)
+  )
   assert "actor/bn.num_batches_tracked:0" in [v.name for v in actor.variables]
   for n, t in list(params.items()) + list(buffers.items()):
     v = var(actor, n)
@@ -66,10 +66,8 @@ def test_weights_are_held_once_by_the_variables():
   var(actor, "weight").assign_add(tf.ones([2, 3]))
   module = actor.torch_module
   assert module is net
-  np.testing.assert_array_equal(net.weight.detach().numpy(),
-                                initial.numpy() + 1)
-  assert net.weight.data_ptr() == tb.to_torch(
-      tf.convert_to_tensor(var(actor, "weight"))).data_ptr()
+  np.testing.assert_array_equal(net.weight.detach().numpy(), initial.numpy() + 1)
+  assert net.weight.data_ptr() == tb.to_torch(tf.convert_to_tensor(var(actor, "weight"))).data_ptr()
 
 
 def test_variable_updates_stay_in_place_after_torch_module_is_read():
@@ -109,8 +107,7 @@ def test_a_module_wrapped_twice_starts_from_the_first_wrappers_values():
   outer = tb.TorchModule(seq, name="outer")
   outer(tf.ones([1, 3]))
   inner = tb.TorchModule(seq[0], name="inner")
-  np.testing.assert_array_equal(var(inner, "weight").numpy(),
-                                var(outer, "0.weight").numpy())
+  np.testing.assert_array_equal(var(inner, "weight").numpy(), var(outer, "0.weight").numpy())
 
 
 def test_default_name_is_the_snake_cased_class_name():
@@ -123,8 +120,13 @@ def test_nested_submodule_paths_name_the_variables():
   net = seeded(0, MLP)
   actor = tb.TorchModule(net, name="pi")
   assert sorted(v.name for v in actor.trainable_variables) == [
-      "pi/head.bias:0", "pi/head.weight:0", "pi/hidden.0.bias:0",
-      "pi/hidden.0.weight:0", "pi/hidden.1.bias:0", "pi/hidden.1.weight:0"]
+    "pi/head.bias:0",
+    "pi/head.weight:0",
+    "pi/hidden.0.bias:0",
+    "pi/hidden.0.weight:0",
+    "pi/hidden.1.bias:0",
+    "pi/hidden.1.weight:0",
+  ]
 
 
 def test_two_modules_have_distinct_variables():
@@ -147,8 +149,8 @@ def test_frozen_parameters_are_not_trainable_and_stay_unchanged(mode):
   actor = tb.TorchModule(net, name="actor")
   frozen = {"hidden.0.weight", "hidden.0.bias", "head.bias"}
   assert {v.name for v in actor.trainable_variables} == {
-      f"actor/{n}:0" for n, p in net.named_parameters()
-      if n not in frozen}
+    f"actor/{n}:0" for n, p in net.named_parameters() if n not in frozen
+  }
   assert {f"actor/{n}:0" for n in frozen} <= {v.name for v in actor.variables}
   for n in frozen:
     assert not var(actor, n).trainable
@@ -163,8 +165,7 @@ def test_frozen_parameters_are_not_trainable_and_stay_unchanged(mode):
     # All variables, frozen ones included: those get no gradient.
     grads = tape.gradient(loss, actor.variables)
     by_name = {v.name: g for v, g in zip(actor.variables, grads)}
-    opt.apply_gradients([(by_name[v.name], v)
-                         for v in actor.trainable_variables])
+    opt.apply_gradients([(by_name[v.name], v) for v in actor.trainable_variables])
     return [by_name[f"actor/{n}:0"] is None for n in sorted(frozen)]
 
   step = maybe_function(mode, step)
@@ -176,11 +177,10 @@ def test_frozen_parameters_are_not_trainable_and_stay_unchanged(mode):
     assert not np.array_equal(v.numpy(), trained[v.name]), v.name
   # The frozen values still take part in the forward, as in torch.
   net_ref = copy.deepcopy(net)
-  net_ref.load_state_dict({k: torch.from_numpy(a)
-                           for k, a in actor.get_weights().items()})
+  net_ref.load_state_dict({k: torch.from_numpy(a) for k, a in actor.get_weights().items()})
   np.testing.assert_allclose(
-      actor(x).numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(),
-      rtol=1e-6, atol=1e-6)
+    actor(x).numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(), rtol=1e-6, atol=1e-6
+  )
 
 
 # ------------------------------------------------------------------ calling
@@ -213,11 +213,13 @@ def test_positional_keyword_and_nested_inputs_and_outputs(mode):
   def call(x, a, b):
     return actor(x, tf.constant(2.0), offset={"a": a, "b": b}, square=True)
 
-  out = maybe_function(mode, call)(tf.constant(x), tf.constant(a),
-                                   tf.constant(b))
-  ref = net(torch.from_numpy(x), torch.tensor(2.0),
-            offset={"a": torch.from_numpy(a), "b": torch.from_numpy(b)},
-            square=True)
+  out = maybe_function(mode, call)(tf.constant(x), tf.constant(a), tf.constant(b))
+  ref = net(
+    torch.from_numpy(x),
+    torch.tensor(2.0),
+    offset={"a": torch.from_numpy(a), "b": torch.from_numpy(b)},
+    square=True,
+  )
   assert set(out) == {"h", "pair", "shifted"}
   assert isinstance(out["pair"], tuple) and isinstance(out["shifted"], list)
   flat_out, flat_ref = tf.nest.flatten(out), tf.nest.flatten(ref)
@@ -230,8 +232,8 @@ def test_positional_keyword_and_nested_inputs_and_outputs(mode):
   out2 = actor(tf.constant(x), 3.0)
   assert set(out2) == {"h", "pair"}
   np.testing.assert_allclose(
-      out2["h"].numpy(),
-      net(torch.from_numpy(x), 3.0)["h"].detach().numpy(), rtol=1e-6)
+    out2["h"].numpy(), net(torch.from_numpy(x), 3.0)["h"].detach().numpy(), rtol=1e-6
+  )
 
 
 @mode_param
@@ -249,7 +251,7 @@ def test_gradients_reach_inputs_and_variables_like_torch_autograd(mode):
   got = maybe_function(mode, grads)(tf.constant(x))
   x_torch = torch.from_numpy(x).requires_grad_()
   loss = torch.sin(net(x_torch)).sum()
-  names = [v.name[len("actor/"):-2] for v in actor.trainable_variables]
+  names = [v.name[len("actor/") : -2] for v in actor.trainable_variables]
   params = dict(net.named_parameters())
   want = torch.autograd.grad(loss, [x_torch] + [params[n] for n in names])
   for g, w in zip(got, want):
@@ -269,8 +271,7 @@ def test_integer_inputs_get_no_gradient_and_embeddings_train(mode):
 
   g_idx, g_weight = maybe_function(mode, grads)(idx)
   assert g_idx is None
-  np.testing.assert_array_equal(g_weight.numpy().sum(1),
-                                [0, 3, 6, 0, 0, 0, 0, 3, 0, 0])
+  np.testing.assert_array_equal(g_weight.numpy().sum(1), [0, 3, 6, 0, 0, 0, 0, 3, 0, 0])
 
 
 # ----------------------------------------------------------- training= mode
@@ -300,8 +301,7 @@ def _set_mixed_modes(net):
 
 @mode_param
 @pytest.mark.parametrize("training", [True, False])
-def test_training_switches_the_mode_for_one_call_and_restores_mixed_modes(
-    mode, training):
+def test_training_switches_the_mode_for_one_call_and_restores_mixed_modes(mode, training):
   net = seeded(0, ModeRecorder)
   mixed = _set_mixed_modes(net)
   assert len(set(mixed)) == 2
@@ -358,17 +358,15 @@ def test_training_none_in_tf_function_keeps_the_traced_mode(traced_in):
   weights = actor.get_weights()
   if traced_in == "train":
     assert weights["bn.num_batches_tracked"] == 2
-    assert not np.array_equal(weights["bn.running_mean"],
-                              after_trace["bn.running_mean"])
+    assert not np.array_equal(weights["bn.running_mean"], after_trace["bn.running_mean"])
   else:
     for k in weights:
       np.testing.assert_array_equal(weights[k], after_trace[k])
     net_ref = copy.deepcopy(net).eval()
-    net_ref.load_state_dict({k: torch.from_numpy(a)
-                             for k, a in weights.items()})
+    net_ref.load_state_dict({k: torch.from_numpy(a) for k, a in weights.items()})
     np.testing.assert_allclose(
-        out.numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(),
-        rtol=1e-6)
+      out.numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(), rtol=1e-6
+    )
 
 
 # --------------------------------------------------------------- BatchNorm
@@ -382,13 +380,11 @@ def _bn_reference_run(net_ref, xs, training):
 
 @mode_param
 @pytest.mark.parametrize("momentum", [0.1, None], ids=["ema", "cumulative"])
-def test_batchnorm_train_mode_updates_buffers_exactly_like_torch(
-    mode, momentum):
+def test_batchnorm_train_mode_updates_buffers_exactly_like_torch(mode, momentum):
   net = seeded(0, BNNet, momentum=momentum).double()
   net_ref = copy.deepcopy(net)
   actor = tb.TorchModule(net, name="bn")
-  xs = [data([8, 3], seed=s, dtype=np.float64) * (1 + s) + s
-        for s in range(4)]
+  xs = [data([8, 3], seed=s, dtype=np.float64) * (1 + s) + s for s in range(4)]
   want = _bn_reference_run(net_ref, xs, training=True)
   opt = tf.keras.optimizers.SGD(0.0)  # a full training step, no change
 
@@ -396,8 +392,9 @@ def test_batchnorm_train_mode_updates_buffers_exactly_like_torch(
     with tf.GradientTape() as tape:
       y = actor(x, training=True)
       loss = tf.reduce_sum(y)
-    opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
-                            actor.trainable_variables))
+    opt.apply_gradients(
+      zip(tape.gradient(loss, actor.trainable_variables), actor.trainable_variables)
+    )
     return y
 
   step = maybe_function(mode, step)
@@ -409,12 +406,10 @@ def test_batchnorm_train_mode_updates_buffers_exactly_like_torch(
     np.testing.assert_array_equal(call(tf.constant(x)).numpy(), w)
   ref_state = net_ref.state_dict()
   for n in ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]:
-    np.testing.assert_array_equal(var(actor, n).numpy(), ref_state[n].numpy(),
-                                  err_msg=n)
+    np.testing.assert_array_equal(var(actor, n).numpy(), ref_state[n].numpy(), err_msg=n)
   assert var(actor, "bn.num_batches_tracked").numpy() == 4
   assert var(actor, "bn.num_batches_tracked").dtype == tf.int64
-  assert not np.array_equal(ref_state["bn.running_mean"].numpy(),
-                            np.zeros(5))
+  assert not np.array_equal(ref_state["bn.running_mean"].numpy(), np.zeros(5))
 
 
 def test_batchnorm_called_several_times_in_one_tf_function_in_order():
@@ -425,20 +420,20 @@ def test_batchnorm_called_several_times_in_one_tf_function_in_order():
 
   @tf.function
   def three_calls(a, b):
-    return (actor(a, training=True), actor(b, training=False),
-            actor(b, training=True))
+    return (actor(a, training=True), actor(b, training=False), actor(b, training=True))
 
   x1, x2 = [data([5, 3], seed=s, dtype=np.float64) for s in (1, 2)]
   outs = three_calls(tf.constant(x1), tf.constant(x2))
   with torch.no_grad():
-    want = [net_ref.train()(torch.from_numpy(x1)),
-            net_ref.eval()(torch.from_numpy(x2)),
-            net_ref.train()(torch.from_numpy(x2))]
+    want = [
+      net_ref.train()(torch.from_numpy(x1)),
+      net_ref.eval()(torch.from_numpy(x2)),
+      net_ref.train()(torch.from_numpy(x2)),
+    ]
   for o, w in zip(outs, want):
     np.testing.assert_array_equal(o.numpy(), w.numpy())
   for n, t in net_ref.state_dict().items():
-    np.testing.assert_array_equal(actor.get_weights()[n], t.numpy(),
-                                  err_msg=n)
+    np.testing.assert_array_equal(actor.get_weights()[n], t.numpy(), err_msg=n)
   assert actor.get_weights()["bn.num_batches_tracked"] == 2
 
 
@@ -460,8 +455,7 @@ def test_batchnorm_eval_mode_uses_running_stats_and_changes_nothing(mode):
     np.testing.assert_array_equal(after[k], before[k], err_msg=k)
   # Reference: torch BN in eval mode with those statistics, written out.
   h = x @ before["l1.weight"].T + before["l1.bias"]
-  h = (h - before["bn.running_mean"]) / np.sqrt(
-      before["bn.running_var"] + net.bn.eps)
+  h = (h - before["bn.running_mean"]) / np.sqrt(before["bn.running_var"] + net.bn.eps)
   h = np.maximum(h * before["bn.weight"] + before["bn.bias"], 0)
   want = h @ before["l2.weight"].T + before["l2.bias"]
   for out in outs:
@@ -475,7 +469,6 @@ def test_batchnorm_eval_mode_uses_running_stats_and_changes_nothing(mode):
 
 
 class DropNet(torch.nn.Module):
-
   def __init__(self):
     super().__init__()
     self.lin = torch.nn.Linear(16, 64)
@@ -592,8 +585,7 @@ def _power_loss_grads(mode, actor, net, x, power, names, tensors_torch):
     return tape.gradient(loss, variables)
 
   got = maybe_function(mode, grad)(tf.constant(x))
-  want = torch.autograd.grad((net(torch.from_numpy(x)) ** power).sum(),
-                             tensors_torch)
+  want = torch.autograd.grad((net(torch.from_numpy(x)) ** power).sum(), tensors_torch)
   return [g.numpy() for g in got], [w.numpy() for w in want]
 
 
@@ -605,17 +597,15 @@ def test_tied_parameters_get_one_variable_and_the_summed_gradient(mode):
   assert names == ["ae/dec.bias:0", "ae/enc.bias:0", "ae/enc.weight:0"]
   x = data([6, 4], dtype=np.float64)
 
-  (got,), (want,) = _power_loss_grads(mode, actor, net, x, 2, ["enc.weight"],
-                                      [net.enc.weight])
+  (got,), (want,) = _power_loss_grads(mode, actor, net, x, 2, ["enc.weight"], [net.enc.weight])
   np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
   # The sum of the two uses, not either alone: with the decoder's use
   # detached the gradient differs.
   w_dec = net.enc.weight.detach()
-  h = torch.tanh(torch.nn.functional.linear(torch.from_numpy(x),
-                                            net.enc.weight, net.enc.bias))
+  h = torch.tanh(torch.nn.functional.linear(torch.from_numpy(x), net.enc.weight, net.enc.bias))
   (enc_only,) = torch.autograd.grad(
-      (torch.nn.functional.linear(h, w_dec, net.dec.bias) ** 2).sum(),
-      [net.enc.weight])
+    (torch.nn.functional.linear(h, w_dec, net.dec.bias) ** 2).sum(), [net.enc.weight]
+  )
   assert not np.allclose(got, enc_only.numpy())
 
   weights = actor.get_weights()
@@ -631,25 +621,24 @@ def test_tied_parameters_stay_tied_through_training_and_set_weights():
   x = tf.constant(data([6, 4]))
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(actor(x) ** 2)
-  opt.apply_gradients(zip(tape.gradient(loss, actor.trainable_variables),
-                          actor.trainable_variables))
+  opt.apply_gradients(
+    zip(tape.gradient(loss, actor.trainable_variables), actor.trainable_variables)
+  )
   module = actor.torch_module
   assert module.dec.weight is module.enc.weight
-  np.testing.assert_array_equal(module.dec.weight.detach().numpy(),
-                                var(actor, "enc.weight").numpy())
+  np.testing.assert_array_equal(
+    module.dec.weight.detach().numpy(), var(actor, "enc.weight").numpy()
+  )
   w = actor.get_weights()
   w["enc.weight"] = w["enc.weight"] + 1
   w["dec.weight"] = w["enc.weight"].copy()
   actor.set_weights(w)
-  np.testing.assert_array_equal(var(actor, "enc.weight").numpy(),
-                                w["enc.weight"])
+  np.testing.assert_array_equal(var(actor, "enc.weight").numpy(), w["enc.weight"])
   bad = dict(w)
   bad["dec.weight"] = bad["dec.weight"] + 1
-  with pytest.raises(ValueError,
-                     match=r"'dec\.weight' and 'enc\.weight' are one tied"):
+  with pytest.raises(ValueError, match=r"'dec\.weight' and 'enc\.weight' are one tied"):
     actor.set_weights(bad)
-  np.testing.assert_array_equal(var(actor, "enc.weight").numpy(),
-                                w["enc.weight"])
+  np.testing.assert_array_equal(var(actor, "enc.weight").numpy(), w["enc.weight"])
 
 
 class _Symmetric(torch.nn.Module):
@@ -663,25 +652,33 @@ def test_parametrized_module_trains_through_its_original_tensor(mode):
   # `parametrizations.weight.original` and computes `weight` from it on
   # every access: the bridge swaps the original, and gradients go to it.
   net = seeded(0, torch.nn.Linear, 4, 4).double()
-  torch.nn.utils.parametrize.register_parametrization(net, "weight",
-                                                      _Symmetric())
+  torch.nn.utils.parametrize.register_parametrization(net, "weight", _Symmetric())
   actor = tb.TorchModule(net, name="sym")
   assert sorted(v.name for v in actor.trainable_variables) == [
-      "sym/bias:0", "sym/parametrizations.weight.original:0"]
+    "sym/bias:0",
+    "sym/parametrizations.weight.original:0",
+  ]
   x = data([5, 4], dtype=np.float64)
 
   got, want = _power_loss_grads(
-      mode, actor, net, x, 3, ["bias", "parametrizations.weight.original"],
-      [net.bias, net.parametrizations.weight.original])
+    mode,
+    actor,
+    net,
+    x,
+    3,
+    ["bias", "parametrizations.weight.original"],
+    [net.bias, net.parametrizations.weight.original],
+  )
   for g_tf, g_torch in zip(got, want):
     np.testing.assert_allclose(g_tf, g_torch, rtol=1e-12)
   # A new value of the original changes what `weight` computes.
   w = var(actor, "parametrizations.weight.original")
   w.assign(tf.ones_like(w) * 2.0)
   np.testing.assert_allclose(
-      actor(tf.constant(x)).numpy(),
-      x @ np.full([4, 4], 2.0) + actor.torch_module.bias.detach().numpy(),
-      rtol=1e-12)
+    actor(tf.constant(x)).numpy(),
+    x @ np.full([4, 4], 2.0) + actor.torch_module.bias.detach().numpy(),
+    rtol=1e-12,
+  )
 
 
 @mode_param
@@ -694,12 +691,10 @@ def test_submodule_used_twice_trains_and_keeps_its_own_tensors(mode):
   net = torch.nn.Sequential(block, torch.nn.Tanh(), block)
   own_weight = block.weight
   actor = tb.TorchModule(net, name="twice")
-  assert sorted(v.name for v in actor.trainable_variables) == [
-      "twice/0.bias:0", "twice/0.weight:0"]
+  assert sorted(v.name for v in actor.trainable_variables) == ["twice/0.bias:0", "twice/0.weight:0"]
   x = data([4, 3], dtype=np.float64)
 
-  (got,), (want,) = _power_loss_grads(mode, actor, net, x, 2, ["0.weight"],
-                                      [block.weight])
+  (got,), (want,) = _power_loss_grads(mode, actor, net, x, 2, ["0.weight"], [block.weight])
   np.testing.assert_allclose(got, want, rtol=1e-12)
   assert block.weight is own_weight and net[2] is block
 
@@ -720,8 +715,7 @@ class _Counter(torch.nn.Module):
 @mode_param
 def test_buffer_replaced_by_the_forward_is_written_back(mode):
   net = seeded(0, _Counter)
-  own = {n: t for n, t in list(net.named_parameters()) +
-         list(net.named_buffers())}
+  own = {n: t for n, t in list(net.named_parameters()) + list(net.named_buffers())}
   actor = tb.TorchModule(net, name="counter")
   call = maybe_function(mode, lambda x: actor(x))
   x = tf.constant(data([4, 3]))
@@ -747,11 +741,15 @@ class PtrRecorder(torch.nn.Module):
 
   def forward(self, x):
     if not x.is_meta:
-      self.seen.append({"l1.weight": self.l1.weight.data_ptr(),
-                        "l1.bias": self.l1.bias.data_ptr(),
-                        "l2.weight": self.l2.weight.data_ptr(),
-                        "l2.bias": self.l2.bias.data_ptr(),
-                        "x": x.data_ptr()})
+      self.seen.append(
+        {
+          "l1.weight": self.l1.weight.data_ptr(),
+          "l1.bias": self.l1.bias.data_ptr(),
+          "l2.weight": self.l2.weight.data_ptr(),
+          "l2.bias": self.l2.bias.data_ptr(),
+          "x": x.data_ptr(),
+        }
+      )
     return self.l2(torch.relu(self.l1(x)))
 
 
@@ -760,10 +758,11 @@ class PtrRecorder(torch.nn.Module):
 def test_training_step_copies_nothing_and_updates_in_place(mode, opt_name):
   net = seeded(0, PtrRecorder)
   actor = tb.TorchModule(net, name="z")
-  opt = {"keras_adam": lambda: tf.keras.optimizers.Adam(0.01),
-         "keras_sgd": lambda: tf.keras.optimizers.SGD(0.01),
-         "v1_sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.01),
-         }[opt_name]()
+  opt = {
+    "keras_adam": lambda: tf.keras.optimizers.Adam(0.01),
+    "keras_sgd": lambda: tf.keras.optimizers.SGD(0.01),
+    "v1_sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.01),
+  }[opt_name]()
   tvars = actor.trainable_variables
 
   def step(x):
@@ -815,15 +814,14 @@ class BufferWriter(torch.nn.Module):
     h = self.lin(x) + self.table
     if self.training:
       with torch.no_grad():
-        self.calls += 1                                 # in-place op
-        self.last_mean.copy_(h.mean(0))                 # copy_
-        self.history[self.calls.item() % 4] = h[0]      # write via a view
+        self.calls += 1  # in-place op
+        self.last_mean.copy_(h.mean(0))  # copy_
+        self.history[self.calls.item() % 4] = h[0]  # write via a view
     return h
 
 
 @mode_param
-def test_buffers_written_in_place_are_written_back_and_read_only_ones_shared(
-    mode):
+def test_buffers_written_in_place_are_written_back_and_read_only_ones_shared(mode):
   net = seeded(0, BufferWriter)
   net_ref = copy.deepcopy(net)
   actor = tb.TorchModule(net, name="w")
@@ -909,27 +907,28 @@ def test_the_torch_module_works_after_calls_through_hooks_and_copies(tmp_path):
   want = actor(tf.constant(x)).numpy()  # takes the views back
   assert torch.isnan(net.hidden[0].weight).all()
   with torch.no_grad():  # a forward outside a bridged call lends them
-    np.testing.assert_allclose(net(torch.from_numpy(x)).numpy(), want,
-                               rtol=1e-6)
+    np.testing.assert_allclose(net(torch.from_numpy(x)).numpy(), want, rtol=1e-6)
   actor(tf.constant(x))
   with torch.no_grad():  # so does a submodule's
     np.testing.assert_allclose(
-        net.hidden[0](torch.from_numpy(x)).numpy(),
-        x @ var(actor, "hidden.0.weight").numpy().T + bias.numpy(), rtol=1e-6)
-  for copy_of in (copy.deepcopy,
-                  lambda m: _torch_save_load(m, tmp_path / "net.pt"),
-                  lambda m: m.state_dict()):
+      net.hidden[0](torch.from_numpy(x)).numpy(),
+      x @ var(actor, "hidden.0.weight").numpy().T + bias.numpy(),
+      rtol=1e-6,
+    )
+  for copy_of in (
+    copy.deepcopy,
+    lambda m: _torch_save_load(m, tmp_path / "net.pt"),
+    lambda m: m.state_dict(),
+  ):
     actor(tf.constant(x))
     copied = copy_of(net)
     state = copied if isinstance(copied, dict) else copied.state_dict()
     for n, t in state.items():
-      np.testing.assert_array_equal(t.numpy(), var(actor, n).numpy(),
-                                    err_msg=n)
+      np.testing.assert_array_equal(t.numpy(), var(actor, n).numpy(), err_msg=n)
     if not isinstance(copied, dict):  # a plain torch module, hooks inert
       assert type(copied.head.weight) is torch.nn.Parameter
       with torch.no_grad():
-        np.testing.assert_allclose(copied(torch.from_numpy(x)).numpy(), want,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(copied(torch.from_numpy(x)).numpy(), want, rtol=1e-6)
 
 
 def _torch_save_load(module, path):
@@ -958,9 +957,13 @@ print(json.dumps({"weights_mb": weights_mb, "wrapped_mb": wrapped - baseline}))
 
 
 def test_large_mlp_weights_are_resident_once():
-  out = subprocess.run([sys.executable, "-c", _RESIDENT_AFTER_WRAPPING],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  out = subprocess.run(
+    [sys.executable, "-c", _RESIDENT_AFTER_WRAPPING],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   sizes = json.loads(out.stdout.strip().splitlines()[-1])
   # The torch module's own copy is gone: before, this was 2x.
@@ -974,6 +977,7 @@ def test_a_module_collected_inside_another_call_keeps_that_call_working():
   # that call's variable watcher ("grad_fn must accept keyword argument
   # 'variables'", seen once in the tf.py_function pass of tests/test_ppo.py).
   import gc  # pylint: disable=import-outside-toplevel
+
   torch_dead = torch.nn.Linear(2, 2)
   holder = [tb.TorchModule(torch_dead, name="collected")]
   [weight] = [v for v in holder[0].variables if "weight" in v.name]
@@ -997,5 +1001,4 @@ def test_a_module_collected_inside_another_call_keeps_that_call_working():
   grads = tape.gradient(y, live.trainable_variables)
   assert not holder
   assert all(g is not None for g in grads)
-  np.testing.assert_array_equal(torch_dead.weight.detach().numpy(),
-                                np.full([2, 2], 3.0))
+  np.testing.assert_array_equal(torch_dead.weight.detach().numpy(), np.full([2, 2], 3.0))

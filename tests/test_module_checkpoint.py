@@ -61,9 +61,13 @@ def test_checkpoint_restores_in_a_fresh_process_exactly(tmp_path, opt_name):
   # The checkpoint holds parameters, buffers and optimizer slots.
   stored = dict(tf.train.list_variables(path))
   for n, w in saved_state.items():
-    matches = [k for k in stored if k.startswith("actor/")
-               and k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")
-               and n.replace(".", "..") in k]
+    matches = [
+      k
+      for k in stored
+      if k.startswith("actor/")
+      and k.endswith("/.ATTRIBUTES/VARIABLE_VALUE")
+      and n.replace(".", "..") in k
+    ]
     assert len(matches) == 1, (n, sorted(stored))
     np.testing.assert_array_equal(tf.train.load_variable(path, matches[0]), w)
   n_params = len(actor.trainable_variables)
@@ -73,13 +77,19 @@ def test_checkpoint_restores_in_a_fresh_process_exactly(tmp_path, opt_name):
   want = checkpoint_probe(actor, opt)  # what the restored copy must give
 
   script = tmp_path / "restore.py"
-  before_path, out_path = str(tmp_path / "before.npz"), str(
-      tmp_path / "out.npz")
-  script.write_text(FRESH_PROCESS_SCRIPT.format(
-      tests_dir=TESTS_DIR, opt_name=opt_name, ckpt_dir=ckpt_dir,
-      before_path=before_path, out_path=out_path))
-  proc = subprocess.run([sys.executable, str(script)], cwd=REPO_DIR,
-                        capture_output=True, text=True, timeout=300)
+  before_path, out_path = str(tmp_path / "before.npz"), str(tmp_path / "out.npz")
+  script.write_text(
+    FRESH_PROCESS_SCRIPT.format(
+      tests_dir=TESTS_DIR,
+      opt_name=opt_name,
+      ckpt_dir=ckpt_dir,
+      before_path=before_path,
+      out_path=out_path,
+    )
+  )
+  proc = subprocess.run(
+    [sys.executable, str(script)], cwd=REPO_DIR, capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
   assert "restored" in proc.stdout
 
@@ -141,15 +151,18 @@ def test_torch_module_holds_the_tf_trained_values(tmp_path):
   x = data([6, 3], seed=4)
   with torch.no_grad():
     want = fresh(torch.from_numpy(x)).numpy()
-  np.testing.assert_allclose(actor(tf.constant(x), training=False).numpy(),
-                             want, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+    actor(tf.constant(x), training=False).numpy(), want, rtol=1e-6, atol=1e-7
+  )
   # Training goes on after the torch module was read.
   step = train_step(actor, tf.keras.optimizers.SGD(0.1))
   step(tf.constant(x), tf.constant(data([6, 2], seed=9)))
-  assert not np.array_equal(actor.torch_module.l1.weight.detach().numpy(),
-                            state["l1.weight"].numpy())
-  np.testing.assert_array_equal(actor.torch_module.l1.weight.detach().numpy(),
-                                var(actor, "l1.weight").numpy())
+  assert not np.array_equal(
+    actor.torch_module.l1.weight.detach().numpy(), state["l1.weight"].numpy()
+  )
+  np.testing.assert_array_equal(
+    actor.torch_module.l1.weight.detach().numpy(), var(actor, "l1.weight").numpy()
+  )
 
 
 def test_torch_state_dict_file_loads_into_a_torch_module(tmp_path):
@@ -168,8 +181,9 @@ def test_torch_state_dict_file_loads_into_a_torch_module(tmp_path):
   x = data([6, 3], seed=4)
   with torch.no_grad():
     want = source(torch.from_numpy(x)).numpy()
-  np.testing.assert_allclose(actor(tf.constant(x), training=False).numpy(),
-                             want, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+    actor(tf.constant(x), training=False).numpy(), want, rtol=1e-6, atol=1e-7
+  )
 
 
 def test_get_weights_set_weights_round_trip():
@@ -196,8 +210,7 @@ def test_set_weights_accepts_tensors_and_casts_to_the_variable_dtype():
   w = np.arange(6, dtype=np.float64).reshape(2, 3) / 7
   actor.set_weights({"weight": tf.constant(w), "bias": torch.ones(2)})
   assert var(actor, "weight").dtype == tf.float32
-  np.testing.assert_array_equal(var(actor, "weight").numpy(),
-                                w.astype(np.float32))
+  np.testing.assert_array_equal(var(actor, "weight").numpy(), w.astype(np.float32))
   np.testing.assert_array_equal(var(actor, "bias").numpy(), np.ones(2))
 
 
@@ -212,8 +225,7 @@ def _assert_unchanged(actor, before):
 
 
 @pytest.mark.parametrize("problem", ["missing", "extra", "shape", "all"])
-def test_set_weights_rejects_bad_entries_naming_them_and_changes_nothing(
-    problem):
+def test_set_weights_rejects_bad_entries_naming_them_and_changes_nothing(problem):
   actor = tb.TorchModule(seeded(0, BNNet), name="actor")
   before = actor.get_weights()
   x = tf.constant(data([4, 3]))

@@ -17,8 +17,7 @@ import os  # noqa: E402  pylint: disable=wrong-import-position
 if os.environ.get("TORCHBRIDGE_DISABLE_NATIVE", "").strip() not in ("", "0"):
   # ~10 minutes a pass here; the bridge's Python is the same on both paths,
   # and the tf.py_function path has its own tests.
-  pytest.skip("module_db runs with the native op (make test's first pass)",
-              allow_module_level=True)
+  pytest.skip("module_db runs with the native op (make test's first pass)", allow_module_level=True)
 
 import _module_db_cases as cases  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -31,16 +30,16 @@ def test_module_db_sample_matches_pure_torch(name):
   results = cases.run_module(name)
   if not results:
     pytest.skip(f"module_db gives no forward samples for {name}")
-  failures = {case: why for case, why in results.items()
-              if why is not None and not why.startswith("(pure torch")}
+  failures = {
+    case: why
+    for case, why in results.items()
+    if why is not None and not why.startswith("(pure torch")
+  }
   known = cases.KNOWN_FAILURES.get(name)
   if known is None:
-    assert not failures, "\n".join(f"{k}: {v}" for k, v in
-                                   sorted(failures.items()))
+    assert not failures, "\n".join(f"{k}: {v}" for k, v in sorted(failures.items()))
     return
   pattern, reason = known
-  assert failures, (f"{name} passes every case now; take it out of "
-                    f"KNOWN_FAILURES ({reason})")
+  assert failures, f"{name} passes every case now; take it out of KNOWN_FAILURES ({reason})"
   unexpected = {k: v for k, v in failures.items() if not re.search(pattern, v)}
-  assert not unexpected, "\n".join(f"{k}: {v}" for k, v in
-                                   sorted(unexpected.items()))
+  assert not unexpected, "\n".join(f"{k}: {v}" for k, v in sorted(unexpected.items()))

@@ -20,9 +20,11 @@ from _module_helpers import values
 # ------------------------------------------------------------ construction
 
 
-@pytest.mark.parametrize("not_a_module", [
-    lambda x: x, torch.ones(3), "linear", None, torch.nn.Linear],
-    ids=["function", "tensor", "string", "none", "class"])
+@pytest.mark.parametrize(
+  "not_a_module",
+  [lambda x: x, torch.ones(3), "linear", None, torch.nn.Linear],
+  ids=["function", "tensor", "string", "none", "class"],
+)
 def test_non_module_is_rejected_with_a_type_error(not_a_module):
   with pytest.raises(TypeError) as info:
     tb.TorchModule(not_a_module)
@@ -64,20 +66,24 @@ def _check_intact_then_valid_call(actor, net_ref, before, mode):
     want = net_ref.train()(torch.from_numpy(x))
   np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(
-      actor.get_weights()["bn.running_mean"],
-      net_ref.state_dict()["bn.running_mean"].numpy())
+    actor.get_weights()["bn.running_mean"], net_ref.state_dict()["bn.running_mean"].numpy()
+  )
 
 
 BAD_INPUTS = {
-    # float64 into a float32 module
-    "dtype": (lambda: data([4, 3], dtype=np.float64),
-              r"must have the same dtype, but got Double and Float"),
-    # wrong feature size
-    "width": (lambda: data([4, 7]),
-              # torch's message on real tensors, and on meta tensors
-              r"\(4x7 and 3x5\)|\[4, 7\] X \[3, 5\]"),
-    # wrong rank (BatchNorm1d takes 2-D or 3-D input)
-    "rank": (lambda: data([3]), r"expected 2D or 3D input \(got 1D input\)"),
+  # float64 into a float32 module
+  "dtype": (
+    lambda: data([4, 3], dtype=np.float64),
+    r"must have the same dtype, but got Double and Float",
+  ),
+  # wrong feature size
+  "width": (
+    lambda: data([4, 7]),
+    # torch's message on real tensors, and on meta tensors
+    r"\(4x7 and 3x5\)|\[4, 7\] X \[3, 5\]",
+  ),
+  # wrong rank (BatchNorm1d takes 2-D or 3-D input)
+  "rank": (lambda: data([3]), r"expected 2D or 3D input \(got 1D input\)"),
 }
 
 
@@ -108,9 +114,11 @@ def test_unsupported_tensor_kinds_are_rejected_before_torch_runs(kind):
   net = seeded(0, BNNet)
   actor = tb.TorchModule(net, name="actor")
   before = values(actor)
-  x = {"string": lambda: tf.constant(["a", "b"]),
-       "ragged": lambda: tf.ragged.constant([[1.0], [2.0, 3.0]]),
-       "sparse": lambda: tf.sparse.from_dense(tf.eye(3))}[kind]()
+  x = {
+    "string": lambda: tf.constant(["a", "b"]),
+    "ragged": lambda: tf.ragged.constant([[1.0], [2.0, 3.0]]),
+    "sparse": lambda: tf.sparse.from_dense(tf.eye(3)),
+  }[kind]()
   with pytest.raises(TypeError, match=r"actor\(\) received"):
     actor(x)
   assert_same_values(before, values(actor))
@@ -141,8 +149,7 @@ class Fragile(torch.nn.Module):
 
 @mode_param
 @pytest.mark.parametrize("with_tape", [False, True], ids=["call", "tape"])
-def test_exception_inside_forward_reaches_caller_and_loses_nothing(
-    mode, with_tape):
+def test_exception_inside_forward_reaches_caller_and_loses_nothing(mode, with_tape):
   net = seeded(0, Fragile)
   net_ref = seeded(0, BNNet)
   actor = tb.TorchModule(net, name="fragile")
@@ -153,7 +160,7 @@ def test_exception_inside_forward_reaches_caller_and_loses_nothing(
       return actor(x, training=True), []
     with tf.GradientTape() as tape:
       y = actor(x, training=True)
-      loss = tf.reduce_sum(y ** 2)
+      loss = tf.reduce_sum(y**2)
     return y, tape.gradient(loss, tvars)
 
   call = maybe_function(mode, call)
@@ -206,8 +213,9 @@ def test_torch_modes_are_restored_after_an_exception():
 # --------------------------------------------------------------- training=
 
 
-@pytest.mark.parametrize("training", ["yes", 1, 0.0, [True]],
-                         ids=["string", "int", "float", "list"])
+@pytest.mark.parametrize(
+  "training", ["yes", 1, 0.0, [True]], ids=["string", "int", "float", "list"]
+)
 def test_training_must_be_a_bool(training):
   actor = tb.TorchModule(seeded(0, BNNet), name="actor")
   before = values(actor)

@@ -61,13 +61,20 @@ def two_workers(tmp_path):
     for index in range(2):
       env = dict(os.environ)
       env["TF_CONFIG"] = json.dumps(
-          {"cluster": cluster, "task": {"type": "worker", "index": index}})
+        {"cluster": cluster, "task": {"type": "worker", "index": index}}
+      )
       env["TF_CPP_MIN_LOG_LEVEL"] = "2"
       out = tmp_path / f"worker{index}.npz"
       with open(tmp_path / f"worker{index}.log", "w") as log:
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), str(out)], env=env,
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path)))
+        procs.append(
+          subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), str(out)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(tmp_path),
+          )
+        )
       outs.append(out)
     yield procs, outs, tmp_path
   finally:
@@ -93,11 +100,14 @@ def test_two_workers_match_single_process(two_workers):
     for name, value in expected.items():
       for worker, result in enumerate(results):
         np.testing.assert_allclose(
-            result[f"{mode}/{name}"], value, rtol=1e-9, atol=1e-9,
-            err_msg=f"{mode}, worker {worker}, {name}")
+          result[f"{mode}/{name}"],
+          value,
+          rtol=1e-9,
+          atol=1e-9,
+          err_msg=f"{mode}, worker {worker}, {name}",
+        )
       # The workers hold identical copies.
-      np.testing.assert_array_equal(results[0][f"{mode}/{name}"],
-                                    results[1][f"{mode}/{name}"])
+      np.testing.assert_array_equal(results[0][f"{mode}/{name}"], results[1][f"{mode}/{name}"])
   # Training moved the weights.
   initial = _multi_worker.mlp()[0].weight.detach().numpy()
   assert not np.allclose(results[0]["function/0.weight"], initial)

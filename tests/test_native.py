@@ -25,21 +25,17 @@ from torchbridge._native import _callbacks
 from conftest import requires_gpu
 from test_native_loader import _run_subprocess
 
-if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (
-    not _loader.available()):
-  pytest.skip(f"native op not available: {_loader.status()}",
-              allow_module_level=True)
+if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (not _loader.available()):
+  pytest.skip(f"native op not available: {_loader.status()}", allow_module_level=True)
 
 
 def _identity(capsules):
-  return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c))
-          for c in capsules]
+  return [torch_dlpack.to_dlpack(torch_dlpack.from_dlpack(c)) for c in capsules]
 
 
 def _data_ptr(x_tf):
   """Address of a TF tensor's buffer (through a torch view of it)."""
-  return torch_dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)
-                                  ).data_ptr()
+  return torch_dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)).data_ptr()
 
 
 def _returning(make_outputs):
@@ -85,17 +81,22 @@ def test_static_shapes_in_graph():
   @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
   def f(x):
     outs = _op.call(
-        _returning(lambda: [torch_dlpack.to_dlpack(torch.zeros(2, 3)),
-                            torch_dlpack.to_dlpack(torch.zeros(4)),
-                            torch_dlpack.to_dlpack(torch.zeros(2, 2))]),
-        [x], [tf.float32, tf.float32, tf.float32],
-        [[None, 3], [4], None])
+      _returning(
+        lambda: [
+          torch_dlpack.to_dlpack(torch.zeros(2, 3)),
+          torch_dlpack.to_dlpack(torch.zeros(4)),
+          torch_dlpack.to_dlpack(torch.zeros(2, 2)),
+        ]
+      ),
+      [x],
+      [tf.float32, tf.float32, tf.float32],
+      [[None, 3], [4], None],
+    )
     specs.extend(o.shape for o in outs)
     return outs
 
   graph = f.get_concrete_function().graph
-  assert [s.as_list() if s.rank is not None else None for s in specs] == [
-      [None, 3], [4], None]
+  assert [s.as_list() if s.rank is not None else None for s in specs] == [[None, 3], [4], None]
   op = next(o for o in graph.get_operations() if o.type == "TorchbridgeCall")
   assert op.outputs[0].shape.as_list() == [None, 3]
   assert op.get_attr("Tout") == [tf.float32] * 3
@@ -103,10 +104,26 @@ def test_static_shapes_in_graph():
   assert [tuple(o.shape) for o in outs] == [(2, 3), (4,), (2, 2)]
 
 
-@pytest.mark.parametrize("dtype", [
-    tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
-    tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool,
-    tf.complex64, tf.complex128])
+@pytest.mark.parametrize(
+  "dtype",
+  [
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.int8,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.uint8,
+    tf.uint16,
+    tf.uint32,
+    tf.uint64,
+    tf.bool,
+    tf.complex64,
+    tf.complex128,
+  ],
+)
 def test_dtypes_round_trip(dtype):
   values = np.arange(12).reshape(3, 4) % 3
   x = tf.cast(tf.constant(values), dtype)
@@ -126,9 +143,11 @@ def test_scalars_empty_tensors_and_no_tensors():
   def callback(capsules):
     calls.append(len(capsules))
     ins = [torch_dlpack.from_dlpack(c) for c in capsules]
-    return [torch_dlpack.to_dlpack(ins[0] + 1),
-            torch_dlpack.to_dlpack(torch.zeros(0, 3)),
-            torch_dlpack.to_dlpack(ins[1].clone())]
+    return [
+      torch_dlpack.to_dlpack(ins[0] + 1),
+      torch_dlpack.to_dlpack(torch.zeros(0, 3)),
+      torch_dlpack.to_dlpack(ins[1].clone()),
+    ]
 
   def nothing(capsules):
     calls.append(len(capsules))
@@ -136,8 +155,7 @@ def test_scalars_empty_tensors_and_no_tensors():
 
   @tf.function
   def f(s, e):
-    outs = _op.call(callback, [s, e], [tf.float32, tf.float32, tf.int64],
-                        [[], [0, 3], [None]])
+    outs = _op.call(callback, [s, e], [tf.float32, tf.float32, tf.int64], [[], [0, 3], [None]])
     with tf.control_dependencies(outs):
       _op.call(nothing, [], [], [])
     return outs
@@ -166,8 +184,7 @@ def test_several_ops_in_one_graph_and_downstream_tf_ops():
     return tf.reduce_sum(z * 3.0)
 
   x = tf.random.normal([64])
-  np.testing.assert_allclose(
-      f(x).numpy(), np.sum(np.sin(x.numpy() * 2) * 2 * 3), rtol=1e-5)
+  np.testing.assert_allclose(f(x).numpy(), np.sum(np.sin(x.numpy() * 2) * 2 * 3), rtol=1e-5)
 
 
 def test_gradients_through_custom_gradient_and_none_without():
@@ -182,8 +199,7 @@ def test_gradients_through_custom_gradient_and_none_without():
   @tf.custom_gradient
   def f(x):
     y = _op.call(square, [x], [tf.float32], [x.shape])[0]
-    return y, lambda dy: _op.call(square_grad, [x, dy], [tf.float32],
-                                      [x.shape])[0]
+    return y, lambda dy: _op.call(square_grad, [x, dy], [tf.float32], [x.shape])[0]
 
   @tf.function
   def tape_inside(x):
@@ -200,8 +216,7 @@ def test_gradients_through_custom_gradient_and_none_without():
     y = outer(x)
   np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [2.0, 4.0, 6.0])
   # The bare op is not differentiable: a tape around it is no error.
-  bare = tf.function(lambda x: tf.reduce_sum(
-      _op.call(square, [x], [tf.float32], [x.shape])[0]))
+  bare = tf.function(lambda x: tf.reduce_sum(_op.call(square, [x], [tf.float32], [x.shape])[0]))
   with tf.GradientTape() as tape:
     tape.watch(x)
     y = bare(x)
@@ -248,22 +263,25 @@ def test_other_exception_types_map_to_tf_codes():
     def callback(capsules):
       del capsules
       raise exc
+
     return callback
 
-  cases = [(RuntimeError("r"), tf.errors.UnknownError),
-           (TypeError("t"), tf.errors.InvalidArgumentError),
-           (NotImplementedError("n"), tf.errors.UnimplementedError),
-           (tf.errors.FailedPreconditionError(None, None, "fp"),
-            tf.errors.FailedPreconditionError)]
+  cases = [
+    (RuntimeError("r"), tf.errors.UnknownError),
+    (TypeError("t"), tf.errors.InvalidArgumentError),
+    (NotImplementedError("n"), tf.errors.UnimplementedError),
+    (tf.errors.FailedPreconditionError(None, None, "fp"), tf.errors.FailedPreconditionError),
+  ]
   for exc, tf_error in cases:
-    f = tf.function(lambda x, exc=exc: _op.call(
-        raising(exc), [x], [tf.float32])[0])
+    f = tf.function(lambda x, exc=exc: _op.call(raising(exc), [x], [tf.float32])[0])
     with pytest.raises(tf_error) as info:
       f(tf.ones([1]))
     assert type(exc).__name__ in info.value.message
 
 
-@pytest.mark.parametrize("case,pattern", [
+@pytest.mark.parametrize(
+  "case,pattern",
+  [
     ("misaligned", "not 64-byte aligned"),
     ("dtype", "has dtype float64, but float was declared"),
     ("rank", "has shape [1024, 1], but [1024] was declared"),
@@ -274,7 +292,8 @@ def test_other_exception_types_map_to_tf_codes():
     ("not_a_capsule", "is a Tensor, not an unused DLPack capsule"),
     ("used_capsule", "capsule named 'used_dltensor'"),
     ("not_a_list", "must return a list of DLPack capsules"),
-])
+  ],
+)
 def test_bad_outputs_give_clear_errors(case, pattern):
   def used_capsule():
     cap = torch_dlpack.to_dlpack(torch.zeros(1024))
@@ -282,19 +301,19 @@ def test_bad_outputs_give_clear_errors(case, pattern):
     return [cap]
 
   makers = {
-      "misaligned": lambda: [torch_dlpack.to_dlpack(torch.randn(1025)[1:])],
-      "dtype": lambda: [torch_dlpack.to_dlpack(
-          torch.zeros(1024, dtype=torch.float64))],
-      "rank": lambda: [torch_dlpack.to_dlpack(torch.zeros(1024, 1))],
-      "dim": lambda: [torch_dlpack.to_dlpack(torch.zeros(1000))],
-      "too_many": lambda: [torch_dlpack.to_dlpack(torch.zeros(1024)),
-                           torch_dlpack.to_dlpack(torch.zeros(1024))],
-      "too_few": lambda: [],
-      "non_contiguous": lambda: [torch_dlpack.to_dlpack(
-          torch.zeros(32, 32).t())],
-      "not_a_capsule": lambda: [torch.zeros(1024)],
-      "used_capsule": used_capsule,
-      "not_a_list": lambda: torch_dlpack.to_dlpack(torch.zeros(1024)),
+    "misaligned": lambda: [torch_dlpack.to_dlpack(torch.randn(1025)[1:])],
+    "dtype": lambda: [torch_dlpack.to_dlpack(torch.zeros(1024, dtype=torch.float64))],
+    "rank": lambda: [torch_dlpack.to_dlpack(torch.zeros(1024, 1))],
+    "dim": lambda: [torch_dlpack.to_dlpack(torch.zeros(1000))],
+    "too_many": lambda: [
+      torch_dlpack.to_dlpack(torch.zeros(1024)),
+      torch_dlpack.to_dlpack(torch.zeros(1024)),
+    ],
+    "too_few": lambda: [],
+    "non_contiguous": lambda: [torch_dlpack.to_dlpack(torch.zeros(32, 32).t())],
+    "not_a_capsule": lambda: [torch.zeros(1024)],
+    "used_capsule": used_capsule,
+    "not_a_list": lambda: torch_dlpack.to_dlpack(torch.zeros(1024)),
   }
   shape = [32, 32] if case == "non_contiguous" else [1024]
 
@@ -308,9 +327,14 @@ def test_bad_outputs_give_clear_errors(case, pattern):
   assert pattern in info.value.message
   assert "TorchbridgeCall" in info.value.message
   # The process is intact, and so is the op with a good output.
-  good = tf.function(lambda x: _op.call(
-      _returning(lambda: [torch_dlpack.to_dlpack(torch.ones(shape))]),
-      [x], [tf.float32], [shape])[0] + 1.0)
+  good = tf.function(
+    lambda x: (
+      _op.call(
+        _returning(lambda: [torch_dlpack.to_dlpack(torch.ones(shape))]), [x], [tf.float32], [shape]
+      )[0]
+      + 1.0
+    )
+  )
   assert float(tf.reduce_sum(good(tf.zeros([3])))) == 2.0 * 1024
 
 
@@ -320,8 +344,7 @@ def test_same_capsule_twice_is_refused():
     cap = torch_dlpack.to_dlpack(torch.zeros(4))
     return [cap, cap]
 
-  f = tf.function(lambda x: _op.call(callback, [x],
-                                         [tf.float32, tf.float32]))
+  f = tf.function(lambda x: _op.call(callback, [x], [tf.float32, tf.float32]))
   with pytest.raises(tf.errors.InvalidArgumentError, match="same DLPack"):
     f(tf.zeros([1]))
 
@@ -355,8 +378,7 @@ def test_unused_outputs_are_reported_and_may_be_left_out():
     return [_callbacks._to_capsule(first), _callbacks._to_capsule(x * 2)]
 
   def two_outputs(x):
-    return _op.call(callback, [x], [tf.float32, tf.float32],
-                        [x.shape, x.shape])
+    return _op.call(callback, [x], [tf.float32, tf.float32], [x.shape, x.shape])
 
   only_second = tf.function(lambda x: two_outputs(x)[1])
   both = tf.function(lambda x: tf.add_n(two_outputs(x)))
@@ -369,19 +391,19 @@ def test_unused_outputs_are_reported_and_may_be_left_out():
 
 
 def test_none_for_a_used_output_is_a_clear_error():
-  fn = tf.function(lambda x: _op.call(
-      _returning(lambda: [None]), [x], [tf.float32], [[2]])[0] * 2)
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match="output 0 from the torch callback is a NoneType"):
+  fn = tf.function(lambda x: _op.call(_returning(lambda: [None]), [x], [tf.float32], [[2]])[0] * 2)
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="output 0 from the torch callback is a NoneType"
+  ):
     fn(tf.constant([1.0, 2.0]))
   # The process and the op go on.
-  ok = tf.function(lambda x: _op.call(_identity, [x], [tf.float32],
-                                          [[2]])[0])
+  ok = tf.function(lambda x: _op.call(_identity, [x], [tf.float32], [[2]])[0])
   np.testing.assert_array_equal(ok(tf.constant([1.0, 2.0])), [1.0, 2.0])
 
 
 class _CountingIdentity(torch.autograd.Function):
   """Identity whose backward counts its runs."""
+
   backward_calls = 0
 
   @staticmethod
@@ -422,13 +444,11 @@ def test_gradients_nothing_consumes_are_not_computed():
   t, w_np = np.tanh(x.numpy()), w.numpy()
   _CountingIdentity.backward_calls = 0
   for _ in range(3):
-    np.testing.assert_allclose(grad_w_only(x).numpy(), 2 * t * w_np * t,
-                               rtol=1e-12)
+    np.testing.assert_allclose(grad_w_only(x).numpy(), 2 * t * w_np * t, rtol=1e-12)
   assert _CountingIdentity.backward_calls == 0
   grad_x, grad_w = grad_both(x)
   assert _CountingIdentity.backward_calls == 1
-  np.testing.assert_allclose(grad_x.numpy(),
-                             2 * t * w_np * w_np * (1 - t ** 2), rtol=1e-12)
+  np.testing.assert_allclose(grad_x.numpy(), 2 * t * w_np * w_np * (1 - t**2), rtol=1e-12)
   np.testing.assert_allclose(grad_w.numpy(), 2 * t * w_np * t, rtol=1e-12)
 
 
@@ -514,8 +534,7 @@ def check_from_eight_threads(f):
       for _ in range(40):
         x = rng.standard_normal(256).astype(np.float32)
         y = f(tf.constant(x), tf.constant(float(index)))
-        np.testing.assert_allclose(y.numpy(), np.tanh(x) * index + index,
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y.numpy(), np.tanh(x) * index + index, rtol=1e-5, atol=1e-5)
     except Exception as err:  # pylint: disable=broad-except
       errors.append(err)
 
@@ -575,8 +594,7 @@ def test_outputs_are_freed_when_tf_drops_them():
 
   @tf.function
   def internal(x):  # the output dies inside the graph, on a TF thread
-    return tf.reduce_sum(
-        _op.call(callback, [x], [tf.float32], [x.shape])[0])
+    return tf.reduce_sum(_op.call(callback, [x], [tf.float32], [x.shape])[0])
 
   x = tf.zeros([1000])
   for _ in range(200):
@@ -596,8 +614,7 @@ def _rss_mb():
   return 0.0
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
-                    reason="needs /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
 def test_many_calls_do_not_leak_memory():
   def callback(capsules):
     x = torch_dlpack.from_dlpack(capsules[0])
@@ -605,8 +622,7 @@ def test_many_calls_do_not_leak_memory():
 
   @tf.function
   def f(x):
-    return tf.reduce_sum(
-        _op.call(callback, [x * 1.0], [tf.float32], [x.shape])[0])
+    return tf.reduce_sum(_op.call(callback, [x * 1.0], [tf.float32], [x.shape])[0])
 
   x = tf.ones([256, 1024])  # 1 MiB in, 1 MiB out per call
   for _ in range(50):
@@ -628,6 +644,7 @@ def test_registrations_end_with_their_graph():
     @tf.function
     def f(x):
       return _op.call(_identity, [x], [tf.float32])[0]
+
     f(tf.ones([2]))
     return f
 
@@ -658,9 +675,7 @@ def test_torch_callback_copies_only_what_tf_cannot_view():
 
   @tf.function
   def f(x):
-    return _op.call(
-        _callbacks.torch_callback(fn),
-        [x], [tf.float32] * 3, [x.shape, [1024], [4, 8]])
+    return _op.call(_callbacks.torch_callback(fn), [x], [tf.float32] * 3, [x.shape, [1024], [4, 8]])
 
   tb.reset_exchange_stats()
   a, b, c = f(tf.ones([5]))
@@ -719,12 +734,12 @@ def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
   module = tb.TorchModule(torch.nn.Linear(3, 2), name="lin")
   root = tf.Module()
   root.module = module
-  root.serve = tf.function(
-      lambda x: module(x), input_signature=[tf.TensorSpec([None, 3])])
+  root.serve = tf.function(lambda x: module(x), input_signature=[tf.TensorSpec([None, 3])])
   root.serve(tf.ones([2, 3]))
   path = str(tmp_path / "saved")
   tf.saved_model.save(root, path)
-  result = _run_subprocess(f"""
+  result = _run_subprocess(
+    f"""
       assert _loader.available(), _loader.status()
       loaded = tf.saved_model.load({path!r})
       try:
@@ -734,7 +749,9 @@ def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
         result = {{"ran": False, "type": type(err).__name__,
                    "message": str(err)}}
       print(json.dumps(result))
-      """, {_loader.DISABLE_ENV: None})
+      """,
+    {_loader.DISABLE_ENV: None},
+  )
   assert not result["ran"], result
   assert "SavedModel" in result["message"], result
   assert "cannot carry Python callables" in result["message"], result

@@ -37,9 +37,15 @@ def run(args, tmp_path, env=None, timeout=600):
       full_env.pop(key, None)
     else:
       full_env[key] = value
-  return subprocess.run([sys.executable, "-P"] + args, cwd=tmp_path,
-                        env=full_env, capture_output=True, text=True,
-                        timeout=timeout, check=False)
+  return subprocess.run(
+    [sys.executable, "-P"] + args,
+    cwd=tmp_path,
+    env=full_env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
 
 
 def cli(args, tmp_path, env=None):
@@ -63,7 +69,8 @@ def stand_in_compiler(tmp_path, fail_interop=False):
   library and appends a line to `cxx.log`."""
   real = real_library()
   path = tmp_path / "cxx"
-  path.write_text(textwrap.dedent(f"""\
+  path.write_text(
+    textwrap.dedent(f"""\
       #!/bin/sh
       out=""; compile=0; interop=0
       for arg in "$@"; do
@@ -84,7 +91,8 @@ def stand_in_compiler(tmp_path, fail_interop=False):
       fi
       echo link >> "{tmp_path}/cxx.log"
       cp "{real}" "$out"
-      """))
+      """)
+  )
   path.chmod(0o755)
   return path
 
@@ -95,8 +103,9 @@ def links(tmp_path):
 
 
 # The README's first example in TF-first order, timing its first graph call.
-FIRST_CALL = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "benchmarks", "first_call.py")
+FIRST_CALL = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "first_call.py"
+)
 
 
 def last_json(out):
@@ -127,6 +136,7 @@ def test_info_reports_the_complete_op_and_the_set_up(tmp_path):
   assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
   assert "g++" in versions["compiler"] or "clang" in versions["compiler"]
   import importlib.util  # pylint: disable=import-outside-toplevel
+
   if importlib.util.find_spec("triton") is None:
     assert versions["triton"] is None
     assert info["import_order"]["preload"].startswith("not needed")
@@ -140,17 +150,20 @@ def test_info_reports_the_complete_op_and_the_set_up(tmp_path):
 def test_info_text_names_each_section(tmp_path):
   out = cli(["info", "--no-build"], tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
-  for heading in ("versions", "native op", "import order", "threads",
-                  "gpus"):
+  for heading in ("versions", "native op", "import order", "threads", "gpus"):
     assert f"\n{heading}\n" in f"\n{out.stdout}", out.stdout
-  assert re.search(rf"^  torch +{re.escape(torch.__version__)}$",
-                   out.stdout, re.MULTILINE), out.stdout
+  assert re.search(rf"^  torch +{re.escape(torch.__version__)}$", out.stdout, re.MULTILINE), (
+    out.stdout
+  )
 
 
 def test_info_no_build_on_an_empty_cache_builds_nothing(tmp_path):
   cache = tmp_path / "cache"
-  out = cli(["info", "--json", "--no-build"], tmp_path,
-            {_build.CACHE_ENV: str(cache), _loader.DISABLE_ENV: None})
+  out = cli(
+    ["info", "--json", "--no-build"],
+    tmp_path,
+    {_build.CACHE_ENV: str(cache), _loader.DISABLE_ENV: None},
+  )
   op = last_json(out)["native_op"]
   assert op["active"] is False and op["library"] is None
   assert "not built yet" in op["status"]
@@ -160,8 +173,7 @@ def test_info_no_build_on_an_empty_cache_builds_nothing(tmp_path):
 
 
 def test_info_says_when_the_op_is_disabled(tmp_path):
-  op = last_json(cli(["info", "--json"], tmp_path,
-                     {_loader.DISABLE_ENV: "1"}))["native_op"]
+  op = last_json(cli(["info", "--json"], tmp_path, {_loader.DISABLE_ENV: "1"}))["native_op"]
   assert op["active"] is False and op["call_path"] == "tf.py_function"
   assert op["disabled_by"] == f"{_loader.DISABLE_ENV}=1"
   assert _loader.DISABLE_ENV in op["status"]
@@ -171,11 +183,9 @@ def test_info_says_when_the_op_is_disabled(tmp_path):
 # build, and the first call after it
 
 
-def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(
-    tmp_path):
+def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
   real_library()  # skips where no compiler exists
-  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
-         _loader.DISABLE_ENV: None}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None}
   built = cli(["build"], tmp_path, env)
   assert built.returncode == 0, built.stderr[-3000:]
   assert "built and complete" in built.stdout
@@ -190,8 +200,10 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(
   assert result["builds"] == 0 and "building" not in first.stderr
   assert result["native"] and result["complete"], result["status"]
   assert str(libraries[0]) in result["status"]
-  print(f"first graph call after `python -m torchbridge build`: "
-        f"{result['first_call_s']} s (imports {result['import_s']} s)")
+  print(
+    f"first graph call after `python -m torchbridge build`: "
+    f"{result['first_call_s']} s (imports {result['import_s']} s)"
+  )
 
   again = cli(["build"], tmp_path, env)  # cached: nothing to do
   assert again.returncode == 0 and "building" not in again.stderr
@@ -199,15 +211,13 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(
 
 def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
   compiler = stand_in_compiler(tmp_path)
-  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
-         _loader.DISABLE_ENV: None, "CXX": str(compiler)}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   out = run([FIRST_CALL], tmp_path, env)
   result = last_json(out)
   assert result["builds"] == 1 and links(tmp_path) == 1
   # No logging configured, as in the README's example: the lines reach
   # stderr, saying what, where, about how long, and how to build ahead.
-  start = next(line for line in out.stderr.splitlines()
-               if "building the native TF op" in line)
+  start = next(line for line in out.stderr.splitlines() if "building the native TF op" in line)
   assert str(tmp_path / "cache") in start and str(compiler) in start
   assert "takes" in start and " s" in start
   assert "python -m torchbridge build" in start
@@ -216,30 +226,39 @@ def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
 
 def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
   compiler = stand_in_compiler(tmp_path)
-  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
-         _loader.DISABLE_ENV: None, "CXX": str(compiler)}
-  silenced = run(["-c", "import logging, runpy\n"
-                  "logging.getLogger('torchbridge').setLevel(logging.WARNING)\n"
-                  f"runpy.run_path({FIRST_CALL!r})"], tmp_path, env)
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
+  silenced = run(
+    [
+      "-c",
+      "import logging, runpy\n"
+      "logging.getLogger('torchbridge').setLevel(logging.WARNING)\n"
+      f"runpy.run_path({FIRST_CALL!r})",
+    ],
+    tmp_path,
+    env,
+  )
   assert last_json(silenced)["builds"] == 1
   assert "building the native TF op" not in silenced.stderr
   # A user's own configuration (here: INFO to stdout) gets the lines.
-  configured = run(["-c", "import logging, runpy, sys\nlogging.basicConfig("
-                    "stream=sys.stdout, level=logging.INFO, "
-                    "format='LOG %(name)s %(message)s')\n"
-                    f"runpy.run_path({FIRST_CALL!r})"],
-                   tmp_path, dict(env, **{
-                       _build.CACHE_ENV: str(tmp_path / "cache2")}))
+  configured = run(
+    [
+      "-c",
+      "import logging, runpy, sys\nlogging.basicConfig("
+      "stream=sys.stdout, level=logging.INFO, "
+      "format='LOG %(name)s %(message)s')\n"
+      f"runpy.run_path({FIRST_CALL!r})",
+    ],
+    tmp_path,
+    dict(env, **{_build.CACHE_ENV: str(tmp_path / "cache2")}),
+  )
   last_json(configured)
-  assert "LOG torchbridge torchbridge: building the native TF op" in (
-      configured.stdout)
+  assert "LOG torchbridge torchbridge: building the native TF op" in (configured.stdout)
   assert "building the native TF op" not in configured.stderr
 
 
 def test_build_force_builds_again(tmp_path):
   compiler = stand_in_compiler(tmp_path)
-  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
-         "CXX": str(compiler)}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"), "CXX": str(compiler)}
   assert cli(["build"], tmp_path, env).returncode == 0
   assert cli(["build"], tmp_path, env).returncode == 0
   assert links(tmp_path) == 1
@@ -248,8 +267,7 @@ def test_build_force_builds_again(tmp_path):
 
 
 def test_build_fails_with_the_reason_and_a_nonzero_exit(tmp_path):
-  out = cli(["build"], tmp_path, {
-      _build.CACHE_ENV: str(tmp_path / "cache"), "CXX": "false"})
+  out = cli(["build"], tmp_path, {_build.CACHE_ENV: str(tmp_path / "cache"), "CXX": "false"})
   assert out.returncode == 1
   assert "torchbridge build: failed:" in out.stderr
   assert "compiling the native op (csrc/) failed" in out.stderr
@@ -257,11 +275,9 @@ def test_build_fails_with_the_reason_and_a_nonzero_exit(tmp_path):
   assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def test_build_that_must_fall_back_says_why_and_fails_unless_allowed(
-    tmp_path):
+def test_build_that_must_fall_back_says_why_and_fails_unless_allowed(tmp_path):
   compiler = stand_in_compiler(tmp_path, fail_interop=True)
-  env = {_build.CACHE_ENV: str(tmp_path / "cache"),
-         _loader.DISABLE_ENV: None, "CXX": str(compiler)}
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   out = cli(["build"], tmp_path, env)
   assert out.returncode == 1
   assert "WITHOUT torch's side" in out.stderr

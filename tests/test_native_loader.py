@@ -58,9 +58,14 @@ def _run_subprocess(code, env_update, timeout=300):
       from torchbridge._native import _op
       """)
   proc = subprocess.run(
-      [sys.executable, "-c", prologue + textwrap.dedent(code)], env=env,
-      cwd=_ROOT, capture_output=True, text=True,
-      timeout=timeout, check=False)
+    [sys.executable, "-c", prologue + textwrap.dedent(code)],
+    env=env,
+    cwd=_ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -82,7 +87,8 @@ def _fake_compiler(path, on_link):
   """A stand-in for CXX: compile steps (`-c`) write an empty object; the
   link step (no `-c`) appends "build" to `path`.log and runs `on_link`
   (shell, with $out the output path)."""
-  path.write_text(textwrap.dedent("""\
+  path.write_text(
+    textwrap.dedent("""\
       #!/bin/sh
       out=""
       compile=0
@@ -93,7 +99,10 @@ def _fake_compiler(path, on_link):
       done
       if [ "$compile" = 1 ]; then : > "$out"; exit 0; fi
       echo build >> "{log}"
-      """).format(log=f"{path}.log") + on_link + "\n")
+      """).format(log=f"{path}.log")
+    + on_link
+    + "\n"
+  )
   path.chmod(0o755)
   return path
 
@@ -103,12 +112,15 @@ def _fake_compiler(path, on_link):
 
 
 def test_disabled_by_environment_logs_one_line():
-  result = _run_subprocess("""
+  result = _run_subprocess(
+    """
       first = _loader.available()
       second = _loader.available()
       print(json.dumps({"available": [first, second], "records": records,
                         "builds": _build.build_count}))
-      """, {_loader.DISABLE_ENV: "1"})
+      """,
+    {_loader.DISABLE_ENV: "1"},
+  )
   assert result["available"] == [False, False]
   assert result["builds"] == 0
   assert len(result["records"]) == 1
@@ -119,12 +131,14 @@ def test_disabled_by_environment_logs_one_line():
 
 def test_failed_build_logs_one_warning_and_falls_back(tmp_path):
   # A "compiler" that fails, and an empty cache: the build fails cleanly.
-  result = _run_subprocess("""
+  result = _run_subprocess(
+    """
       ok = _loader.available()
       print(json.dumps({"available": ok, "records": records,
                         "builds": _build.build_count}))
-      """, {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path),
-            "CXX": "false"})
+      """,
+    {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path), "CXX": "false"},
+  )
   assert result["available"] is False
   assert result["builds"] == 1
   levels = [level for level, _ in result["records"]]
@@ -140,12 +154,18 @@ def test_failed_build_logs_one_warning_and_falls_back(tmp_path):
 def test_no_compiler_logs_one_warning(tmp_path):
   empty_bin = tmp_path / "bin"
   empty_bin.mkdir()
-  result = _run_subprocess("""
+  result = _run_subprocess(
+    """
       ok = _loader.available()
       print(json.dumps({"available": ok, "records": records}))
-      """, {_loader.DISABLE_ENV: None,
-            _build.CACHE_ENV: str(tmp_path / "cache"),
-            "CXX": None, "PATH": str(empty_bin)})
+      """,
+    {
+      _loader.DISABLE_ENV: None,
+      _build.CACHE_ENV: str(tmp_path / "cache"),
+      "CXX": None,
+      "PATH": str(empty_bin),
+    },
+  )
   assert result["available"] is False
   assert len(result["records"]) == 1
   assert "no C++ compiler" in result["records"][0][1]
@@ -158,12 +178,14 @@ def test_no_compiler_logs_one_warning(tmp_path):
 def test_cache_is_reused_without_recompiling():
   path = _real_library()
   mtime = os.stat(path).st_mtime_ns
-  result = _run_subprocess("""
+  result = _run_subprocess(
+    """
       ok = _loader.available()
       print(json.dumps({"available": ok, "builds": _build.build_count,
                         "status": _loader.status()}))
-      """, {_loader.DISABLE_ENV: None,
-            _build.CACHE_ENV: str(_build.cache_dir())})
+      """,
+    {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(_build.cache_dir())},
+  )
   assert result["available"] is True
   assert result["builds"] == 0
   assert str(path) in result["status"]
@@ -180,7 +202,8 @@ def test_a_source_change_rebuilds_and_an_unchanged_source_reuses(tmp_path):
   for source in _build.source_dir().glob("*.[ch]*"):
     (csrc / source.name).write_bytes(source.read_bytes())
   compiler = _fake_compiler(tmp_path / "cxx", 'echo library > "$out"')
-  result = _run_subprocess(f"""
+  result = _run_subprocess(
+    f"""
       from pathlib import Path
       _build.source_dir = lambda: Path({str(csrc)!r})
       steps = []
@@ -197,16 +220,17 @@ def test_a_source_change_rebuilds_and_an_unchanged_source_reuses(tmp_path):
       build()  # an edited header: builds again
       build()  # and reuses that
       print(json.dumps(steps))
-      """, {_loader.DISABLE_ENV: None,
-            _build.CACHE_ENV: str(tmp_path / "cache"),
-            "CXX": str(compiler)})
+      """,
+    {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path / "cache"), "CXX": str(compiler)},
+  )
   paths = [path for path, _ in result]
   assert [count for _, count in result] == [1, 1, 2, 3, 3]
   assert paths[0] == paths[1] and paths[3] == paths[4]
   assert len({paths[0], paths[2], paths[3]}) == 3
   assert (tmp_path / "cxx.log").read_text().count("build") == 3
   assert sorted(p.name for p in (tmp_path / "cache").glob("*.so")) == sorted(
-      os.path.basename(p) for p in {paths[0], paths[2], paths[3]})
+    os.path.basename(p) for p in {paths[0], paths[2], paths[3]}
+  )
 
 
 def test_concurrent_processes_build_once(tmp_path):
@@ -214,8 +238,7 @@ def test_concurrent_processes_build_once(tmp_path):
   # library this process already has; two processes start their first
   # load() together on an empty cache.
   real = _real_library()
-  compiler = _fake_compiler(tmp_path / "slow-cxx",
-                            f'sleep 2\ncp "{real}" "$out"')
+  compiler = _fake_compiler(tmp_path / "slow-cxx", f'sleep 2\ncp "{real}" "$out"')
   go = tmp_path / "go"
   code = textwrap.dedent(f"""\
       import json, os, sys, time
@@ -228,14 +251,20 @@ def test_concurrent_processes_build_once(tmp_path):
         time.sleep(0.01)
       print(json.dumps([_loader.available(), _build.build_count]))
       """)
-  env = dict(os.environ, CXX=str(compiler),
-             **{_build.CACHE_ENV: str(tmp_path / "cache")})
+  env = dict(os.environ, CXX=str(compiler), **{_build.CACHE_ENV: str(tmp_path / "cache")})
   env.pop(_loader.DISABLE_ENV, None)
   env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  procs = [subprocess.Popen(
-      [sys.executable, "-c", code, str(tmp_path / f"ready{i}")], env=env,
-      cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", code, str(tmp_path / f"ready{i}")],
+      env=env,
+      cwd=_ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   deadline = time.time() + 240
   while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
     assert time.time() < deadline and all(p.poll() is None for p in procs)

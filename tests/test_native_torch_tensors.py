@@ -25,15 +25,12 @@ from test_native import _data_ptr
 from test_native import check_from_eight_threads
 from test_native_loader import _run_subprocess
 
-if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (
-    not _loader.available()):
-  pytest.skip(f"native op not available: {_loader.status()}",
-              allow_module_level=True)
+if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (not _loader.available()):
+  pytest.skip(f"native op not available: {_loader.status()}", allow_module_level=True)
 
 
 def _torch_op(callback, inputs, dtypes, shapes, **kwargs):
-  return _op.call(callback, inputs, dtypes, shapes, torch_tensors=True,
-                      **kwargs)
+  return _op.call(callback, inputs, dtypes, shapes, torch_tensors=True, **kwargs)
 
 
 def test_this_machine_builds_the_torch_interop():
@@ -88,18 +85,17 @@ def test_outputs_tf_cannot_view_are_copied_once_and_counted():
   # conjugated one. Each copy must hold exactly its source's values.
   misaligned_source = torch.arange(1025, dtype=torch.float32)
   transposed_source = torch.arange(32, dtype=torch.float32).reshape(8, 4)
-  conj_source = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j],
-                             dtype=torch.complex64)
+  conj_source = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j], dtype=torch.complex64)
 
   def callback(args, unused):
     del unused
-    return [args[0] * 2, misaligned_source[1:], transposed_source.t(),
-            conj_source.conj()]
+    return [args[0] * 2, misaligned_source[1:], transposed_source.t(), conj_source.conj()]
 
   @tf.function
   def f(x):
-    return _torch_op(callback, [x], [tf.float32] * 3 + [tf.complex64],
-               [x.shape, [1024], [4, 8], [3]])
+    return _torch_op(
+      callback, [x], [tf.float32] * 3 + [tf.complex64], [x.shape, [1024], [4, 8], [3]]
+    )
 
   tb.reset_exchange_stats()
   a, b, c, d = f(tf.ones([5]))
@@ -107,8 +103,7 @@ def test_outputs_tf_cannot_view_are_copied_once_and_counted():
   assert b.shape == (1024,) and c.shape == (4, 8)
   np.testing.assert_array_equal(b.numpy(), np.arange(1, 1025))
   np.testing.assert_array_equal(c.numpy(), np.arange(32).reshape(8, 4).T)
-  np.testing.assert_array_equal(
-      d.numpy(), np.array([1 - 2j, 3 + 1j, -2 - 0.5j], np.complex64))
+  np.testing.assert_array_equal(d.numpy(), np.array([1 - 2j, 3 + 1j, -2 - 0.5j], np.complex64))
   stats = tb.exchange_stats()
   assert stats["zero_copy"] == 2  # the input and the first output
   assert stats["copied"] == 3
@@ -131,8 +126,9 @@ def test_an_output_holds_only_memory_unless_asked_to_hold_the_tensor():
     return [y]
 
   plain = tf.function(lambda x: _torch_op(callback, [x], [tf.float32], [[4]])[0])
-  whole = tf.function(lambda x: _torch_op(callback, [x], [tf.float32], [[4]],
-                                    whole_tensor_outputs=[0])[0])
+  whole = tf.function(
+    lambda x: _torch_op(callback, [x], [tf.float32], [[4]], whole_tensor_outputs=[0])[0]
+  )
   x_tf = tf.zeros([4])
   y_tf = plain(x_tf)
   gc.collect()
@@ -147,43 +143,61 @@ def test_an_output_holds_only_memory_unless_asked_to_hold_the_tensor():
   del y_tf
 
 
-@pytest.mark.parametrize("make,error,pattern", [
-    (lambda: [torch.zeros(4, dtype=torch.float64)],
-     tf.errors.InvalidArgumentError,
-     "has dtype float64, but float was declared"),
-    (lambda: [torch.zeros(5)], tf.errors.InvalidArgumentError,
-     "has shape [5], but [4] was declared"),
-    (lambda: [3.0], tf.errors.InvalidArgumentError,
-     "output 0 of the torch callback is a float, not a torch.Tensor"),
-    (lambda: [None], tf.errors.InvalidArgumentError,
-     "output 0 of the torch callback is None, but the graph uses it"),
-    (lambda: [torch.zeros(4), torch.zeros(4)], tf.errors.InvalidArgumentError,
-     "returned 2 tensors, but 1 outputs were declared"),
-    (lambda: torch.zeros(4), tf.errors.InvalidArgumentError,
-     "must return a list of torch tensors"),
-    (lambda: [torch.zeros(4).to_sparse()], tf.errors.InvalidArgumentError,
-     "sparse torch tensor"),
-])
-def test_bad_outputs_give_clear_errors_and_the_op_goes_on(make, error,
-                                                          pattern):
-  f = tf.function(lambda x: _torch_op(lambda args, unused: make(), [x],
-                                [tf.float32], [[4]])[0] + 1.0)
+@pytest.mark.parametrize(
+  "make,error,pattern",
+  [
+    (
+      lambda: [torch.zeros(4, dtype=torch.float64)],
+      tf.errors.InvalidArgumentError,
+      "has dtype float64, but float was declared",
+    ),
+    (
+      lambda: [torch.zeros(5)],
+      tf.errors.InvalidArgumentError,
+      "has shape [5], but [4] was declared",
+    ),
+    (
+      lambda: [3.0],
+      tf.errors.InvalidArgumentError,
+      "output 0 of the torch callback is a float, not a torch.Tensor",
+    ),
+    (
+      lambda: [None],
+      tf.errors.InvalidArgumentError,
+      "output 0 of the torch callback is None, but the graph uses it",
+    ),
+    (
+      lambda: [torch.zeros(4), torch.zeros(4)],
+      tf.errors.InvalidArgumentError,
+      "returned 2 tensors, but 1 outputs were declared",
+    ),
+    (lambda: torch.zeros(4), tf.errors.InvalidArgumentError, "must return a list of torch tensors"),
+    (lambda: [torch.zeros(4).to_sparse()], tf.errors.InvalidArgumentError, "sparse torch tensor"),
+  ],
+)
+def test_bad_outputs_give_clear_errors_and_the_op_goes_on(make, error, pattern):
+  f = tf.function(
+    lambda x: _torch_op(lambda args, unused: make(), [x], [tf.float32], [[4]])[0] + 1.0
+  )
   with pytest.raises(error) as info:
     f(tf.zeros([4]))
   assert pattern in info.value.message
   assert "TorchbridgeCall" in info.value.message
-  good = tf.function(lambda x: _torch_op(lambda args, unused: [args[0] + 1], [x],
-                                   [tf.float32], [[4]])[0])
+  good = tf.function(
+    lambda x: _torch_op(lambda args, unused: [args[0] + 1], [x], [tf.float32], [[4]])[0]
+  )
   np.testing.assert_array_equal(good(tf.zeros([4])).numpy(), np.ones(4))
 
 
 def test_whole_tensor_output_index_out_of_range_is_a_clear_error():
-  f = tf.function(lambda x: _torch_op(lambda args, unused: [args[0]], [x],
-                                [tf.float32], [[2]],
-                                whole_tensor_outputs=[3])[0])
-  with pytest.raises(tf.errors.InvalidArgumentError,
-                     match="whole_tensor_outputs index 3 out of range for 1 "
-                     "outputs"):
+  f = tf.function(
+    lambda x: _torch_op(
+      lambda args, unused: [args[0]], [x], [tf.float32], [[2]], whole_tensor_outputs=[3]
+    )[0]
+  )
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="whole_tensor_outputs index 3 out of range for 1 outputs"
+  ):
     f(tf.ones([2]))
 
 
@@ -232,8 +246,17 @@ def test_dtypes_round_trip_zero_copy():
     seen["ptr"] = args[0].data_ptr()
     return [args[0]]
 
-  for dtype in (tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32,
-                tf.int64, tf.uint8, tf.bool, tf.complex128):
+  for dtype in (
+    tf.float16,
+    tf.bfloat16,
+    tf.float64,
+    tf.int8,
+    tf.int32,
+    tf.int64,
+    tf.uint8,
+    tf.bool,
+    tf.complex128,
+  ):
     x_tf = tf.cast(tf.reshape(tf.range(12), [3, 4]) % 2, dtype)
     f = tf.function(lambda x: _torch_op(identity, [x], [x.dtype], [x.shape])[0])
     seen.clear()
@@ -245,8 +268,7 @@ def test_dtypes_round_trip_zero_copy():
     # output is that same buffer handed back.
     assert seen["ptr"] == _data_ptr(x_tf), dtype
     assert _data_ptr(y_tf) == _data_ptr(x_tf), dtype
-    assert tb.exchange_stats() == {"zero_copy": 2, "copied": 0,
-                                   "bytes_copied": 0}, dtype
+    assert tb.exchange_stats() == {"zero_copy": 2, "copied": 0, "bytes_copied": 0}, dtype
 
 
 def test_concurrent_calls_from_eight_threads():
@@ -290,7 +312,8 @@ def test_outputs_dying_inside_the_graph_free_their_memory():
 def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   # Where torch_interop.cc does not build, the loader builds the op without
   # it, and torch_tensors callbacks run through torch_callback in Python.
-  result = _run_subprocess("""
+  result = _run_subprocess(
+    """
       # torch_interop.cc's own flags now make its compilation fail.
       _compiler.torch_interop_flags = lambda sources: (
           ["-include", "/nonexistent/header.h"], [])
@@ -306,8 +329,10 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
                         "status": _loader.status(), "records": records,
                         "f": f(x).numpy().tolist(),
                         "g": g(x).numpy().tolist()}))
-      """, {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path)},
-      timeout=600)
+      """,
+    {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path)},
+    timeout=600,
+  )
   assert result["available"] is True
   assert result["interop"] is False
   assert "without its torch side" in result["status"]
@@ -320,13 +345,16 @@ def test_library_without_torch_interop_still_serves_torch_tensors(tmp_path):
   assert "python -m torchbridge build --force" in message
   # A later process loads the cached fallback without building, and says
   # why again (once): nothing about the op it gets is silent.
-  later = _run_subprocess("""
+  later = _run_subprocess(
+    """
       _compiler.torch_interop_flags = lambda sources: (
           ["-include", "/nonexistent/header.h"], [])
       ok = _loader.available() and _loader.available()
       print(json.dumps({"available": ok, "records": records,
                         "builds": _build.build_count}))
-      """, {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path)})
+      """,
+    {_loader.DISABLE_ENV: None, _build.CACHE_ENV: str(tmp_path)},
+  )
   assert later["available"] is True and later["builds"] == 0
   assert later["records"] == warnings, later["records"]
   assert result["f"] == [3.0, 6.0]

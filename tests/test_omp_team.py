@@ -52,14 +52,14 @@ CHILD = textwrap.dedent("""
 def run_child(env_update):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2")
   env.update(env_update)
-  out = subprocess.run([sys.executable, "-c", CHILD], env=env,
-                       capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="counts threads in /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 def test_tracing_a_graph_call_releases_the_users_idle_team():
   result = run_child({})
   if result["with_team"] == result["before"]:
@@ -70,8 +70,7 @@ def test_tracing_a_graph_call_releases_the_users_idle_team():
   assert result["equal"]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="counts threads in /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 def test_the_release_can_be_turned_off():
   result = run_child({"TORCHBRIDGE_RELEASE_USER_TEAM": "0"})
   assert result["releases"] == 0
@@ -120,20 +119,25 @@ IDLE_CHILD = textwrap.dedent("""
     """)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="counts threads in /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 @pytest.mark.parametrize("path", ["native", "py_function"])
 @pytest.mark.parametrize("release", [True, False])
 def test_the_torch_threads_team_is_released_when_idle(path, release):
   from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
+
   if path == "native" and _loader.load() is None:
     pytest.skip("needs the native op")
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2",
-             TORCHBRIDGE_DISABLE_NATIVE="1" if path == "py_function" else "0")
+  env = dict(
+    os.environ,
+    TF_CPP_MIN_LOG_LEVEL="3",
+    OMP_NUM_THREADS="2",
+    TORCHBRIDGE_DISABLE_NATIVE="1" if path == "py_function" else "0",
+  )
   if not release:
     env["TORCHBRIDGE_RELEASE_USER_TEAM"] = "0"
-  out = subprocess.run([sys.executable, "-c", IDLE_CHILD], env=env,
-                       capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", IDLE_CHILD], env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result["equal"]

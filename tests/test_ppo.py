@@ -51,8 +51,7 @@ def _rollout(rng, n_steps=12, n_envs=3):
 
 def _batch(rng, max_seq_len=5):
   rollout = _rollout(rng)
-  advantages, returns = rollout.advantages(rng.standard_normal(3).astype(np.float32),
-                                           0.98, 0.8)
+  advantages, returns = rollout.advantages(rng.standard_normal(3).astype(np.float32), 0.98, 0.8)
   pieces = rollout.sequences(max_seq_len)
   return rollout, pieces, rollout.padded(pieces, advantages, returns, max_seq_len)
 
@@ -61,12 +60,19 @@ def test_rollouts_are_cut_at_episode_starts_and_max_length():
   rollout, pieces, batch = _batch(np.random.default_rng(0))
   # env 0 starts episodes at 4 and 9; env 2 at 7; every piece <= 5 steps.
   assert [tuple(p) for p in pieces] == [
-      (0, 0, 4), (0, 4, 5), (0, 9, 3), (1, 0, 5), (1, 5, 5), (1, 10, 2),
-      (2, 0, 5), (2, 5, 2), (2, 7, 5)]
+    (0, 0, 4),
+    (0, 4, 5),
+    (0, 9, 3),
+    (1, 0, 5),
+    (1, 5, 5),
+    (1, 10, 2),
+    (2, 0, 5),
+    (2, 5, 2),
+    (2, 7, 5),
+  ]
   np.testing.assert_array_equal(batch.seq_lens, pieces[:, 2])
   for row, (env, first, length) in enumerate(pieces):
-    np.testing.assert_array_equal(batch.obs[row, :length],
-                                  rollout.obs[first:first + length, env])
+    np.testing.assert_array_equal(batch.obs[row, :length], rollout.obs[first : first + length, env])
     assert not batch.obs[row, length:].any() and not batch.returns[row, length:].any()
     # The state the policy had at the piece's first step (zeros at a start).
     np.testing.assert_array_equal(batch.state[0][0][0, row], rollout.states[0][first, env])
@@ -106,34 +112,42 @@ def test_bridged_loss_equals_pure_torch_on_the_same_batch(masked, mode):
   loss_torch.backward()
   np.testing.assert_allclose(loss_tf.numpy(), loss_torch.item(), rtol=1e-5)
   for name, value in stats_torch.items():
-    np.testing.assert_allclose(stats_tf[name].numpy(), value.item(), rtol=1e-5,
-                               atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(
+      stats_tf[name].numpy(), value.item(), rtol=1e-5, atol=1e-7, err_msg=name
+    )
   grads_torch = dict(twin.model.named_parameters())
   for variable, grad_tf in zip(variables, grads_tf):
     name = variable.name.split("/", 1)[1].split(":")[0]
-    np.testing.assert_allclose(grad_tf.numpy(), grads_torch[name].grad.numpy(),
-                               rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(
+      grad_tf.numpy(), grads_torch[name].grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name
+    )
 
 
 def _with_padding_changed(batch):
   """The batch with garbage written into every padded step."""
   mask = np.arange(batch.obs.shape[1])[None, :] < batch.seq_lens[:, None]
   noisy = lambda x, fill: np.where(  # noqa: E731
-      mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x, np.full_like(x, fill))
-  return batch._replace(obs=noisy(batch.obs, 3), actions=noisy(batch.actions, 1),
-                        old_logp=noisy(batch.old_logp, -3),
-                        advantages=noisy(batch.advantages, 3),
-                        returns=noisy(batch.returns, 3))
+    mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x, np.full_like(x, fill)
+  )
+  return batch._replace(
+    obs=noisy(batch.obs, 3),
+    actions=noisy(batch.actions, 1),
+    old_logp=noisy(batch.old_logp, -3),
+    advantages=noisy(batch.advantages, 3),
+    returns=noisy(batch.returns, 3),
+  )
 
 
 def test_masked_loss_ignores_the_padding_and_unmasked_does_not():
   _, _, batch = _batch(np.random.default_rng(3))
   changed = _with_padding_changed(batch)
   for masked in (True, False):
-    agent = agents.BridgeAgent("lstm", OBS_DIM, N_ACTIONS, 1, agents.Hyper(max_seq_len=5),
-                               masked=masked)
-    losses = [agent.loss(tf.nest.map_structure(tf.constant, b), 0.2)[0].numpy()
-              for b in (batch, changed)]
+    agent = agents.BridgeAgent(
+      "lstm", OBS_DIM, N_ACTIONS, 1, agents.Hyper(max_seq_len=5), masked=masked
+    )
+    losses = [
+      agent.loss(tf.nest.map_structure(tf.constant, b), 0.2)[0].numpy() for b in (batch, changed)
+    ]
     if masked:
       assert losses[0] == losses[1]
     else:
@@ -150,8 +164,9 @@ def test_backends_start_from_the_same_weights(policy):
     np.testing.assert_array_equal(weights_tf[name], weights_torch[name])
   obs = np.random.default_rng(0).standard_normal((4, OBS_DIM)).astype(np.float32)
   state = networks.zero_state(4)
-  for got, want in zip(tf.nest.flatten(bridge.act(obs, state)),
-                       tf.nest.flatten(twin.act(obs, state))):
+  for got, want in zip(
+    tf.nest.flatten(bridge.act(obs, state)), tf.nest.flatten(twin.act(obs, state))
+  ):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -170,14 +185,18 @@ def test_update_steps_agree_with_the_torch_twin():
     np.testing.assert_allclose(stats_tf["loss"], stats_torch["loss"], rtol=1e-4)
     np.testing.assert_allclose(stats_tf["grad_norm"], stats_torch["grad_norm"], rtol=1e-4)
   for name, value in twin.get_weights().items():
-    np.testing.assert_allclose(bridge.get_weights()[name], value, rtol=1e-4, atol=1e-5,
-                               err_msg=name)
+    np.testing.assert_allclose(
+      bridge.get_weights()[name], value, rtol=1e-4, atol=1e-5, err_msg=name
+    )
 
 
 def _run(out, *extra):
   return subprocess.run(
-      [sys.executable, SCRIPT, "--out", str(out), "--eval-episodes", "2", *extra],
-      capture_output=True, text=True, timeout=600)
+    [sys.executable, SCRIPT, "--out", str(out), "--eval-episodes", "2", *extra],
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
 
 
 @pytest.mark.slow
@@ -204,12 +223,16 @@ def test_short_run_writes_results_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [("--backend", "torch"), ("--policy", "mlp", "--loss", "unmasked")])
+@pytest.mark.parametrize(
+  "extra", [("--backend", "torch"), ("--policy", "mlp", "--loss", "unmasked")]
+)
 def test_other_variants_run(tmp_path, extra):
   result = _run(tmp_path / "run", "--steps", "256", "--eval-every", "256", *extra)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / "run" / "results.json") as f:
     results = json.load(f)
   assert (results["backend"], results["policy"], results["loss"]) == (
-      extra[1] if extra[0] == "--backend" else "torchbridge",
-      "mlp" if "mlp" in extra else "lstm", "unmasked" if "unmasked" in extra else "masked")
+    extra[1] if extra[0] == "--backend" else "torchbridge",
+    "mlp" if "mlp" in extra else "lstm",
+    "unmasked" if "unmasked" in extra else "masked",
+  )

@@ -14,12 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quickstart_trains_restores_and_copies_nothing():
   out = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "examples", "quickstart.py")],
-      capture_output=True, text=True, timeout=300)
+    [sys.executable, os.path.join(ROOT, "examples", "quickstart.py")],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   assert "outputs identical = True" in out.stdout
   assert "tensors copied:             0" in out.stdout
   assert "bytes copied:               0" in out.stdout
-  final, baseline = [float(v) for v in out.stdout.split("final training-set MSE: ")[1]
-                     .replace(")", "").split(" (predicting 0 gives ")]
+  final, baseline = [
+    float(v)
+    for v in out.stdout.split("final training-set MSE: ")[1]
+    .replace(")", "")
+    .split(" (predicting 0 gives ")
+  ]
   assert final < 0.1 * baseline  # it learned

@@ -39,16 +39,16 @@ def ray_session():
   this_module = sys.modules[__name__]
   ray.cloudpickle.register_pickle_by_value(this_module)
   # address="local": a new Ray of our own, even where `ray start` runs one.
-  ray.init(address="local", num_cpus=2, include_dashboard=False,
-           log_to_driver=False)
+  ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
   yield
   ray.shutdown()
   ray.cloudpickle.unregister_pickle_by_value(this_module)
 
 
 def mlp64():
-  return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(),
-                             torch.nn.Linear(16, 2)).double()
+  return torch.nn.Sequential(
+    torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)
+  ).double()
 
 
 def mse(module, x, y):
@@ -78,14 +78,21 @@ class _PutCounter:
 
 # --- data-parallel training ----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def two_worker_run():
   """20 Adam steps on two unequal shards, and the single-process reference."""
   x, y = _data(64, seed=0)
   shards = [(x[:24], y[:24]), (x[24:], y[24:])]  # unequal: weights matter
   trainer = tb.ray.DataParallelTrainer(
-      mlp64, mse, tf.keras.optimizers.Adam(0.01), shards, num_workers=2,
-      name="mlp", worker_options=HALF_CPU)
+    mlp64,
+    mse,
+    tf.keras.optimizers.Adam(0.01),
+    shards,
+    num_workers=2,
+    name="mlp",
+    worker_options=HALF_CPU,
+  )
   initial_np = trainer.module.get_weights()
   losses, puts_per_step = [], []
   with pytest.MonkeyPatch.context() as mp:
@@ -107,9 +114,15 @@ def two_worker_run():
     grads = tape.gradient(loss, reference.trainable_variables)
     opt.apply_gradients(zip(grads, reference.trainable_variables))
     ref_losses.append(float(loss))
-  yield {"trainer": trainer, "losses": losses, "ref_losses": ref_losses,
-         "reference": reference, "initial": initial_np,
-         "puts_per_step": puts_per_step, "data": (x, y)}
+  yield {
+    "trainer": trainer,
+    "losses": losses,
+    "ref_losses": ref_losses,
+    "reference": reference,
+    "initial": initial_np,
+    "puts_per_step": puts_per_step,
+    "data": (x, y),
+  }
   trainer.shutdown()
 
 
@@ -126,8 +139,7 @@ def test_two_workers_match_one_process_on_the_concatenated_batch(two_worker_run)
   assert run["losses"][-1] < 0.75 * run["losses"][0]  # it learned
 
 
-def test_each_step_broadcasts_with_one_put_and_every_worker_holds_the_weights(
-    two_worker_run):
+def test_each_step_broadcasts_with_one_put_and_every_worker_holds_the_weights(two_worker_run):
   trainer = two_worker_run["trainer"]
   assert two_worker_run["puts_per_step"] == [1] * 20  # not one per worker
   driver_np = trainer.module.get_weights()
@@ -138,8 +150,7 @@ def test_each_step_broadcasts_with_one_put_and_every_worker_holds_the_weights(
       np.testing.assert_array_equal(worker_np[name], value)
 
 
-def test_a_failing_worker_is_named_with_its_error_and_nothing_is_applied(
-    two_worker_run):
+def test_a_failing_worker_is_named_with_its_error_and_nothing_is_applied(two_worker_run):
   trainer = two_worker_run["trainer"]
   x, y = two_worker_run["data"]
   before = trainer.module.get_weights()
@@ -178,9 +189,9 @@ def test_a_loss_that_is_not_scalar_is_reported_from_the_worker():
   def per_sample_loss(module, x, y):
     return tf.reduce_mean((module(x) - y) ** 2, axis=1)
 
-  with tb.ray.DataParallelTrainer(mlp64, per_sample_loss,
-                                  tf.keras.optimizers.SGD(0.1),
-                                  [(x, y)], worker_options=HALF_CPU) as trainer:
+  with tb.ray.DataParallelTrainer(
+    mlp64, per_sample_loss, tf.keras.optimizers.SGD(0.1), [(x, y)], worker_options=HALF_CPU
+  ) as trainer:
     with pytest.raises(RuntimeError) as info:
       trainer.step()
   message = str(info.value)
@@ -193,21 +204,20 @@ def test_a_loss_that_is_not_scalar_is_reported_from_the_worker():
 
 
 def bn64():
-  return torch.nn.Sequential(torch.nn.BatchNorm1d(4),
-                             torch.nn.Linear(4, 2)).double()
+  return torch.nn.Sequential(torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)).double()
 
 
 def test_batch_norm_statistics_are_averaged_over_the_workers():
   x, y = _data(40, seed=2)
   shards = [(x[:10], y[:10]), (x[10:], y[10:])]
-  with tb.ray.DataParallelTrainer(bn64, mse, tf.keras.optimizers.SGD(0.0),
-                                  shards, worker_options=HALF_CPU) as trainer:
+  with tb.ray.DataParallelTrainer(
+    bn64, mse, tf.keras.optimizers.SGD(0.0), shards, worker_options=HALF_CPU
+  ) as trainer:
     trainer.step()
     driver_np = trainer.module.get_weights()
     # Each worker's running mean is 0.1 x its shard's mean (momentum 0.1,
     # from 0); weighted by shard sizes they give 0.1 x the overall mean.
-    np.testing.assert_allclose(driver_np["0.running_mean"],
-                               0.1 * x.mean(axis=0), **TOL)
+    np.testing.assert_allclose(driver_np["0.running_mean"], 0.1 * x.mean(axis=0), **TOL)
     assert int(driver_np["0.num_batches_tracked"]) == 1
     for worker in trainer.workers:
       worker_np = tb.ray.pull_weights(worker)
@@ -224,47 +234,64 @@ def mlp64_failing_in_actors():
 def test_a_worker_that_cannot_start_is_named_with_its_error():
   x, y = _data(8, seed=1)
   with pytest.raises(RuntimeError) as info:
-    tb.ray.DataParallelTrainer(mlp64_failing_in_actors, mse,
-                               tf.keras.optimizers.SGD(0.1), [(x, y)],
-                               worker_options=HALF_CPU)
+    tb.ray.DataParallelTrainer(
+      mlp64_failing_in_actors, mse, tf.keras.optimizers.SGD(0.1), [(x, y)], worker_options=HALF_CPU
+    )
   message = str(info.value)
   assert "worker 0 of 1 failed in set_weights()" in message
   assert "this worker cannot build the model" in message
 
 
-@pytest.mark.parametrize("shards, match", [
-    ([], r"expects a non-empty list with one shard of\ndata per worker, "
-         r"got an empty list"),
+@pytest.mark.parametrize(
+  "shards, match",
+  [
+    (
+      [],
+      r"expects a non-empty list with one shard of\ndata per worker, "
+      r"got an empty list",
+    ),
     (np.zeros((4, 2)), r"got a ndarray"),
     ({"x": np.zeros(3)}, r"got a dict"),
-    ([(np.zeros((4, 2)), np.zeros((3, 1)))],
-     r"shard 0 must be a tuple of arrays sharing a non-zero leading "
-     r"\(sample\) dimension, got shapes \[\(4, 2\), \(3, 1\)\]"),
+    (
+      [(np.zeros((4, 2)), np.zeros((3, 1)))],
+      r"shard 0 must be a tuple of arrays sharing a non-zero leading "
+      r"\(sample\) dimension, got shapes \[\(4, 2\), \(3, 1\)\]",
+    ),
     ([(np.zeros((0, 2)),)], r"shard 0 must be .* got shapes \[\(0, 2\)\]"),
-])
+  ],
+)
 def test_bad_shards_are_refused_before_any_actor_starts(shards, match):
   with pytest.raises(ValueError, match=match):
-    tb.ray.DataParallelTrainer(mlp64, mse, tf.keras.optimizers.SGD(0.1),
-                               shards)
+    tb.ray.DataParallelTrainer(mlp64, mse, tf.keras.optimizers.SGD(0.1), shards)
 
 
 def test_bad_arguments_name_what_was_expected():
   x, y = _data(8, seed=0)
   shards = [(x[:4], y[:4]), (x[4:], y[4:])]
   sgd = tf.keras.optimizers.SGD(0.1)
-  with pytest.raises(ValueError, match=(
-      r"num_workers=3\) does not match the 2 shards given.*Pass 3 shards")):
+  with pytest.raises(
+    ValueError, match=(r"num_workers=3\) does not match the 2 shards given.*Pass 3 shards")
+  ):
     tb.ray.DataParallelTrainer(mlp64, mse, sgd, shards, num_workers=3)
-  with pytest.raises(TypeError, match=r"module_fn=\.\.\.\) expects a callable, "
-                                      r"got Sequential"):
+  with pytest.raises(
+    TypeError,
+    match=r"module_fn=\.\.\.\) expects a callable, "
+    r"got Sequential",
+  ):
     tb.ray.DataParallelTrainer(mlp64(), mse, sgd, shards)
   with pytest.raises(TypeError, match=r"loss_fn=\.\.\.\) expects a callable"):
     tb.ray.DataParallelTrainer(mlp64, "mse", sgd, shards)
-  with pytest.raises(TypeError, match=r"expects a TF optimizer .* got str.*"
-                                      r"tf\.keras\.optimizers\.Adam"):
+  with pytest.raises(
+    TypeError,
+    match=r"expects a TF optimizer .* got str.*"
+    r"tf\.keras\.optimizers\.Adam",
+  ):
     tb.ray.DataParallelTrainer(mlp64, mse, "adam", shards)
-  with pytest.raises(TypeError, match=r"module_fn\(\) returned a int, "
-                                      r"expected a torch\.nn\.Module"):
+  with pytest.raises(
+    TypeError,
+    match=r"module_fn\(\) returned a int, "
+    r"expected a torch\.nn\.Module",
+  ):
     tb.ray.DataParallelTrainer(lambda: 3, mse, sgd, shards)
 
 
@@ -273,12 +300,16 @@ def test_step_batches_must_match_the_workers(two_worker_run):
   x, y = two_worker_run["data"]
   with pytest.raises(ValueError, match=r"got 1 batches for 2 workers"):
     trainer.step(batches=[(x, y)])
-  with pytest.raises(ValueError, match=r"step\(batches=\.\.\.\) expects a "
-                                       r"non-empty list with one batch"):
+  with pytest.raises(
+    ValueError,
+    match=r"step\(batches=\.\.\.\) expects a "
+    r"non-empty list with one batch",
+  ):
     trainer.step(batches=[])
 
 
 # --- weights through the object store -----------------------------------
+
 
 def linear_4mb():
   return torch.nn.Linear(1000, 1000)  # 4 MB of float32 weights
@@ -342,12 +373,10 @@ def test_read_only_arrays_from_the_object_store_load_and_stay_untouched():
   ref = tb.ray.put_weights(weights_np)
   fetched = ray.get(ref)
   assert not fetched["weight"].flags.writeable  # a zero-copy view
-  worker = tb.ray.TorchModuleWorker(functools.partial(torch.nn.Linear, 3, 2),
-                                    name="lin")
-  worker.set_weights(ref)         # an ObjectRef ...
-  worker.set_weights(fetched)     # ... or the read-only arrays themselves
-  np.testing.assert_array_equal(worker.get_weights()["weight"],
-                                weights_np["weight"])
+  worker = tb.ray.TorchModuleWorker(functools.partial(torch.nn.Linear, 3, 2), name="lin")
+  worker.set_weights(ref)  # an ObjectRef ...
+  worker.set_weights(fetched)  # ... or the read-only arrays themselves
+  np.testing.assert_array_equal(worker.get_weights()["weight"], weights_np["weight"])
   # Training the worker's module updates its variables, not the arrays.
   opt = tf.keras.optimizers.SGD(0.5)
   with tf.GradientTape() as tape:
@@ -358,18 +387,18 @@ def test_read_only_arrays_from_the_object_store_load_and_stay_untouched():
   np.testing.assert_array_equal(fetched["weight"], weights_np["weight"])
 
 
-def test_actor_set_weights_takes_a_dict_or_a_ref_and_pull_loads_a_module(
-    workers):
-  weights_np = {"weight": np.full((1000, 1000), 0.5, np.float32),
-                "bias": np.arange(1000, dtype=np.float32)}
+def test_actor_set_weights_takes_a_dict_or_a_ref_and_pull_loads_a_module(workers):
+  weights_np = {
+    "weight": np.full((1000, 1000), 0.5, np.float32),
+    "bias": np.arange(1000, dtype=np.float32),
+  }
   ray.get(workers[0].set_weights.remote(weights_np))  # by value
   ray.get(workers[1].set_weights.remote(tb.ray.put_weights(weights_np)))
   local = tb.TorchModule(linear_4mb(), name="lin")
   for actor in workers:
     pulled = tb.ray.pull_weights(actor, local)
     np.testing.assert_array_equal(pulled["bias"], weights_np["bias"])
-    np.testing.assert_array_equal(local.get_weights()["weight"],
-                                  weights_np["weight"])
+    np.testing.assert_array_equal(local.get_weights()["weight"], weights_np["weight"])
 
 
 def test_actor_set_weights_errors_arrive_with_the_names(workers):
@@ -382,21 +411,36 @@ def test_actor_set_weights_errors_arrive_with_the_names(workers):
 
 
 def test_weight_helpers_refuse_what_is_not_a_module_or_an_actor():
-  with pytest.raises(TypeError, match=r"put_weights\(module\) expects a "
-                                      r"tb\.TorchModule .* got int"):
+  with pytest.raises(
+    TypeError,
+    match=r"put_weights\(module\) expects a "
+    r"tb\.TorchModule .* got int",
+  ):
     tb.ray.put_weights(42)
   module = tb.TorchModule(torch.nn.Linear(3, 2))
-  with pytest.raises(TypeError, match=r"broadcast_weights\(\): actors\[1\] is "
-                                      r"a object, which has no `set_weights`"):
+  with pytest.raises(
+    TypeError,
+    match=r"broadcast_weights\(\): actors\[1\] is "
+    r"a object, which has no `set_weights`",
+  ):
     tb.ray.broadcast_weights(module, [_FakeActor(), object()])
-  with pytest.raises(TypeError, match=r"(?s)pull_weights\(\): actor is a str, "
-                                      r"which has no `get_weights`.*ray\.remote"):
+  with pytest.raises(
+    TypeError,
+    match=r"(?s)pull_weights\(\): actor is a str, "
+    r"which has no `get_weights`.*ray\.remote",
+  ):
     tb.ray.pull_weights("actor")
-  with pytest.raises(TypeError, match=r"module_fn\) expects a callable .* got "
-                                      r"Linear.*lambda: MyNet\(\)"):
+  with pytest.raises(
+    TypeError,
+    match=r"module_fn\) expects a callable .* got "
+    r"Linear.*lambda: MyNet\(\)",
+  ):
     tb.ray.TorchModuleWorker(torch.nn.Linear(3, 2))
-  with pytest.raises(TypeError, match=r"module_fn\(\) returned a str, expected "
-                                      r"a torch\.nn\.Module"):
+  with pytest.raises(
+    TypeError,
+    match=r"module_fn\(\) returned a str, expected "
+    r"a torch\.nn\.Module",
+  ):
     tb.ray.TorchModuleWorker(lambda: "net")
 
 
@@ -406,18 +450,21 @@ class _FakeActor:
 
 # --- packaging ------------------------------------------------------------
 
+
 def test_torchbridge_never_imports_ray_and_a_missing_ray_names_the_fix():
   code = (
-      "import sys\n"
-      "import torchbridge as tb\n"
-      "assert 'ray' not in sys.modules, 'import torchbridge imported ray'\n"
-      "sys.modules['ray'] = None  # as if Ray were not installed\n"
-      "try:\n"
-      "  tb.ray\n"
-      "except ImportError as err:\n"
-      "  print(err)\n")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
+    "import sys\n"
+    "import torchbridge as tb\n"
+    "assert 'ray' not in sys.modules, 'import torchbridge imported ray'\n"
+    "sys.modules['ray'] = None  # as if Ray were not installed\n"
+    "try:\n"
+    "  tb.ray\n"
+    "except ImportError as err:\n"
+    "  print(err)\n"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+  )
   assert out.returncode == 0, out.stdout + out.stderr
   assert "torchbridge.ray needs Ray" in out.stdout
   assert "pip install torchbridge[ray]" in out.stdout
@@ -425,19 +472,38 @@ def test_torchbridge_never_imports_ray_and_a_missing_ray_names_the_fix():
 
 # --- examples ---------------------------------------------------------------
 
+
 def _run_example(script, *args):
   # A fresh process with its own local Ray, as a user would run it.
-  out = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), *args],
-                       capture_output=True, text=True, timeout=240, cwd=ROOT)
+  out = subprocess.run(
+    [sys.executable, os.path.join(EXAMPLES, script), *args],
+    capture_output=True,
+    text=True,
+    timeout=240,
+    cwd=ROOT,
+  )
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return out.stdout
 
 
 def test_td3_rollout_worker_example_runs_a_short_budget(tmp_path):
   stdout = _run_example(
-      "td3_ray.py", "--workers", "2", "--steps", "400", "--start-steps", "200",
-      "--push-every", "100", "--eval-every", "400", "--eval-episodes", "1",
-      "--out", str(tmp_path))
+    "td3_ray.py",
+    "--workers",
+    "2",
+    "--steps",
+    "400",
+    "--start-steps",
+    "200",
+    "--push-every",
+    "100",
+    "--eval-every",
+    "400",
+    "--eval-episodes",
+    "1",
+    "--out",
+    str(tmp_path),
+  )
   with open(tmp_path / "results.json") as f:
     results = json.load(f)
   assert results["steps"] == 400 and results["workers"] == 2
@@ -451,9 +517,17 @@ def test_td3_rollout_worker_example_runs_a_short_budget(tmp_path):
 
 
 def test_data_parallel_example_learns(tmp_path):
-  stdout = _run_example("ray_data_parallel.py", "--workers", "2",
-                        "--steps", "60", "--samples", "1024",
-                        "--out", str(tmp_path))
+  stdout = _run_example(
+    "ray_data_parallel.py",
+    "--workers",
+    "2",
+    "--steps",
+    "60",
+    "--samples",
+    "1024",
+    "--out",
+    str(tmp_path),
+  )
   with open(tmp_path / "results.json") as f:
     results = json.load(f)
   assert results["final_loss"] < 0.5 * results["first_loss"]

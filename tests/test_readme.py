@@ -85,8 +85,8 @@ _BLOCK_IDS = [where for where, _ in BLOCKS]
 def _needs(code, package):
   """Whether `code` imports `package` or uses `tb.<package>`."""
   imports = re.search(
-      rf"^\s*(import\s+([\w.]+\s*,\s*)*{package}\b|from\s+{package}\b)",
-      code, re.MULTILINE)
+    rf"^\s*(import\s+([\w.]+\s*,\s*)*{package}\b|from\s+{package}\b)", code, re.MULTILINE
+  )
   return imports is not None or f"tb.{package}." in code
 
 
@@ -98,15 +98,14 @@ def _output(stdout, stderr):
       text = text.decode(errors="replace")
     return text[-_TAIL_CHARS:] if text else "<empty>"
 
-  return (f"--- stdout (tail) ---\n{tail(stdout)}\n"
-          f"--- stderr (tail) ---\n{tail(stderr)}")
+  return f"--- stdout (tail) ---\n{tail(stdout)}\n--- stderr (tail) ---\n{tail(stderr)}"
 
 
 def test_readme_has_python_blocks():
   # Guards the extraction: a broken parser would otherwise test nothing.
   assert len(BLOCKS) >= 8, (
-      f"found {len(BLOCKS)} ```python blocks in README.md and docs/, "
-      "expected at least 8")
+    f"found {len(BLOCKS)} ```python blocks in README.md and docs/, expected at least 8"
+  )
   assert any(where.startswith("README.md:") for where, _ in BLOCKS)
 
 
@@ -115,28 +114,31 @@ def test_readme_block_imports_torch_first(where, code):
   # torchbridge's rule: torch is imported before TensorFlow (or Keras).
   first = code.lstrip().splitlines()[0]
   assert re.match(r"import torch\b", first), (
-      f"{where}: the block starts with {first!r}; each block "
-      "starts with `import torch`, before TensorFlow is imported")
+    f"{where}: the block starts with {first!r}; each block "
+    "starts with `import torch`, before TensorFlow is imported"
+  )
 
 
 @pytest.mark.parametrize("where, code", BLOCKS, ids=_BLOCK_IDS)
 def test_readme_block_runs(where, code, tmp_path):
   for package in _OPTIONAL:
     if _needs(code, package) and importlib.util.find_spec(package) is None:
-      pytest.skip(f"{where}: the block needs {package}, "
-                  "which is not installed")
+      pytest.skip(f"{where}: the block needs {package}, which is not installed")
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   try:
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+      [sys.executable, "-c", code],
+      cwd=tmp_path,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=_TIMEOUT_S,
+      check=False,
+    )
   except subprocess.TimeoutExpired as err:
-    pytest.fail(f"{where}: the block ran past {_TIMEOUT_S} s\n"
-                f"{_output(err.stdout, err.stderr)}")
+    pytest.fail(f"{where}: the block ran past {_TIMEOUT_S} s\n{_output(err.stdout, err.stderr)}")
   output = _output(result.stdout, result.stderr)
   assert result.returncode >= 0, (
-      f"{where}: the block was killed by signal "
-      f"{-result.returncode}\n{output}")
-  assert result.returncode == 0, (
-      f"{where}: the block exited with "
-      f"{result.returncode}\n{output}")
+    f"{where}: the block was killed by signal {-result.returncode}\n{output}"
+  )
+  assert result.returncode == 0, f"{where}: the block exited with {result.returncode}\n{output}"

@@ -20,11 +20,11 @@ def test_each_instant_goes_to_the_span_begun_last():
   # Thread 1 (TF's) enters the kernel at 10 and waits from 12; thread 2
   # (torch's) runs the forward from 20 to 60; nothing runs from 90 to 100.
   events = [
-      ("torchbridge/kernel", 1, 10, 80),
-      ("torchbridge/wait for torch thread", 1, 12, 78),
-      ("torchbridge/torch thread", 2, 15, 70),
-      ("torchbridge/torch forward", 2, 20, 60),
-      ("adam/Sub:Sub", 1, 80, 90),
+    ("torchbridge/kernel", 1, 10, 80),
+    ("torchbridge/wait for torch thread", 1, 12, 78),
+    ("torchbridge/torch thread", 2, 15, 70),
+    ("torchbridge/torch forward", 2, 20, 60),
+    ("adam/Sub:Sub", 1, 80, 90),
   ]
   rows = sb.split_step(events, 0, 100)
   assert sum(rows.values()) == 100  # a partition of the step
@@ -41,11 +41,25 @@ def test_each_instant_goes_to_the_span_begun_last():
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_the_rows_add_up_to_the_measured_step(tmp_path):
   out = subprocess.run(
-      [sys.executable, "-m", "benchmarks.step_breakdown", "--steps", "10",
-       "--only", "small_mlp", "--placement", "both", "--out", str(tmp_path)],
-      cwd=ROOT,
-      capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.step_breakdown",
+      "--steps",
+      "10",
+      "--only",
+      "small_mlp",
+      "--placement",
+      "both",
+      "--out",
+      str(tmp_path),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads((tmp_path / "step_breakdown.json").read_text())
   assert sorted(result["placements"]) == sorted(sb.PLACEMENTS)
@@ -65,7 +79,8 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
     torch_ms = sum(t["rows_ms"].get(row, 0) for row in sb.TORCH.values())
     assert t["torch_compute_ms"] == pytest.approx(torch_ms)
     assert t["bridge_share_ms"] == pytest.approx(
-        t["unrecorded_mean_ms"] - t["floor_mean_ms"] - torch_ms)
+      t["unrecorded_mean_ms"] - t["floor_mean_ms"] - torch_ms
+    )
     assert 0 < t["floor_mean_ms"] < t["unrecorded_mean_ms"]
     handoff = sb.BRIDGE["torchbridge/wait for torch thread"]
     # On TF's thread no call is handed over.

@@ -64,13 +64,11 @@ def test_equals_functional_call_and_restores_the_modules_own_tensors():
 def test_gradients_reach_the_substituted_tensors():
   net = _Shared()
   names, values = _fresh_values(net)
-  values = {n: v.requires_grad_() for n, v in values.items()
-            if v.is_floating_point()}
+  values = {n: v.requires_grad_() for n, v in values.items() if v.is_floating_point()}
   x = torch.randn(3, 4)
   out, _ = _swap.TensorSlots(net, names).call(values, (x,), {})
   grads = torch.autograd.grad(out.sum(), [values[n] for n in names])
-  want = torch.autograd.grad(functional_call(net, values, (x,)).sum(),
-                             [values[n] for n in names])
+  want = torch.autograd.grad(functional_call(net, values, (x,)).sum(), [values[n] for n in names])
   for g, w in zip(grads, want):
     assert torch.equal(g, w)
   assert all(p.grad is None for p in net.parameters())
@@ -89,8 +87,9 @@ def test_an_exception_in_the_forward_restores_the_modules_tensors():
   own_weight = net.lin.weight
   slots = _swap.TensorSlots(net, ["lin.weight", "lin.bias"])
   with pytest.raises(ValueError, match="on purpose"):
-    slots.call({"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)},
-               (torch.ones(1, 2),), {})
+    slots.call(
+      {"lin.weight": torch.zeros(2, 2), "lin.bias": torch.zeros(2)}, (torch.ones(1, 2),), {}
+    )
   assert net.lin.weight is own_weight
 
 
@@ -107,7 +106,6 @@ def test_a_replaced_buffer_is_reported_and_the_original_put_back():
   net = Counter()
   own = net.calls
   passed = torch.tensor(5)
-  _, reassigned = _swap.TensorSlots(net, ["calls"]).call(
-      {"calls": passed}, (torch.ones(1),), {})
+  _, reassigned = _swap.TensorSlots(net, ["calls"]).call({"calls": passed}, (torch.ones(1),), {})
   assert list(reassigned) == ["calls"] and int(reassigned["calls"]) == 6
   assert net.calls is own and int(passed) == 5

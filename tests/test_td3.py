@@ -24,11 +24,13 @@ pytestmark = pytest.mark.slow
 
 
 def _batch(rng, n=32):
-  return (rng.standard_normal((n, 3)).astype(np.float32),
-          rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-          rng.standard_normal((n, 1)).astype(np.float32),
-          rng.standard_normal((n, 3)).astype(np.float32),
-          np.ones((n, 1), np.float32))
+  return (
+    rng.standard_normal((n, 3)).astype(np.float32),
+    rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+    rng.standard_normal((n, 1)).astype(np.float32),
+    rng.standard_normal((n, 3)).astype(np.float32),
+    np.ones((n, 1), np.float32),
+  )
 
 
 @pytest.mark.parametrize("backend", ["torchbridge", "tf"])
@@ -54,8 +56,7 @@ def test_tf_backends_match_pure_torch_step_by_step(backend):
     else:
       np.testing.assert_allclose(actor_tf, actor_ref, rtol=1e-4, atol=1e-5)
   obs = rng.standard_normal(3).astype(np.float32)
-  np.testing.assert_allclose(agent.policy(obs), reference.policy(obs),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(agent.policy(obs), reference.policy(obs), rtol=1e-4, atol=1e-5)
 
 
 def test_torchbridge_target_networks_follow_polyak_averaging():
@@ -68,22 +69,40 @@ def test_torchbridge_target_networks_follow_polyak_averaging():
   for v, t0 in zip(agent.actor_target.variables, before_target):
     np.testing.assert_array_equal(v.numpy(), t0)
   agent.train_step(*_batch(rng, 16))  # update 2: actor and targets
-  for online, target, o0, t0 in zip(agent.actor.variables,
-                                    agent.actor_target.variables,
-                                    before_online, before_target):
+  for online, target, o0, t0 in zip(
+    agent.actor.variables, agent.actor_target.variables, before_online, before_target
+  ):
     del o0
     expected = hyper.tau * online.numpy() + (1 - hyper.tau) * t0
     np.testing.assert_allclose(target.numpy(), expected, rtol=1e-6, atol=1e-7)
 
 
 def _run(out, backend="torchbridge", steps=300, extra=(), **popen):
-  cmd = [sys.executable, SCRIPT, "--backend", backend, "--steps", str(steps),
-         "--seed", "0", "--out", str(out), "--start-steps", "100",
-         "--eval-every", "100", "--eval-episodes", "1",
-         "--checkpoint-every", "100", *extra]
+  cmd = [
+    sys.executable,
+    SCRIPT,
+    "--backend",
+    backend,
+    "--steps",
+    str(steps),
+    "--seed",
+    "0",
+    "--out",
+    str(out),
+    "--start-steps",
+    "100",
+    "--eval-every",
+    "100",
+    "--eval-episodes",
+    "1",
+    "--checkpoint-every",
+    "100",
+    *extra,
+  ]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, **popen)
+  return subprocess.Popen(
+    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+  )
 
 
 @pytest.mark.parametrize("backend", ["torchbridge", "torch", "tf"])
@@ -142,18 +161,31 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_summary_tables_every_run_and_counts_seeds_reaching_the_threshold(tmp_path):
-  runs = {("torchbridge", 0): [[2000, -900.0], [4000, -240.0]],
-          ("torchbridge", 1): [[2000, -1000.0], [4000, -400.0]],
-          ("torch", 0): [[2000, -800.0], [4000, -150.0]]}
+  runs = {
+    ("torchbridge", 0): [[2000, -900.0], [4000, -240.0]],
+    ("torchbridge", 1): [[2000, -1000.0], [4000, -400.0]],
+    ("torch", 0): [[2000, -800.0], [4000, -150.0]],
+  }
   for (backend, seed), returns in runs.items():
     run = tmp_path / f"{backend}_s{seed}"
     run.mkdir()
-    (run / "results.json").write_text(json.dumps(
-        {"backend": backend, "seed": seed, "steps": 4000,
-         "eval_returns": returns, "sec_per_train_step": 0.004}))
+    (run / "results.json").write_text(
+      json.dumps(
+        {
+          "backend": backend,
+          "seed": seed,
+          "steps": 4000,
+          "eval_returns": returns,
+          "sec_per_train_step": 0.004,
+        }
+      )
+    )
   out = subprocess.run(
-      [sys.executable, os.path.join(EXAMPLES, "td3_summary.py"), str(tmp_path)],
-      capture_output=True, text=True, timeout=120)
+    [sys.executable, os.path.join(EXAMPLES, "td3_summary.py"), str(tmp_path)],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert out.returncode == 0, out.stderr
   assert "| torchbridge | 0 | -240.0 (step 4000) | 4000 | 4.00 |" in out.stdout
   assert "| torchbridge | 1 | -400.0 (step 4000) | not reached | 4.00 |" in out.stdout
@@ -169,13 +201,15 @@ def test_bridged_process_has_no_more_threads_than_torch_plus_tf(tmp_path):
   counts = {}
   for backend in ("torchbridge", "torch", "tf"):
     out = tmp_path / backend
-    proc = _run(out, backend=backend, steps=200,
-                extra=("--threads", "4", "--eval-every", "100000",
-                       "--checkpoint-every", "100000"))
+    proc = _run(
+      out,
+      backend=backend,
+      steps=200,
+      extra=("--threads", "4", "--eval-every", "100000", "--checkpoint-every", "100000"),
+    )
     log, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, log
-    counts[backend] = json.loads(
-        (out / "results.json").read_text())["threads_at_end"]
+    counts[backend] = json.loads((out / "results.json").read_text())["threads_at_end"]
   assert counts["torchbridge"] <= counts["torch"] + counts["tf"] - 1, counts
 
 
@@ -183,6 +217,7 @@ def test_trained_actor_is_served_without_torch(tmp_path):
   # make demo's last step: the bridged actor translated to TF ops, saved,
   # and run in a process where torch cannot be imported.
   from td3 import export  # pylint: disable=import-outside-toplevel
+
   agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed=0, hyper=agents.Hyper())
   for v in agent.actor.trainable_variables:  # as if trained: not the init
     v.assign_add(tf.random.normal(v.shape, stddev=0.05, seed=1))

@@ -24,13 +24,24 @@ from torchbridge._native import _loader
 from torchbridge._runtime import _timeline
 
 NATIVE = _loader.available()
-PYTHON_PHASES = {_timeline.CALL, _timeline.BIND, _timeline.FORWARD,
-                 _timeline.BACKWARD, _timeline.CHECK, _timeline.SAVE}
+PYTHON_PHASES = {
+  _timeline.CALL,
+  _timeline.BIND,
+  _timeline.FORWARD,
+  _timeline.BACKWARD,
+  _timeline.CHECK,
+  _timeline.SAVE,
+}
 PY_FUNCTION_PHASES = {_timeline.HAND_OFF, _timeline.TO_TORCH, _timeline.TO_TF}
-KERNEL_PHASES = {"torchbridge/kernel", "torchbridge/wait for torch thread",
-                 "torchbridge/torch thread", "torchbridge/wrap inputs",
-                 "torchbridge/acquire GIL", "torchbridge/callback (GIL held)",
-                 "torchbridge/adopt outputs"}
+KERNEL_PHASES = {
+  "torchbridge/kernel",
+  "torchbridge/wait for torch thread",
+  "torchbridge/torch thread",
+  "torchbridge/wrap inputs",
+  "torchbridge/acquire GIL",
+  "torchbridge/callback (GIL held)",
+  "torchbridge/adopt outputs",
+}
 
 
 def _expected(path):
@@ -42,9 +53,9 @@ def _expected(path):
 def _training_step(path):
   """A traced training step on `path` ("native" or "py_function")."""
   torch.manual_seed(0)
-  module = tb.TorchModule(torch.nn.Sequential(
-      torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
-                          name="net")
+  module = tb.TorchModule(
+    torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)), name="net"
+  )
   opt = tf.keras.optimizers.Adam(1e-3)
 
   @tf.function
@@ -63,8 +74,12 @@ def _training_step(path):
   return lambda: step(x)
 
 
-PATHS = [pytest.param("native", marks=pytest.mark.skipif(
-    not NATIVE, reason="the native op is not available")), "py_function"]
+PATHS = [
+  pytest.param(
+    "native", marks=pytest.mark.skipif(not NATIVE, reason="the native op is not available")
+  ),
+  "py_function",
+]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -83,12 +98,17 @@ def test_a_recorded_step_holds_every_phase(path, tmp_path):
   assert totals[_timeline.BACKWARD][0] == 1
   for event in trace.events:
     assert event["end_ns"] >= event["begin_ns"] > 0
+
   # Spans nest in time: each torch forward lies inside a python call on the
   # same thread, and (native) each python call inside a callback.
   def inside(inner, outer_name):
-    return any(o["name"] == outer_name and o["thread"] == inner["thread"] and
-               o["begin_ns"] <= inner["begin_ns"] <= inner["end_ns"] <=
-               o["end_ns"] for o in trace.events)
+    return any(
+      o["name"] == outer_name
+      and o["thread"] == inner["thread"]
+      and o["begin_ns"] <= inner["begin_ns"] <= inner["end_ns"] <= o["end_ns"]
+      for o in trace.events
+    )
+
   for event in trace.events:
     if event["name"] == _timeline.FORWARD:
       assert inside(event, _timeline.CALL)
@@ -133,8 +153,7 @@ def test_tf_profiler_shows_every_phase(path, tmp_path):
     finally:
       tf.profiler.experimental.stop()
   data = b""
-  for path_pb in glob.glob(str(tmp_path / "**" / "*.xplane.pb"),
-                           recursive=True):
+  for path_pb in glob.glob(str(tmp_path / "**" / "*.xplane.pb"), recursive=True):
     with open(path_pb, "rb") as f:
       data += f.read()
   found = {m.decode() for m in re.findall(rb"torchbridge/[A-Za-z ()]+", data)}
@@ -151,8 +170,7 @@ def test_torch_profiler_shows_the_python_phases(path):
     with torch.profiler.profile(experimental_config=config) as prof:
       step()
   found = {e.name for e in prof.events()}
-  wanted = PYTHON_PHASES | (PY_FUNCTION_PHASES if path == "py_function"
-                            else set())
+  wanted = PYTHON_PHASES | (PY_FUNCTION_PHASES if path == "py_function" else set())
   assert wanted <= found, sorted(wanted - found)
 
 
@@ -191,7 +209,8 @@ def test_environment_variable_annotates_the_whole_process(tmp_path):
             "torchbridge/torch forward" in {e.name for e in prof.events()})
       """)
   env = dict(os.environ, **{_timeline.ENV: "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
-  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split()[-2:] == ["False", "True"], out.stdout

@@ -52,8 +52,7 @@ def report(**values):
 
 def child_path():
   """The PATH of the children: this interpreter's bin first (venv tools)."""
-  return os.pathsep.join([os.path.dirname(sys.executable),
-                          os.environ.get("PATH", os.defpath)])
+  return os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
 
 
 def run_child(tmp_path, body, timeout):
@@ -63,37 +62,49 @@ def run_child(tmp_path, body, timeout):
   # interpreter has installed (editable in the development venv, the
   # non-editable package in `make test-user`'s venv).
   env = dict(
-      os.environ,
-      TF_CPP_MIN_LOG_LEVEL="3",
-      PATH=child_path(),
-      # Cold caches of its own: each run compiles and loads for real, and
-      # leaves nothing behind.
-      TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor_cache"),
-      TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),
+    os.environ,
+    TF_CPP_MIN_LOG_LEVEL="3",
+    PATH=child_path(),
+    # Cold caches of its own: each run compiles and loads for real, and
+    # leaves nothing behind.
+    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor_cache"),
+    TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),
   )
-  proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-  output = (f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n"
-            f"--- stderr (tail) ---\n{proc.stderr[-6000:]}")
+  proc = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  output = (
+    f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr (tail) ---\n{proc.stderr[-6000:]}"
+  )
   if proc.returncode < 0:
     try:
       name = signal.Signals(-proc.returncode).name
     except ValueError:
       name = f"signal {-proc.returncode}"
-    pytest.fail(f"the child process died on {name} (TensorFlow imported "
-                f"before torch and torchbridge):\n{output}")
-  assert proc.returncode == 0, (
-      f"the child process exited with status {proc.returncode}:\n{output}")
-  results = [line[len(RESULT_PREFIX):] for line in proc.stdout.splitlines()
-             if line.startswith(RESULT_PREFIX)]
+    pytest.fail(
+      f"the child process died on {name} (TensorFlow imported "
+      f"before torch and torchbridge):\n{output}"
+    )
+  assert proc.returncode == 0, f"the child process exited with status {proc.returncode}:\n{output}"
+  results = [
+    line[len(RESULT_PREFIX) :]
+    for line in proc.stdout.splitlines()
+    if line.startswith(RESULT_PREFIX)
+  ]
   assert len(results) == 1, f"expected one result line:\n{output}"
   return json.loads(results[0])
 
 
 def assert_close(actual, expected, what, tol=1e-5):
   """Asserts that two nests of numbers (JSON lists) agree within `tol`."""
-  np.testing.assert_allclose(np.asarray(actual), np.asarray(expected),
-                             rtol=tol, atol=tol, err_msg=what)
+  np.testing.assert_allclose(
+    np.asarray(actual), np.asarray(expected), rtol=tol, atol=tol, err_msg=what
+  )
 
 
 @slow
@@ -102,7 +113,9 @@ def test_compiled_module_in_torch_module_matches_uncompiled_torch(tmp_path):
   a gradient in `tf.function`, and Keras SGD steps give what the uncompiled
   module gives in torch, and dynamo compiled both the inference and the
   training forward."""
-  got = run_child(tmp_path, """
+  got = run_child(
+    tmp_path,
+    """
       import copy
       import importlib.util
 
@@ -191,19 +204,19 @@ def test_compiled_module_in_torch_module_matches_uncompiled_torch(tmp_path):
           triton_installed=importlib.util.find_spec("triton") is not None,
           triton_loaded="triton" in sys.modules,
       )
-      """, timeout=300)
+      """,
+    timeout=300,
+  )
 
   assert sorted(got["names"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
   for i, eager_tf in enumerate(got["eager_tf"]):
     assert_close(eager_tf, got["eager_torch"], f"eager call {i}")
   assert_close(got["out_tf"], got["out_torch"], "output in tf.function")
   assert_close(got["loss_tf"], got["loss_torch"], "loss in tf.function")
-  for name, grad_tf, grad_torch in zip(got["names"], got["grads_tf"],
-                                       got["grads_torch"]):
+  for name, grad_tf, grad_torch in zip(got["names"], got["grads_tf"], got["grads_torch"]):
     assert_close(grad_tf, grad_torch, f"gradient of {name}")
   assert_close(got["losses_tf"], got["losses_torch"], "SGD step losses")
-  for name, weight_tf, weight_torch in zip(got["names"], got["weights_tf"],
-                                           got["weights_torch"]):
+  for name, weight_tf, weight_torch in zip(got["names"], got["weights_tf"], got["weights_torch"]):
     assert_close(weight_tf, weight_torch, f"{name} after 3 SGD steps")
   # Dynamo compiled the inference forward on the second eager call, and the
   # training forward (other grad mode and train flag: a new frame) inside the
@@ -222,7 +235,9 @@ def test_compiled_module_in_torch_module_matches_uncompiled_torch(tmp_path):
 def test_compiled_function_in_torch_function_matches_uncompiled(tmp_path):
   """A `torch.compile`d plain function as a `tb.torch_function`, eagerly and
   in `tf.function` (value and gradient)."""
-  got = run_child(tmp_path, """
+  got = run_child(
+    tmp_path,
+    """
       from torch._dynamo.utils import counters
 
       def f(a_torch, b_torch):
@@ -260,7 +275,9 @@ def test_compiled_function_in_torch_function_matches_uncompiled(tmp_path):
           frames_after_eager=frames_after_eager,
           frames_final=dict(counters["frames"]),
       )
-      """, timeout=240)
+      """,
+    timeout=240,
+  )
 
   assert_close(got["eager_tf"], got["y_torch"], "eager value")
   assert_close(got["y_tf"], got["y_torch"], "value in tf.function")
@@ -272,7 +289,9 @@ def test_compiled_function_in_torch_function_matches_uncompiled(tmp_path):
 def test_torch_export_inside_torch_function(tmp_path):
   """`torch.export.export` run inside an eager `tb.torch_function` call: the
   exported program computes what the module computes."""
-  got = run_child(tmp_path, """
+  got = run_child(
+    tmp_path,
+    """
       torch.manual_seed(0)
       net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(),
                                 torch.nn.Linear(6, 2))
@@ -287,7 +306,9 @@ def test_torch_export_inside_torch_function(tmp_path):
           tf.constant(x_np.astype(np.float32)))
       report(exported=exported_tf.numpy().tolist(),
              module=module_tf.numpy().tolist())
-      """, timeout=180)
+      """,
+    timeout=180,
+  )
 
   assert np.shape(got["exported"]) == (3, 2)
   assert_close(got["exported"], got["module"], "exported program's output")
@@ -296,8 +317,10 @@ def test_torch_export_inside_torch_function(tmp_path):
 def cpp_extension_skip_reason():
   """Why `cpp_extension.load_inline` cannot build here, or None."""
   if shutil.which("ninja", path=child_path()) is None:
-    return ("torch.utils.cpp_extension needs the ninja build tool, which is "
-            "neither installed in this venv (pip install ninja) nor on PATH")
+    return (
+      "torch.utils.cpp_extension needs the ninja build tool, which is "
+      "neither installed in this venv (pip install ninja) nor on PATH"
+    )
   if shutil.which(os.environ.get("CXX", "c++"), path=child_path()) is None:
     return "torch.utils.cpp_extension needs a C++ compiler (c++) on PATH"
   return None
@@ -307,12 +330,13 @@ CPP_EXTENSION_SKIP_REASON = cpp_extension_skip_reason()
 
 
 @slow
-@pytest.mark.skipif(CPP_EXTENSION_SKIP_REASON is not None,
-                    reason=str(CPP_EXTENSION_SKIP_REASON))
+@pytest.mark.skipif(CPP_EXTENSION_SKIP_REASON is not None, reason=str(CPP_EXTENSION_SKIP_REASON))
 def test_load_inline_extension_in_torch_function(tmp_path):
   """A C++ extension built by `load_inline` after TensorFlow is loaded, called
   by a `tb.torch_function` eagerly and in `tf.function` (with a gradient)."""
-  got = run_child(tmp_path, """
+  got = run_child(
+    tmp_path,
+    """
       from torch.utils import cpp_extension
 
       # Built under TORCH_EXTENSIONS_DIR (in tmp_path, set by run_child).
@@ -339,7 +363,9 @@ def test_load_inline_extension_in_torch_function(tmp_path):
       report(eager=add_one(x_tf).numpy().tolist(),
              y_tf=y_tf.numpy().tolist(),
              grad_tf=grad_tf.numpy().tolist())
-      """, timeout=300)
+      """,
+    timeout=300,
+  )
 
   assert_close(got["eager"], [[-0.5, 1.0, 3.0]], "eager value")
   assert_close(got["y_tf"], [[-0.5, 1.0, 3.0]], "value in tf.function")

@@ -26,8 +26,7 @@ from torchbridge._runtime._torch_thread import TorchThread
 
 def test_run_returns_the_result_from_another_thread():
   worker = TorchThread()
-  assert worker.run(lambda a, b: (a + b, threading.get_ident()), 1, 2,
-                    threads=1)[0] == 3
+  assert worker.run(lambda a, b: (a + b, threading.get_ident()), 1, 2, threads=1)[0] == 3
   ident = worker.run(threading.get_ident, threads=1)
   assert ident != threading.get_ident()
   assert worker.run(threading.get_ident, threads=1) == ident  # the same one
@@ -47,9 +46,9 @@ def test_exceptions_reach_the_caller_with_their_traceback():
 
 def test_nested_calls_run_inline_on_the_torch_thread():
   worker = TorchThread()
-  outer = worker.run(lambda: (threading.get_ident(),
-                              worker.run(threading.get_ident, threads=1)),
-                     threads=1)
+  outer = worker.run(
+    lambda: (threading.get_ident(), worker.run(threading.get_ident, threads=1)), threads=1
+  )
   assert outer[0] == outer[1]
 
 
@@ -104,9 +103,11 @@ def test_fallback_calls_that_nest_again_do_not_deadlock():
   # makes call C, which falls back too: all complete.
   result = []
   with busy_worker(wait_seconds=0.1) as worker:
-    caller = threading.Thread(target=lambda: result.append(
-        worker.run(lambda: worker.run(lambda: "C", threads=1) + "B",
-                   threads=1)))
+    caller = threading.Thread(
+      target=lambda: result.append(
+        worker.run(lambda: worker.run(lambda: "C", threads=1) + "B", threads=1)
+      )
+    )
     caller.start()
     caller.join(timeout=10)
     assert not caller.is_alive(), "nested fallback calls deadlocked"
@@ -150,8 +151,11 @@ def test_a_forked_child_starts_its_own_torch_thread():
     try:
       start = time.monotonic()
       ident = _torch_thread.run(threading.get_ident)
-      ok = (ident != threading.get_ident() and
-            time.monotonic() - start < 1.0 and worker.inline_fallbacks == 0)
+      ok = (
+        ident != threading.get_ident()
+        and time.monotonic() - start < 1.0
+        and worker.inline_fallbacks == 0
+      )
       os.write(write_end, b"1" if ok else b"0")
     finally:
       os._exit(0)  # pylint: disable=protected-access
@@ -224,7 +228,6 @@ def test_torch_module_runs_with_the_users_thread_count():
   counts = []
 
   class Probe(torch.nn.Module):
-
     def __init__(self):
       super().__init__()
       self.w = torch.nn.Parameter(torch.ones(2))
@@ -296,20 +299,28 @@ print("LATER", int(_torch_thread.torch_thread().alive()))
 
 def _thread_delta(kind, tmp_path):
   out = subprocess.run(
-      [sys.executable, "-c", textwrap.dedent(_THREADS_CHILD), kind],
-      cwd=tmp_path, capture_output=True, text=True, timeout=300,
-      # OMP_NUM_THREADS: every thread's default team size, TF's included
-      # (as on an 8-core machine).
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="8"))
+    [sys.executable, "-c", textwrap.dedent(_THREADS_CHILD), kind],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    # OMP_NUM_THREADS: every thread's default team size, TF's included
+    # (as on an 8-core machine).
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="8"),
+  )
   assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-  lines = dict(line.split() for line in out.stdout.splitlines()
-               if line.startswith(("DELTA", "LATER")))
+  lines = dict(
+    line.split() for line in out.stdout.splitlines() if line.startswith(("DELTA", "LATER"))
+  )
   return int(lines["DELTA"]), int(lines["LATER"])
 
 
 def test_turned_off_graph_calls_run_where_tf_calls_them(tmp_path):
   out = subprocess.run(
-      [sys.executable, "-c", textwrap.dedent("""
+    [
+      sys.executable,
+      "-c",
+      textwrap.dedent("""
           import threading
           import tensorflow as tf
           import torchbridge as tb
@@ -319,10 +330,14 @@ def test_turned_off_graph_calls_run_where_tf_calls_them(tmp_path):
           tf.function(f)(tf.ones([2]))
           from torchbridge._runtime import _torch_thread
           print("ALIVE", _torch_thread.torch_thread().started)
-          """)],
-      cwd=tmp_path, capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               TORCHBRIDGE_TORCH_THREAD="0"))
+          """),
+    ],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TORCHBRIDGE_TORCH_THREAD="0"),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "ALIVE 0" in out.stdout
 
@@ -337,8 +352,7 @@ def test_bridged_calls_add_one_torch_team_to_tf_own_threads(tmp_path):
   # that thread, with TF's 8 inter-op threads calling (each of them grew a
   # team of its own before: 20 threads against this bound's 15 with 4).
   assert torch_delta >= 7, torch_delta  # the team the bound is about exists
-  assert bridged_delta <= tf_delta + torch_delta + 1, (
-      bridged_delta, tf_delta, torch_delta)
+  assert bridged_delta <= tf_delta + torch_delta + 1, (bridged_delta, tf_delta, torch_delta)
   # Once idle, the torch thread ends (libgomp parks its team's threads,
   # asleep, for the next thread that starts a parallel region).
   assert bridged_later == 0, "the torch thread is still alive"
@@ -387,9 +401,13 @@ def test_each_graph_call_runs_exactly_once_under_concurrent_calls(tmp_path):
   # queueing and a re-check of `taken`, was found from a core dump of TF
   # aborting in set_output on a finished call's context; this test did not
   # reproduce that race on demand, the fix is by construction.)
-  out = subprocess.run([sys.executable, "-c", _EXACTLY_ONCE_CHILD],
-                       cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ,
-                                             TF_CPP_MIN_LOG_LEVEL="3"))
+  out = subprocess.run(
+    [sys.executable, "-c", _EXACTLY_ONCE_CHILD],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   assert "RAN 3001" in out.stdout, out.stdout

@@ -28,6 +28,7 @@ def _pair(seed=0):
   torch.manual_seed(seed)
   module = ValueReading()
   import copy  # pylint: disable=import-outside-toplevel
+
   return module, copy.deepcopy(module)
 
 
@@ -38,8 +39,7 @@ def _data():
   return x, mask
 
 
-@pytest.mark.parametrize("declared", [False, True],
-                         ids=["inferred", "output_signature"])
+@pytest.mark.parametrize("declared", [False, True], ids=["inferred", "output_signature"])
 def test_value_reading_module_trains_in_tf_function(declared):
   module, reference = _pair()
   signature = tf.TensorSpec([None, 3], tf.float32) if declared else None
@@ -60,20 +60,17 @@ def test_value_reading_module_trains_in_tf_function(declared):
   assert shapes == [[None, 3] if declared else [6, 3]]
   # The running statistics were written back, as in pure torch.
   state = bridged.torch_module.state_dict()
-  for name in ("norm.running_mean", "norm.running_var",
-               "norm.num_batches_tracked"):
-    np.testing.assert_allclose(state[name].numpy(),
-                               reference.state_dict()[name].numpy(),
-                               rtol=1e-6, err_msg=name)
+  for name in ("norm.running_mean", "norm.running_var", "norm.num_batches_tracked"):
+    np.testing.assert_allclose(
+      state[name].numpy(), reference.state_dict()[name].numpy(), rtol=1e-6, err_msg=name
+    )
   assert int(state["norm.num_batches_tracked"]) == 1
 
 
 def test_tracing_leaves_torch_random_state_alone():
-  bridged = tb.torch_function(
-      lambda x: x * int(x.sum().item() > 0))  # needs the real fallback
+  bridged = tb.torch_function(lambda x: x * int(x.sum().item() > 0))  # needs the real fallback
   torch.manual_seed(7)
-  tf.function(lambda x: bridged(x)).get_concrete_function(
-      tf.TensorSpec([None, 2], tf.float32))
+  tf.function(lambda x: bridged(x)).get_concrete_function(tf.TensorSpec([None, 2], tf.float32))
   after = torch.rand(3)
   torch.manual_seed(7)
   np.testing.assert_array_equal(after.numpy(), torch.rand(3).numpy())
@@ -84,7 +81,6 @@ def test_module_weights_stand_in_as_themselves():
   seen = []
 
   class Probe(torch.nn.Module):
-
     def __init__(self):
       super().__init__()
       self.w = torch.nn.Parameter(torch.full((2,), 3.0))
@@ -105,32 +101,31 @@ def test_pack_padded_lstm_traces_and_matches_pure_torch():
   lstm = torch.nn.LSTM(3, 5, batch_first=True)
 
   class Packed(torch.nn.Module):
-
     def __init__(self):
       super().__init__()
       self.lstm = lstm
 
     def forward(self, x, lengths):
       packed = torch.nn.utils.rnn.pack_padded_sequence(
-          x, lengths, batch_first=True, enforce_sorted=False)
+        x, lengths, batch_first=True, enforce_sorted=False
+      )
       out, (h, _) = self.lstm(packed)
       out, _ = torch.nn.utils.rnn.pad_packed_sequence(
-          out, batch_first=True, total_length=x.shape[1])
+        out, batch_first=True, total_length=x.shape[1]
+      )
       return out, h[0]
 
   import copy  # pylint: disable=import-outside-toplevel
+
   module = Packed()
   reference = copy.deepcopy(module)
   bridged = tb.TorchModule(module, name="packed")
   x = np.random.default_rng(0).standard_normal((3, 4, 3)).astype(np.float32)
   lengths = np.array([4, 2, 1], np.int64)
-  out, h = tf.function(lambda x, n: bridged(x, n))(tf.constant(x),
-                                                  tf.constant(lengths))
+  out, h = tf.function(lambda x, n: bridged(x, n))(tf.constant(x), tf.constant(lengths))
   want_out, want_h = reference(torch.from_numpy(x), torch.from_numpy(lengths))
-  np.testing.assert_allclose(out.numpy(), want_out.detach().numpy(),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(h.numpy(), want_h.detach().numpy(), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(out.numpy(), want_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(h.numpy(), want_h.detach().numpy(), rtol=1e-5, atol=1e-6)
   assert out.shape == (3, 4, 5)
 
 
@@ -197,9 +192,8 @@ def test_input_torch_cannot_differentiate_gets_no_gradient(mode):
   for _ in range(2):  # the second call knows which argument torch refuses
     loss, (grad_x, grad_target) = step(x, target)
     x_torch = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
-    want = torch.nn.functional.soft_margin_loss(
-        x_torch, torch.tensor([1.0, -1.0, -1.0]))
-    want_grad, = torch.autograd.grad(want, [x_torch])
+    want = torch.nn.functional.soft_margin_loss(x_torch, torch.tensor([1.0, -1.0, -1.0]))
+    (want_grad,) = torch.autograd.grad(want, [x_torch])
     np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-6)
     np.testing.assert_allclose(grad_x.numpy(), want_grad.numpy(), rtol=1e-6)
     if mode == "eager":
@@ -213,9 +207,9 @@ def test_meta_spec_mismatch_names_the_way_out():
   # input may disagree with the CPU kernel; whatever the kernel, a declared
   # spec that the real output contradicts gets an error that says how the
   # spec was found and names output_signature.
-  fn = tb.torch_function(lambda x: x.reshape(-1)[:2],
-                         output_signature=tf.TensorSpec([3], tf.float32),
-                         name="short")
+  fn = tb.torch_function(
+    lambda x: x.reshape(-1)[:2], output_signature=tf.TensorSpec([3], tf.float32), name="short"
+  )
   with pytest.raises(tf.errors.InvalidArgumentError) as info:
     tf.function(lambda x: fn(x))(tf.ones([4]))
   message = " ".join(str(info.value).split())
@@ -224,6 +218,9 @@ def test_meta_spec_mismatch_names_the_way_out():
 
 
 def test_bad_output_signature_for_modules_names_the_argument():
-  with pytest.raises(TypeError, match=r"TorchModule\(\) output_signature "
-                     r"must hold tf.TensorSpec leaves, got None"):
+  with pytest.raises(
+    TypeError,
+    match=r"TorchModule\(\) output_signature "
+    r"must hold tf.TensorSpec leaves, got None",
+  ):
     tb.TorchModule(torch.nn.Linear(2, 3), output_signature=[None, 3])

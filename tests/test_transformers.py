@@ -34,7 +34,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # dropout 0) and `inputs()` (a dict of numpy arrays), also run in a fresh
 # process by the checkpoint test.
 _MODELS = {
-    "gpt2": """
+  "gpt2": """
         def build():
           config = transformers.GPT2Config(
               n_layer=2, n_head=2, n_embd=32, vocab_size=97, n_positions=32,
@@ -44,7 +44,7 @@ _MODELS = {
           rng = np.random.default_rng(0)
           return {"input_ids": rng.integers(0, 97, (2, 8)).astype(np.int64)}
         """,
-    "bert": """
+  "bert": """
         def build():
           config = transformers.BertConfig(
               hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -58,7 +58,7 @@ _MODELS = {
           return {"input_ids": rng.integers(0, 97, (2, 8)).astype(np.int64),
                   "attention_mask": mask}
         """,
-    "llama": """
+  "llama": """
         def build():
           config = transformers.LlamaConfig(
               hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -69,7 +69,7 @@ _MODELS = {
           rng = np.random.default_rng(0)
           return {"input_ids": rng.integers(0, 97, (2, 8)).astype(np.int64)}
         """,
-    "t5": """
+  "t5": """
         def build():
           config = transformers.T5Config(
               d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
@@ -82,7 +82,7 @@ _MODELS = {
                   "decoder_input_ids":
                       rng.integers(0, 97, (2, 5)).astype(np.int64)}
         """,
-    "vit": """
+  "vit": """
         def build():
           config = transformers.ViTConfig(
               image_size=16, patch_size=4, num_channels=3, hidden_size=32,
@@ -124,19 +124,17 @@ def _pair(name, seed=0):
 def test_forward_in_tf_function_equals_pure_torch(name):
   module, reference, inputs = _pair(name)
   bridged = tb.TorchModule(module, name=name)
-  forward = tf.function(lambda kw: _first_output(bridged(**kw,
-                                                          training=False)))
+  forward = tf.function(lambda kw: _first_output(bridged(**kw, training=False)))
   got = forward({k: tf.constant(v) for k, v in inputs.items()}).numpy()
   reference.eval()
   with torch.no_grad():
-    want = _first_output(reference(**{k: torch.from_numpy(v)
-                                      for k, v in inputs.items()})).numpy()
+    want = _first_output(reference(**{k: torch.from_numpy(v) for k, v in inputs.items()})).numpy()
   assert got.shape == want.shape
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   # The output's static shape is fully known, found while tracing.
   spec = forward.get_concrete_function(
-      {k: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype))
-       for k, v in inputs.items()}).structured_outputs
+    {k: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)) for k, v in inputs.items()}
+  ).structured_outputs
   assert spec.shape.as_list() == list(want.shape)
 
 
@@ -156,7 +154,7 @@ def test_gradients_and_sgd_steps_in_tf_function_equal_pure_torch(name):
   weights = _loss_weights(tuple(shape))
   weights_tf, weights_torch = tf.constant(weights), torch.from_numpy(weights)
   variables = bridged.trainable_variables
-  by_name = {v.name[len(name) + 1:-2]: v for v in variables}
+  by_name = {v.name[len(name) + 1 : -2]: v for v in variables}
   params = dict(reference.named_parameters())
   assert set(by_name) == set(params)
   optimizer = tf.keras.optimizers.SGD(0.05)
@@ -164,8 +162,7 @@ def test_gradients_and_sgd_steps_in_tf_function_equal_pure_torch(name):
   @tf.function
   def gradients(kw):
     with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(_first_output(bridged(**kw, training=False))
-                           * weights_tf)
+      loss = tf.reduce_sum(_first_output(bridged(**kw, training=False)) * weights_tf)
     return loss, tape.gradient(loss, variables)
 
   @tf.function
@@ -179,18 +176,16 @@ def test_gradients_and_sgd_steps_in_tf_function_equal_pure_torch(name):
 
   loss_tf, grads_tf = gradients(inputs_tf)
   loss_torch = torch_loss()
-  grads_torch = torch.autograd.grad(loss_torch, list(params.values()),
-                                    allow_unused=True)
+  grads_torch = torch.autograd.grad(loss_torch, list(params.values()), allow_unused=True)
   np.testing.assert_allclose(loss_tf.numpy(), loss_torch.item(), rtol=1e-5)
   grad_by_name = dict(zip(params, grads_torch))
   for v, g in zip(variables, grads_tf):
-    want = grad_by_name[v.name[len(name) + 1:-2]]
+    want = grad_by_name[v.name[len(name) + 1 : -2]]
     got = tf.convert_to_tensor(g).numpy() if g is not None else None
     if want is None:
       assert got is None or not np.any(got)
       continue
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-6,
-                               err_msg=v.name)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-6, err_msg=v.name)
 
   torch_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
   for _ in range(3):
@@ -199,15 +194,15 @@ def test_gradients_and_sgd_steps_in_tf_function_equal_pure_torch(name):
     loss_torch = torch_loss()
     loss_torch.backward()
     torch_optimizer.step()
-    np.testing.assert_allclose(loss_tf.numpy(), loss_torch.item(),
-                               rtol=1e-4)
+    np.testing.assert_allclose(loss_tf.numpy(), loss_torch.item(), rtol=1e-4)
   # After three float32 steps, reductions summed in another order (torch on
   # another thread, with another thread count) leave the parameters up to
   # ~5e-5 apart (Llama's attention projections, measured).
   trained = bridged.torch_module.state_dict()
   for n, p in reference.state_dict().items():
-    np.testing.assert_allclose(trained[n].numpy(), p.detach().numpy(),
-                               rtol=1e-3, atol=1e-4, err_msg=n)
+    np.testing.assert_allclose(
+      trained[n].numpy(), p.detach().numpy(), rtol=1e-3, atol=1e-4, err_msg=n
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
@@ -217,14 +212,13 @@ def test_checkpoint_restores_in_a_fresh_process(name, tmp_path):
   for v in bridged.trainable_variables:  # values no fresh model has
     v.assign_add(tf.fill(v.shape, 0.01))
   path = tf.train.Checkpoint(model=bridged).write(str(tmp_path / "ckpt"))
-  forward = tf.function(lambda kw: _first_output(bridged(**kw,
-                                                          training=False)))
+  forward = tf.function(lambda kw: _first_output(bridged(**kw, training=False)))
   expected = forward({k: tf.constant(v) for k, v in inputs.items()}).numpy()
   code = textwrap.dedent(f"""
       import json, sys, textwrap
       import numpy as np, torch, tensorflow as tf, transformers
       import torchbridge as tb
-      sys.path.insert(0, {os.path.join(_ROOT, 'tests')!r})
+      sys.path.insert(0, {os.path.join(_ROOT, "tests")!r})
       import test_transformers as t
       build, make_inputs = t._load({name!r})
       torch.manual_seed(123)  # another initialization than the saved one
@@ -237,9 +231,14 @@ def test_checkpoint_restores_in_a_fresh_process(name, tmp_path):
       after = forward(inputs).numpy()
       print(json.dumps({{"before": before.tolist(), "after": after.tolist()}}))
       """)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, timeout=600, cwd=str(tmp_path),
-                        check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=str(tmp_path),
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert not np.allclose(result["before"], expected, atol=1e-4)

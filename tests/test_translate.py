@@ -25,12 +25,18 @@ F64 = dict(rtol=1e-10, atol=1e-10)
 
 def _cnn():
   cnn = torch.nn.Sequential(
-      torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8),
-      torch.nn.ReLU(),
-      torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
-      torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-      torch.nn.AvgPool2d(2, padding=1), torch.nn.AdaptiveAvgPool2d(1),
-      torch.nn.Flatten(), torch.nn.Linear(8, 2))
+    torch.nn.Conv2d(3, 8, 3, stride=2, padding=1),
+    torch.nn.BatchNorm2d(8),
+    torch.nn.ReLU(),
+    torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2),
+    torch.nn.BatchNorm2d(8),
+    torch.nn.ReLU(),
+    torch.nn.MaxPool2d(2),
+    torch.nn.AvgPool2d(2, padding=1),
+    torch.nn.AdaptiveAvgPool2d(1),
+    torch.nn.Flatten(),
+    torch.nn.Linear(8, 2),
+  )
   for bn in (cnn[1], cnn[4]):  # running statistics worth reading
     bn.running_mean.uniform_(-1, 1)
     bn.running_var.uniform_(0.5, 2)
@@ -42,14 +48,18 @@ def _cnn():
 def _cnn_more():
   """Transposed and 1-d convolutions, InstanceNorm, every pooling option."""
   return torch.nn.Sequential(
-      torch.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
-      torch.nn.InstanceNorm2d(4, affine=True), torch.nn.ELU(),
-      torch.nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
-      torch.nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True,
-                         count_include_pad=False),
-      torch.nn.AdaptiveMaxPool2d((3, 2)), torch.nn.AdaptiveAvgPool2d((2, 1)),
-      torch.nn.Flatten(2), torch.nn.Conv1d(4, 6, 2, groups=2),
-      torch.nn.Hardswish(), torch.nn.Flatten())
+    torch.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
+    torch.nn.InstanceNorm2d(4, affine=True),
+    torch.nn.ELU(),
+    torch.nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True),
+    torch.nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    torch.nn.AdaptiveMaxPool2d((3, 2)),
+    torch.nn.AdaptiveAvgPool2d((2, 1)),
+    torch.nn.Flatten(2),
+    torch.nn.Conv1d(4, 6, 2, groups=2),
+    torch.nn.Hardswish(),
+    torch.nn.Flatten(),
+  )
 
 
 class _Recurrent(torch.nn.Module):
@@ -94,7 +104,7 @@ class _TensorOps(torch.nn.Module):
 
   def forward(self, x, y):
     a = (x @ self.w) * self.scale - 0.5 / self.scale + x.sum(-1, keepdim=True)
-    b = torch.cat([a, torch.exp(-a.abs()), torch.log1p(a ** 2)], dim=1)
+    b = torch.cat([a, torch.exp(-a.abs()), torch.log1p(a**2)], dim=1)
     c = b.view(-1, 3, 6).permute(0, 2, 1).transpose(1, 2)
     d = torch.bmm(c, c.transpose(1, 2)).unsqueeze(1).squeeze(1)
     e = torch.where(d > 0, d.clamp(max=2.0), torch.sigmoid(d))
@@ -102,54 +112,83 @@ class _TensorOps(torch.nn.Module):
     g = torch.stack([f.mean(1), f.amax(1), f[:, 0].sqrt().abs()], -1)
     h = c[:, torch.tensor([0, 2, -1])][:, [1, 0], [3, -1]]  # advanced
     h_apart = c[[0, -1], :, [1, 2]]  # index tensors on axes 0 and 2
-    q = c.unsqueeze(1).expand(-1, 2, -1, -1) * torch.tensor([[[1.0]],
-                                                            [[0.5]]])
-    attended = torch.nn.functional.scaled_dot_product_attention(
-        q, q, q, is_causal=True).flatten(1)
-    return (g.softmax(-1), torch.maximum(a, x[:, :1]).max(-1).indices,
-            a.argmin(1), h, h_apart, attended)
+    q = c.unsqueeze(1).expand(-1, 2, -1, -1) * torch.tensor([[[1.0]], [[0.5]]])
+    attended = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).flatten(1)
+    return (
+      g.softmax(-1),
+      torch.maximum(a, x[:, :1]).max(-1).indices,
+      a.argmin(1),
+      h,
+      h_apart,
+      attended,
+    )
 
 
 def _mlp():
   return torch.nn.Sequential(
-      torch.nn.Linear(3, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
-      torch.nn.Tanh(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 16),
-      torch.nn.GELU(), torch.nn.Linear(16, 16), torch.nn.Sigmoid(),
-      torch.nn.Linear(16, 4), torch.nn.Softmax(-1), torch.nn.LogSoftmax(-1))
+    torch.nn.Linear(3, 16),
+    torch.nn.ReLU(),
+    torch.nn.Linear(16, 16),
+    torch.nn.Tanh(),
+    torch.nn.Dropout(0.3),
+    torch.nn.Linear(16, 16),
+    torch.nn.GELU(),
+    torch.nn.Linear(16, 16),
+    torch.nn.Sigmoid(),
+    torch.nn.Linear(16, 4),
+    torch.nn.Softmax(-1),
+    torch.nn.LogSoftmax(-1),
+  )
 
 
 # name -> (build, input specs, make inputs(batch) as numpy)
 CASES = {
-    "mlp": (_mlp, [tf.TensorSpec([None, 3])],
-            lambda n: [np.random.randn(n, 3)]),
-    "mlp_f64": (lambda: _mlp().double(), [tf.TensorSpec([None, 3], tf.float64)],
-                lambda n: [np.random.randn(n, 3)]),
-    "tensor_ops": (_TensorOps, [tf.TensorSpec([None, 4]),
-                                tf.TensorSpec([None, 2])],
-                   lambda n: [np.random.randn(n, 4), np.random.randn(n, 2)]),
-    "cnn": (_cnn, [tf.TensorSpec([None, 3, 16, 16])],
-            lambda n: [np.random.randn(n, 3, 16, 16)]),
-    "cnn_more": (_cnn_more, [tf.TensorSpec([None, 3, 9, 11])],
-                 lambda n: [np.random.randn(n, 3, 9, 11)]),
-    "lstm": (lambda: _Recurrent(torch.nn.LSTM), [tf.TensorSpec([None, 5, 3])],
-             lambda n: [np.random.randn(n, 5, 3)]),
-    "gru": (lambda: _Recurrent(torch.nn.GRU), [tf.TensorSpec([None, 5, 3])],
-            lambda n: [np.random.randn(n, 5, 3)]),
-    "tokens": (_Tokens, [tf.TensorSpec([None, 4], tf.int64)],
-               lambda n: [np.random.randint(0, 10, (n, 4))]),
-    "attention": (_Attention, [tf.TensorSpec([None, 4, 8])],
-                  lambda n: [np.random.randn(n, 4, 8)]),
-    "encoder": (lambda: torch.nn.TransformerEncoderLayer(
-        8, 2, 16, batch_first=True), [tf.TensorSpec([None, None, 8])],
-                lambda n: [np.random.randn(n, 3 + n % 3, 8)]),
+  "mlp": (_mlp, [tf.TensorSpec([None, 3])], lambda n: [np.random.randn(n, 3)]),
+  "mlp_f64": (
+    lambda: _mlp().double(),
+    [tf.TensorSpec([None, 3], tf.float64)],
+    lambda n: [np.random.randn(n, 3)],
+  ),
+  "tensor_ops": (
+    _TensorOps,
+    [tf.TensorSpec([None, 4]), tf.TensorSpec([None, 2])],
+    lambda n: [np.random.randn(n, 4), np.random.randn(n, 2)],
+  ),
+  "cnn": (_cnn, [tf.TensorSpec([None, 3, 16, 16])], lambda n: [np.random.randn(n, 3, 16, 16)]),
+  "cnn_more": (
+    _cnn_more,
+    [tf.TensorSpec([None, 3, 9, 11])],
+    lambda n: [np.random.randn(n, 3, 9, 11)],
+  ),
+  "lstm": (
+    lambda: _Recurrent(torch.nn.LSTM),
+    [tf.TensorSpec([None, 5, 3])],
+    lambda n: [np.random.randn(n, 5, 3)],
+  ),
+  "gru": (
+    lambda: _Recurrent(torch.nn.GRU),
+    [tf.TensorSpec([None, 5, 3])],
+    lambda n: [np.random.randn(n, 5, 3)],
+  ),
+  "tokens": (
+    _Tokens,
+    [tf.TensorSpec([None, 4], tf.int64)],
+    lambda n: [np.random.randint(0, 10, (n, 4))],
+  ),
+  "attention": (_Attention, [tf.TensorSpec([None, 4, 8])], lambda n: [np.random.randn(n, 4, 8)]),
+  "encoder": (
+    lambda: torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+    [tf.TensorSpec([None, None, 8])],
+    lambda n: [np.random.randn(n, 3 + n % 3, 8)],
+  ),
 }
 
 
 def _gpt2():
   transformers = pytest.importorskip("transformers")
-  config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16,
-                                   vocab_size=50, n_positions=16,
-                                   bos_token_id=0, eos_token_id=0)
+  config = transformers.GPT2Config(
+    n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0
+  )
 
   class Logits(torch.nn.Module):  # the LM head's weight is tied to wte's
     def __init__(self):
@@ -158,11 +197,15 @@ def _gpt2():
 
     def forward(self, ids):
       return self.gpt2(input_ids=ids, use_cache=False).logits
+
   return Logits()
 
 
-CASES["gpt2"] = (_gpt2, [tf.TensorSpec([None, 6], tf.int64)],
-                 lambda n: [np.random.randint(0, 50, (n, 6))])
+CASES["gpt2"] = (
+  _gpt2,
+  [tf.TensorSpec([None, 6], tf.int64)],
+  lambda n: [np.random.randint(0, 50, (n, 6))],
+)
 
 
 @functools.cache
@@ -185,8 +228,7 @@ def _inputs(name, batch=5):
 def _torch_outputs(actor, inputs):
   with torch.no_grad():
     result = actor.torch_module(*[torch.from_numpy(a) for a in inputs])
-  return [t.numpy() for t in (result if isinstance(result, tuple) else
-                              (result,))]
+  return [t.numpy() for t in (result if isinstance(result, tuple) else (result,))]
 
 
 def _assert_close(got_tf, want, tol):
@@ -201,17 +243,17 @@ def _assert_close(got_tf, want, tol):
 def test_outputs_equal_torch(name, how):
   actor, served = _translated(name)
   inputs = _inputs(name)
-  call = {"eager": lambda *x: served(*x),
-          "function": tf.function(lambda *x: served(*x)),
-          "jit": tf.function(lambda *x: served(*x), jit_compile=True)}[how]
+  call = {
+    "eager": lambda *x: served(*x),
+    "function": tf.function(lambda *x: served(*x)),
+    "jit": tf.function(lambda *x: served(*x), jit_compile=True),
+  }[how]
   got = call(*[tf.constant(a) for a in inputs])
-  _assert_close(got, _torch_outputs(actor, inputs),
-                F64 if name.endswith("f64") else F32)
+  _assert_close(got, _torch_outputs(actor, inputs), F64 if name.endswith("f64") else F32)
   assert all(0 <= d < 1e-5 for d in served.parity)
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "tokens", "encoder",
-                                  "gpt2"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "tokens", "encoder", "gpt2"])
 def test_reads_the_same_variables(name):
   actor, served = _translated(name)
   assert sorted(map(id, served.variables)) == sorted(map(id, actor.variables))
@@ -228,8 +270,9 @@ def test_reads_the_same_variables(name):
     actor.set_weights(saved)
 
 
-@pytest.mark.parametrize("name", ["mlp", "mlp_f64", "cnn", "lstm", "tokens",
-                                  "tensor_ops", "encoder", "gpt2"])
+@pytest.mark.parametrize(
+  "name", ["mlp", "mlp_f64", "cnn", "lstm", "tokens", "tensor_ops", "encoder", "gpt2"]
+)
 def test_gradients_equal_the_bridge(name):
   actor, served = _translated(name)
   inputs = [tf.constant(a) for a in _inputs(name)]
@@ -237,16 +280,15 @@ def test_gradients_equal_the_bridge(name):
 
   def loss(fn):
     with tf.GradientTape() as tape:
-      value = sum(tf.reduce_sum(tf.sin(y)) for y in tf.nest.flatten(fn())
-                  if y.dtype.is_floating)
+      value = sum(tf.reduce_sum(tf.sin(y)) for y in tf.nest.flatten(fn()) if y.dtype.is_floating)
     return tape.gradient(value, variables)
+
   grads_served = loss(lambda: served(*inputs))
   grads_bridge = loss(lambda: actor(*inputs, training=False))
   tol = F64 if name.endswith("f64") else dict(rtol=1e-4, atol=1e-6)
   for v, g, want in zip(variables, grads_served, grads_bridge):
     assert g is not None, v.name
-    np.testing.assert_allclose(tf.convert_to_tensor(g), want, err_msg=v.name,
-                               **tol)
+    np.testing.assert_allclose(tf.convert_to_tensor(g), want, err_msg=v.name, **tol)
 
 
 _LOAD_WITHOUT_TORCH = """\
@@ -279,8 +321,13 @@ def test_saved_model_runs_where_torch_cannot_be_imported(tmp_path):
     np.savez(tmp_path / f"{name}.npz", x=_inputs(name, batch=3)[0])
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   proc = subprocess.run(
-      [sys.executable, "-c", _LOAD_WITHOUT_TORCH, str(tmp_path)] + names,
-      env=env, capture_output=True, text=True, timeout=120, check=False)
+    [sys.executable, "-c", _LOAD_WITHOUT_TORCH, str(tmp_path)] + names,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
   assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
   for name in names:
     actor, _ = _translated(name)
@@ -297,7 +344,8 @@ def test_saved_model_runs_where_torch_cannot_be_imported(tmp_path):
 def test_tflite_converts_and_matches(name):
   actor, served = _translated(name)
   converter = tf.lite.TFLiteConverter.from_concrete_functions(
-      [served.__call__.get_concrete_function()], served)
+    [served.__call__.get_concrete_function()], served
+  )
   interpreter = tf.lite.Interpreter(model_content=converter.convert())
   x = _inputs(name, batch=4)[0]
   detail = interpreter.get_input_details()[0]
@@ -306,8 +354,7 @@ def test_tflite_converts_and_matches(name):
   interpreter.set_tensor(detail["index"], x)
   interpreter.invoke()
   got = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
-  np.testing.assert_allclose(got, _torch_outputs(actor, [x])[0], rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(got, _torch_outputs(actor, [x])[0], rtol=1e-5, atol=1e-5)
 
 
 def test_checkpoint_keys_are_the_torch_modules(tmp_path):
@@ -327,8 +374,9 @@ def test_checkpoint_keys_are_the_torch_modules(tmp_path):
 
 def test_exports_in_eval_mode_and_restores_the_modes():
   torch.manual_seed(2)
-  module = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.5),
-                               torch.nn.BatchNorm1d(8)).train()
+  module = torch.nn.Sequential(
+    torch.nn.Linear(3, 8), torch.nn.Dropout(0.5), torch.nn.BatchNorm1d(8)
+  ).train()
   actor = tb.TorchModule(module)
   served = translate(actor, [tf.TensorSpec([None, 3])])
   assert all(m.training for m in actor.torch_module.modules())
@@ -358,12 +406,10 @@ def test_torch_layer_translates_with_its_variables():
   torch.manual_seed(1)
   layer = tb.keras.TorchLayer(torch.nn.Linear(3, 2), name="lin")
   served = translate(layer, [tf.TensorSpec([None, 3])])
-  assert {id(v) for v in served.variables} == {
-      id(w.value) for w in layer.weights}
+  assert {id(v) for v in served.variables} == {id(w.value) for w in layer.weights}
   layer.weights[0].assign(tf.ones_like(layer.weights[0]))
   x = np.random.randn(4, 3).astype(np.float32)
-  np.testing.assert_allclose(served(tf.constant(x)),
-                             layer(tf.constant(x)).numpy(), **F32)
+  np.testing.assert_allclose(served(tf.constant(x)), layer(tf.constant(x)).numpy(), **F32)
 
 
 class _Unsupported(torch.nn.Module):
@@ -383,10 +429,10 @@ def test_untranslated_ops_are_listed_in_one_error():
   assert set(err.value.ops) == {"aten.cumprod.default", "aten.sort.default"}
 
 
-def test_a_translation_that_raises_is_reported_as_a_bug_not_a_missing_op(
-    monkeypatch):
+def test_a_translation_that_raises_is_reported_as_a_bug_not_a_missing_op(monkeypatch):
   def broken(out, x):
     raise ValueError("boom")
+
   _, layout, refuse = _table.OPS["aten.relu.default"]
   monkeypatch.setitem(_table.OPS, "aten.relu.default", (broken, layout, refuse))
   actor = tb.TorchModule(torch.nn.Sequential(torch.nn.ReLU()), name="buggy")
@@ -422,11 +468,15 @@ class _FlattenThenLinear(torch.nn.Module):
     return self.lin(x.reshape(x.shape[0], x.shape[1], -1))
 
 
-@pytest.mark.parametrize("module, spec", [
+@pytest.mark.parametrize(
+  "module, spec",
+  [
     (_FlattenThenLinear, [None, 3, 2, 4]),
     (lambda: torch.nn.Softmax(0), []),
     (lambda: torch.nn.LogSoftmax(0), []),
-], ids=["linear_after_reshape", "softmax_0d", "log_softmax_0d"])
+  ],
+  ids=["linear_after_reshape", "softmax_0d", "log_softmax_0d"],
+)
 def test_shapes_the_coverage_run_found(module, spec):
   torch.manual_seed(0)
   actor = tb.TorchModule(module().eval(), name="found")
@@ -440,8 +490,9 @@ def test_shapes_the_coverage_run_found(module, spec):
 
 def test_parity_error_names_the_difference(monkeypatch):
   fn, layout, refuse = _table.OPS["aten.relu.default"]
-  monkeypatch.setitem(_table.OPS, "aten.relu.default",
-                      (lambda out, x: fn(out, x) * 1.001, layout, refuse))
+  monkeypatch.setitem(
+    _table.OPS, "aten.relu.default", (lambda out, x: fn(out, x) * 1.001, layout, refuse)
+  )
   actor = tb.TorchModule(torch.nn.Sequential(torch.nn.ReLU()), name="wrong")
   with pytest.raises(ParityError, match=r"output 0: .* <- over tolerance"):
     translate(actor, [tf.TensorSpec([None, 3])])
@@ -452,10 +503,13 @@ class _FixedBatch(torch.nn.Module):
     return x * torch.ones(2, 1)  # broadcasting pins the batch size to 2
 
 
-@pytest.mark.parametrize("signature, error, match", [
+@pytest.mark.parametrize(
+  "signature, error, match",
+  [
     ("not a spec", TypeError, r"expected a list of tf.TensorSpec.*Example"),
     ([tf.TensorSpec(None)], ValueError, r"unknown rank"),
-])
+  ],
+)
 def test_bad_input_signature(signature, error, match):
   actor = tb.TorchModule(torch.nn.Linear(3, 2))
   with pytest.raises(error, match=match):
@@ -469,25 +523,33 @@ def test_refuses_what_is_not_a_torch_module():
 
 def test_a_batch_size_the_model_fixes_is_refused():
   actor = tb.TorchModule(_FixedBatch())
-  with pytest.raises(ValueError, match=r"input 0 .* dimension 0, but "
-                     r"torch.export specialized it to 2"):
+  with pytest.raises(
+    ValueError,
+    match=r"input 0 .* dimension 0, but "
+    r"torch.export specialized it to 2",
+  ):
     translate(actor, [tf.TensorSpec([None, 3])])
 
 
 def test_a_batch_of_one_in_the_examples_is_named_as_the_cause():
   actor = tb.TorchModule(torch.nn.Linear(3, 2), name="lin")
-  with pytest.raises(ValueError, match=r"specialized it to 1: torch.export "
-                     r"fixes every dimension of size 1 in the example inputs, "
-                     r"so pass example_inputs with a size >= 2 there"):
-    translate(actor, [tf.TensorSpec([None, 3])],
-              example_inputs=[np.ones([1, 3], np.float32)])
+  with pytest.raises(
+    ValueError,
+    match=r"specialized it to 1: torch.export "
+    r"fixes every dimension of size 1 in the example inputs, "
+    r"so pass example_inputs with a size >= 2 there",
+  ):
+    translate(actor, [tf.TensorSpec([None, 3])], example_inputs=[np.ones([1, 3], np.float32)])
 
 
 def test_recurrent_layer_needs_a_fixed_sequence_length():
   actor = tb.TorchModule(torch.nn.GRU(3, 4, batch_first=True))
   # torch.export itself fixes the time dimension of nn.GRU / nn.LSTM.
-  with pytest.raises(ValueError, match=r"dynamic size in dimension 1, but "
-                     r"torch.export specialized it to 3.*give it in the spec"):
+  with pytest.raises(
+    ValueError,
+    match=r"dynamic size in dimension 1, but "
+    r"torch.export specialized it to 3.*give it in the spec",
+  ):
     translate(actor, [tf.TensorSpec([None, None, 3])])
 
 
@@ -520,6 +582,9 @@ def test_inside_a_function_the_ops_go_in_directly():
   want = float(tf.reduce_sum(tf.square(served(x))))  # eager: served's function
   for _ in range(2):
     np.testing.assert_allclose(float(step(x)), want, rtol=1e-5)
-  with pytest.raises(TypeError, match=r"input 0 is float32 \(5, 7\), which "
-                     r"does not match its input_signature"):
+  with pytest.raises(
+    TypeError,
+    match=r"input 0 is float32 \(5, 7\), which "
+    r"does not match its input_signature",
+  ):
     tf.function(lambda y: served(y))(tf.zeros([5, 7]))

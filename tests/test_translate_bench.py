@@ -32,18 +32,20 @@ def test_run_measures_the_same_computation_and_reports_ratios(tmp_path):
 
   def in_this_process(kind, contender, models_, repeats):
     outputs = {}
-    record = tbb.record(kind, contender, models_, repeats=repeats, calls=1,
-                        first_outputs=outputs)
+    record = tbb.record(kind, contender, models_, repeats=repeats, calls=1, first_outputs=outputs)
     first.update({(key, contender): v for key, v in outputs.items()})
-    record.update(foreign_load_cores=0.0, waited_s=0.0, wall_s=0.0,
-                  attempts=1)
+    record.update(foreign_load_cores=0.0, waited_s=0.0, wall_s=0.0, attempts=1)
     return record
 
-  results = tbb.run(quick=True, threads=2, repeats=2,
-                    models_=("small_mlp", "td3_actor"),
-                    runner=in_this_process, log=lambda m: None)
-  infer_keys = {tbb.infer_key(m, b) for m in ("small_mlp", "td3_actor")
-                for b in tbb.BATCHES}
+  results = tbb.run(
+    quick=True,
+    threads=2,
+    repeats=2,
+    models_=("small_mlp", "td3_actor"),
+    runner=in_this_process,
+    log=lambda m: None,
+  )
+  infer_keys = {tbb.infer_key(m, b) for m in ("small_mlp", "td3_actor") for b in tbb.BATCHES}
   keys = infer_keys | {tbb.train_key()}
 
   # Every contender computes the bridge's outputs (and first loss).
@@ -55,8 +57,9 @@ def test_run_measures_the_same_computation_and_reports_ratios(tmp_path):
       batch = int(key.rsplit(" ", 1)[1])
       assert want.shape == (batch, 8 if "small_mlp" in key else 1)
     for contender in tbb.CONTENDERS_OF[kind]:
-      np.testing.assert_allclose(first[key, contender], want, rtol=1e-5,
-                                 atol=1e-5, err_msg=f"{key}: {contender}")
+      np.testing.assert_allclose(
+        first[key, contender], want, rtol=1e-5, atol=1e-5, err_msg=f"{key}: {contender}"
+      )
 
   path = tbb.write(results, str(tmp_path))
   with open(path) as f:
@@ -89,27 +92,38 @@ def test_translated_step_trains_the_bridge_variables():
   x_np, y_np = tbb._train_data("small_mlp")
   bridged = tbb.tb.TorchModule(tbb._torch_model("small_mlp"), name="bridged")
   served = tbb._translate(bridged, "small_mlp")
-  assert [id(v) for v in served.trainable_variables] == [
-      id(v) for v in bridged.trainable_variables]
+  assert [id(v) for v in served.trainable_variables] == [id(v) for v in bridged.trainable_variables]
   before = [v.numpy() for v in bridged.trainable_variables]
-  step = tf.function(tbb.train_step._tf_step(
-      served, tf.constant(x_np), tf.constant(y_np)))
+  step = tf.function(tbb.train_step._tf_step(served, tf.constant(x_np), tf.constant(y_np)))
   step()
   after = [v.numpy() for v in bridged.trainable_variables]
   assert all(np.abs(a - b).max() > 0 for a, b in zip(after, before))
   x = tf.constant(x_np)
-  np.testing.assert_allclose(served(x).numpy(), bridged(x).numpy(),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(served(x).numpy(), bridged(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_a_contender_process_prints_its_record():
-  record = harness.run_process("benchmarks.translate_bench", [
-      "--process", "infer", tbb.PURE_TORCH, "--models", "td3_actor",
-      "--calls", 1, "--repeats", 1, "--threads", 1], quiet_wait=0,
-      retries=0, timeout=120)
+  record = harness.run_process(
+    "benchmarks.translate_bench",
+    [
+      "--process",
+      "infer",
+      tbb.PURE_TORCH,
+      "--models",
+      "td3_actor",
+      "--calls",
+      1,
+      "--repeats",
+      1,
+      "--threads",
+      1,
+    ],
+    quiet_wait=0,
+    retries=0,
+    timeout=120,
+  )
   assert record["contender"] == tbb.PURE_TORCH and record["kind"] == "infer"
   assert record["pid"] != os.getpid()
   assert record["threads"] == {"torch_intra": 1, "tf_intra": 1}
-  assert set(record["timings"]) == {tbb.infer_key("td3_actor", b)
-                                    for b in tbb.BATCHES}
+  assert set(record["timings"]) == {tbb.infer_key("td3_actor", b) for b in tbb.BATCHES}
   assert record["native"] == tbb._loader.available()

@@ -53,31 +53,45 @@ def test_torch_export_refusal_is_its_own_kind():
 
 def test_markdown_lists_failures_and_missing_ops():
   records = [_record("nn.Linear", 3), _record("nn.Bilinear", 2)]
-  text = coverage.markdown({
-      "torch": "t", "tensorflow": "f", "transformers": None, "seconds": 1.0,
-      "samples_per_module": 3, "module_db": records,
-      "transformers_models": []})
-  assert "**1 translate and match on every sample**, 0 on some, 1 on none" \
-      in text
-  assert "| `nn.Bilinear` | 0 / 2 | untranslated: " \
-         "`aten._trilinear.default` (samples 0, 1) |" in text
+  text = coverage.markdown(
+    {
+      "torch": "t",
+      "tensorflow": "f",
+      "transformers": None,
+      "seconds": 1.0,
+      "samples_per_module": 3,
+      "module_db": records,
+      "transformers_models": [],
+    }
+  )
+  assert "**1 translate and match on every sample**, 0 on some, 1 on none" in text
+  assert (
+    "| `nn.Bilinear` | 0 / 2 | untranslated: `aten._trilinear.default` (samples 0, 1) |" in text
+  )
   assert "| `aten._trilinear.default` | 1 | `nn.Bilinear` |" in text
   assert "Translate and match on every sample: `nn.Linear`." in text
 
 
 def test_untranslated_ops_come_from_the_errors_op_list():
-  err = coverage.tb.UntranslatedOpsError("...", {
+  err = coverage.tb.UntranslatedOpsError(
+    "...",
+    {
       "aten.a.default": "no TensorFlow translation",
-      "aten.lstm.input (node 'lstm')": "an LSTM with proj_size"})
+      "aten.lstm.input (node 'lstm')": "an LSTM with proj_size",
+    },
+  )
   assert coverage.untranslated_ops(err) == [
-      "aten.a.default", "refused: aten.lstm.input: an LSTM with proj_size"]
+    "aten.a.default",
+    "refused: aten.lstm.input: an LSTM with proj_size",
+  ]
 
 
 def test_a_crashing_op_translation_is_an_error_not_a_missing_op():
   err = RuntimeError(
-      "translate('m'): the translation of an op raised on this model:\n"
-      "  aten._softmax.default (node '_softmax'): its translation raised "
-      "InvalidArgumentError: bad dim\nThis is a bug ...")
+    "translate('m'): the translation of an op raised on this model:\n"
+    "  aten._softmax.default (node '_softmax'): its translation raised "
+    "InvalidArgumentError: bad dim\nThis is a bug ..."
+  )
   kind, detail, ops = coverage.classify(err)
   assert (kind, ops) == ("error", [])
   assert detail.startswith("aten._softmax.default (node '_softmax'): its")

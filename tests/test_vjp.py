@@ -8,8 +8,14 @@ from torchbridge._call import _vjp
 
 def _reference(outputs, inputs, grad_outputs, create_graph):
   return torch.autograd.grad(
-      outputs, inputs, grad_outputs, retain_graph=True,
-      create_graph=create_graph, allow_unused=True, materialize_grads=True)
+    outputs,
+    inputs,
+    grad_outputs,
+    retain_graph=True,
+    create_graph=create_graph,
+    allow_unused=True,
+    materialize_grads=True,
+  )
 
 
 def _graph():
@@ -24,8 +30,7 @@ def _graph():
 def test_the_fast_path_is_taken_for_plain_tensors():
   _, w, _, outs = _graph()
   assert _vjp._ENGINE is not None
-  assert _vjp._fast_path_applies(tuple(outs), (w,), tuple(
-      torch.ones_like(o) for o in outs))
+  assert _vjp._fast_path_applies(tuple(outs), (w,), tuple(torch.ones_like(o) for o in outs))
 
 
 @pytest.mark.parametrize("create_graph", [False, True])
@@ -47,8 +52,9 @@ def test_second_order_through_create_graph():
   x, w, _, outs = _graph()
   dys = [torch.ones_like(o) for o in outs]
   (gx,) = _vjp.vjp(outs, [x], dys, create_graph=True)
-  (gxx_got,) = _vjp.vjp([gx.sum()], [w], [torch.tensor(1.0, dtype=torch.float64)],
-                        create_graph=False)
+  (gxx_got,) = _vjp.vjp(
+    [gx.sum()], [w], [torch.tensor(1.0, dtype=torch.float64)], create_graph=False
+  )
   (gx_ref,) = torch.autograd.grad(outs, [x], dys, create_graph=True)
   (gxx_want,) = torch.autograd.grad(gx_ref.sum(), [w])
   torch.testing.assert_close(gxx_got, gxx_want, rtol=0, atol=0)

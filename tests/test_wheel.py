@@ -23,16 +23,20 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+pytestmark = [
+  pytest.mark.slow,
+  pytest.mark.skipif(
     importlib.util.find_spec("build") is None,
-    reason="needs the `build` package (requirements-dev.txt)")]
+    reason="needs the `build` package (requirements-dev.txt)",
+  ),
+]
 
 
 def _run(args, **kwargs):
-  out = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                       **kwargs)
-  assert out.returncode == 0, (f"{args} exited with {out.returncode}\n"
-                               f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+  out = subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
+  assert out.returncode == 0, (
+    f"{args} exited with {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+  )
   return out
 
 
@@ -52,40 +56,41 @@ def test_the_wheel_ships_the_package_its_sources_and_its_types(dist):
   [wheel] = dist.glob("torchbridge-*.whl")
   [sdist] = dist.glob("torchbridge-*.tar.gz")
   names = zipfile.ZipFile(wheel).namelist()
-  sources = sorted(p.name for p in (ROOT / "csrc").iterdir()
-                   if p.suffix in (".cc", ".h"))
-  assert sorted(n.split("/")[-1] for n in names
-                if n.startswith("torchbridge/csrc/")) == sources
+  sources = sorted(p.name for p in (ROOT / "csrc").iterdir() if p.suffix in (".cc", ".h"))
+  assert sorted(n.split("/")[-1] for n in names if n.startswith("torchbridge/csrc/")) == sources
   assert "torchbridge/py.typed" in names
   assert "torchbridge/__init__.py" in names and "torchbridge/ray/_ray.py" in names
   assert sdist.stat().st_size > 0
 
 
-def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(
-    dist, tmp_path):
+def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(dist, tmp_path):
   [wheel] = dist.glob("torchbridge-*.whl")
   venv = tmp_path / "venv"
   _run([sys.executable, "-m", "venv", str(venv)])
   python = venv / "bin" / "python"
-  site = _run([str(python), "-c", "import sysconfig; "
-               "print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+  site = _run(
+    [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+  ).stdout.strip()
   # torch, TensorFlow and numpy from this environment, after the venv's own.
-  Path(site, "host_packages.pth").write_text(
-      sysconfig.get_paths()["purelib"] + "\n")
-  _run([str(python), "-m", "pip", "install", "--quiet", "--no-deps",
-        "--no-index", str(wheel)])
+  Path(site, "host_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+  _run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)])
   work = tmp_path / "work"
   work.mkdir()
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-             TORCHBRIDGE_CACHE_DIR=str(tmp_path / "cache"))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TORCHBRIDGE_CACHE_DIR=str(tmp_path / "cache"))
   # The installed package's native op is what is tested, on either pass.
   env.pop("TORCHBRIDGE_DISABLE_NATIVE", None)
-  where = _run([str(python), "-P", "-c", "import torch, torchbridge; "
-                "print(torchbridge.__file__)"], cwd=work, env=env)
+  where = _run(
+    [str(python), "-P", "-c", "import torch, torchbridge; print(torchbridge.__file__)"],
+    cwd=work,
+    env=env,
+  )
   assert where.stdout.strip().startswith(site), where.stdout
   _run([str(venv / "bin" / "torchbridge"), "build"], cwd=work, env=env)
-  info = json.loads(_run([str(venv / "bin" / "torchbridge"), "info", "--json",
-                          "--no-build"], cwd=work, env=env).stdout)
+  info = json.loads(
+    _run(
+      [str(venv / "bin" / "torchbridge"), "info", "--json", "--no-build"], cwd=work, env=env
+    ).stdout
+  )
   assert info["native_op"]["complete"] is True, info["native_op"]
   _run([str(python), "-P", "-c", _quick_start()], cwd=work, env=env)
   assert (work / "ckpt").is_dir()  # the quick start's checkpoint

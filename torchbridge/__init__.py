@@ -18,18 +18,18 @@ from torchbridge._native._loader import native_available
 from torchbridge._runtime._timeline import timeline
 
 __all__ = [
-    "ParityError",
-    "TorchModule",
-    "Translated",
-    "UntranslatedOpsError",
-    "exchange_stats",
-    "native_available",
-    "reset_exchange_stats",
-    "timeline",
-    "to_tf",
-    "to_torch",
-    "torch_function",
-    "translate",
+  "ParityError",
+  "TorchModule",
+  "Translated",
+  "UntranslatedOpsError",
+  "exchange_stats",
+  "native_available",
+  "reset_exchange_stats",
+  "timeline",
+  "to_tf",
+  "to_torch",
+  "torch_function",
+  "translate",
 ]
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ _TRANSLATE_NAMES = ("ParityError", "Translated", "UntranslatedOpsError", "transl
 def __getattr__(name):
   # `tb.keras` and `tb.ray` import Keras / Ray only when first used.
   import importlib
+
   if name in ("keras", "ray"):
     return importlib.import_module(f"torchbridge.{name}")
   if name in _TRANSLATE_NAMES:

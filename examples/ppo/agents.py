@@ -24,15 +24,16 @@ from ppo import sequences
 @dataclasses.dataclass
 class Hyper:
   """rl-baselines3-zoo's RecurrentPPO settings for CartPoleNoVel-v1."""
+
   n_envs: int = 8
-  n_steps: int = 32          # per environment and rollout
-  max_seq_len: int = 32      # pieces are cut at episode starts and at this length
+  n_steps: int = 32  # per environment and rollout
+  max_seq_len: int = 32  # pieces are cut at episode starts and at this length
   epochs: int = 20
   minibatches: int = 1
   gamma: float = 0.98
   gae_lambda: float = 0.8
-  lr: float = 1e-3           # decays linearly to 0 over the run
-  clip_range: float = 0.2    # decays linearly to 0 over the run
+  lr: float = 1e-3  # decays linearly to 0 over the run
+  clip_range: float = 0.2  # decays linearly to 0 over the run
   max_grad_norm: float = 0.5
   adam_eps: float = 1e-5
 
@@ -54,17 +55,24 @@ class BridgeAgent:
     state = tf.TensorSpec([1, None, networks.HIDDEN], tf.float32)
     length = hyper.max_seq_len
     batch = sequences.SequenceBatch(
-        obs=tf.TensorSpec([None, length, obs_dim], tf.float32),
-        actions=tf.TensorSpec([None, length], tf.int64),
-        old_logp=tf.TensorSpec([None, length], tf.float32),
-        advantages=tf.TensorSpec([None, length], tf.float32),
-        returns=tf.TensorSpec([None, length], tf.float32),
-        seq_lens=tf.TensorSpec([None], tf.int64),
-        state=((state, state), (state, state)))
-    self._update = tf.function(self._update_step, input_signature=[
-        batch, tf.TensorSpec([], tf.float32)])
-    self._act = tf.function(self._act_step, input_signature=[
-        tf.TensorSpec([None, obs_dim], tf.float32), ((state, state), (state, state))])
+      obs=tf.TensorSpec([None, length, obs_dim], tf.float32),
+      actions=tf.TensorSpec([None, length], tf.int64),
+      old_logp=tf.TensorSpec([None, length], tf.float32),
+      advantages=tf.TensorSpec([None, length], tf.float32),
+      returns=tf.TensorSpec([None, length], tf.float32),
+      seq_lens=tf.TensorSpec([None], tf.int64),
+      state=((state, state), (state, state)),
+    )
+    self._update = tf.function(
+      self._update_step, input_signature=[batch, tf.TensorSpec([], tf.float32)]
+    )
+    self._act = tf.function(
+      self._act_step,
+      input_signature=[
+        tf.TensorSpec([None, obs_dim], tf.float32),
+        ((state, state), (state, state)),
+      ],
+    )
 
   def loss(self, batch, clip_range):
     """(loss, stats) of a padded minibatch: the bridged forward, then the loss."""
@@ -106,8 +114,7 @@ class TorchAgent:
   def __init__(self, policy, obs_dim, n_actions, seed, hyper, masked=True):
     self.hyper, self.masked = hyper, masked
     self.model = networks.initial_network(policy, obs_dim, n_actions, seed)
-    self.optimizer = torch.optim.Adam(self.model.parameters(), lr=hyper.lr,
-                                      eps=hyper.adam_eps)
+    self.optimizer = torch.optim.Adam(self.model.parameters(), lr=hyper.lr, eps=hyper.adam_eps)
 
   def loss(self, batch, clip_range):
     logits, values, _ = self.model(batch.obs, batch.seq_lens, batch.state)
@@ -117,10 +124,12 @@ class TorchAgent:
     with torch.no_grad():
       state_torch = tf.nest.map_structure(torch.from_numpy, state)
       ones = torch.ones(obs.shape[0], dtype=torch.int64)
-      logits, values, state_torch = self.model(torch.from_numpy(obs)[:, None],
-                                               ones, state_torch)
-    return (logits[:, 0].numpy(), values[:, 0].numpy(),
-            tf.nest.map_structure(lambda t: t.numpy(), state_torch))
+      logits, values, state_torch = self.model(torch.from_numpy(obs)[:, None], ones, state_torch)
+    return (
+      logits[:, 0].numpy(),
+      values[:, 0].numpy(),
+      tf.nest.map_structure(lambda t: t.numpy(), state_torch),
+    )
 
   def update(self, batch, clip_range, lr):
     for group in self.optimizer.param_groups:
@@ -129,8 +138,7 @@ class TorchAgent:
     loss, stats = self.loss(batch_torch, clip_range)
     self.optimizer.zero_grad()
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                               self.hyper.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hyper.max_grad_norm)
     self.optimizer.step()
     return {k: v.item() for k, v in dict(stats, loss=loss, grad_norm=grad_norm).items()}
 

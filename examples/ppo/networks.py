@@ -62,16 +62,13 @@ class RecurrentActorCritic(nn.Module):
 
   def forward(self, obs, seq_lens, state):
     state_pi, state_vf = state
-    packed = rnn.pack_padded_sequence(obs, seq_lens, batch_first=True,
-                                      enforce_sorted=False)
+    packed = rnn.pack_padded_sequence(obs, seq_lens, batch_first=True, enforce_sorted=False)
     total_length = obs.shape[1]
     out_pi, state_pi = self.lstm_pi(packed, state_pi)
     out_vf, state_vf = self.lstm_vf(packed, state_vf)
     # Padded back to T: zeros at the padding, where the loss mask is 0.
-    feat_pi, _ = rnn.pad_packed_sequence(out_pi, batch_first=True,
-                                         total_length=total_length)
-    feat_vf, _ = rnn.pad_packed_sequence(out_vf, batch_first=True,
-                                         total_length=total_length)
+    feat_pi, _ = rnn.pad_packed_sequence(out_pi, batch_first=True, total_length=total_length)
+    feat_vf, _ = rnn.pad_packed_sequence(out_vf, batch_first=True, total_length=total_length)
     return self.pi(feat_pi), self.vf(feat_vf).squeeze(-1), (state_pi, state_vf)
 
 

@@ -22,45 +22,63 @@ SOLVED = 400.0
 
 def label(r):
   hyper = r["hyperparameters"]
-  cut = ("" if hyper["max_seq_len"] == 32 and hyper["n_steps"] == 32 else
-         f", {hyper['n_steps']}-step rollouts, T={hyper['max_seq_len']}")
+  cut = (
+    ""
+    if hyper["max_seq_len"] == 32 and hyper["n_steps"] == 32
+    else f", {hyper['n_steps']}-step rollouts, T={hyper['max_seq_len']}"
+  )
   return f"{r['policy']} {r['loss']} ({r['backend']}{cut})"
 
 
 def results(run, args, wall_seconds):
   progress = run.progress
   return {
-      "backend": args.backend, "policy": args.policy, "loss": args.loss,
-      "seed": args.seed, "steps": args.steps,
-      "eval_returns": progress["eval_returns"],
-      "first_step_at_or_above_400": next(
-          (s for s, r in progress["eval_returns"] if r >= SOLVED), None),
-      "final_eval_return": progress["eval_returns"][-1][1] if progress["eval_returns"] else None,
-      "ms_per_update": 1e3 * progress["update_seconds"] / max(progress["updates"], 1),
-      "mean_padded_fraction": float(np.mean(progress.get("padded_fractions") or [np.nan])),
-      "updates": progress["updates"],
-      "rollout_seconds": progress["rollout_seconds"],
-      "episodes": progress["episodes"],
-      "resumed_from": progress["resumed_from"],
-      "wall_seconds_this_process": wall_seconds,
-      "threads": args.threads,
-      "hyperparameters": vars(run.hyper),
-      "versions": {"torch": torch.__version__, "tensorflow": tf.__version__,
-                   "gymnasium": gym.__version__},
-      "exchange_stats": tb.exchange_stats(),
+    "backend": args.backend,
+    "policy": args.policy,
+    "loss": args.loss,
+    "seed": args.seed,
+    "steps": args.steps,
+    "eval_returns": progress["eval_returns"],
+    "first_step_at_or_above_400": next(
+      (s for s, r in progress["eval_returns"] if r >= SOLVED), None
+    ),
+    "final_eval_return": progress["eval_returns"][-1][1] if progress["eval_returns"] else None,
+    "ms_per_update": 1e3 * progress["update_seconds"] / max(progress["updates"], 1),
+    "mean_padded_fraction": float(np.mean(progress.get("padded_fractions") or [np.nan])),
+    "updates": progress["updates"],
+    "rollout_seconds": progress["rollout_seconds"],
+    "episodes": progress["episodes"],
+    "resumed_from": progress["resumed_from"],
+    "wall_seconds_this_process": wall_seconds,
+    "threads": args.threads,
+    "hyperparameters": vars(run.hyper),
+    "versions": {
+      "torch": torch.__version__,
+      "tensorflow": tf.__version__,
+      "gymnasium": gym.__version__,
+    },
+    "exchange_stats": tb.exchange_stats(),
   }
 
 
 _PANELS = (
-    ("LSTM vs MLP, bridge vs pure torch", {
-        "lstm masked (torchbridge)": "tab:blue",
-        "lstm masked (torch)": "tab:orange",
-        "mlp masked (torchbridge)": "tab:gray"}),
-    ("masked vs unmasked loss (bridge)", {
-        "lstm masked (torchbridge)": "tab:blue",
-        "lstm unmasked (torchbridge)": "tab:red",
-        "lstm masked (torchbridge, 128-step rollouts, T=128)": "tab:green",
-        "lstm unmasked (torchbridge, 128-step rollouts, T=128)": "tab:purple"}),
+  (
+    "LSTM vs MLP, bridge vs pure torch",
+    {
+      "lstm masked (torchbridge)": "tab:blue",
+      "lstm masked (torch)": "tab:orange",
+      "mlp masked (torchbridge)": "tab:gray",
+    },
+  ),
+  (
+    "masked vs unmasked loss (bridge)",
+    {
+      "lstm masked (torchbridge)": "tab:blue",
+      "lstm unmasked (torchbridge)": "tab:red",
+      "lstm masked (torchbridge, 128-step rollouts, T=128)": "tab:green",
+      "lstm unmasked (torchbridge, 128-step rollouts, T=128)": "tab:purple",
+    },
+  ),
 )
 
 
@@ -85,8 +103,13 @@ def plot_learning_curves(runs_dir, path):
         ax.plot(curve[:, 0], curve[:, 1], color=color, alpha=0.25, linewidth=1)
       length = min(len(c) for c in curves)
       mean = np.mean([c[:length, 1] for c in curves], axis=0)
-      ax.plot(curves[0][:length, 0], mean, color=color, linewidth=2.2,
-              label=f"{name}, mean of {len(curves)}")
+      ax.plot(
+        curves[0][:length, 0],
+        mean,
+        color=color,
+        linewidth=2.2,
+        label=f"{name}, mean of {len(curves)}",
+      )
     ax.axhline(SOLVED, color="gray", linestyle="--", linewidth=1)
     ax.set_xlabel("environment steps")
     ax.set_title(title)
@@ -100,13 +123,16 @@ def plot_learning_curves(runs_dir, path):
 
 
 def summary(results, out_dir):
-  lines = [f"\nPPO on CartPole-v1 without velocities: {label(results)}, seed "
-           f"{results['seed']}, {results['steps']} environment steps"]
+  lines = [
+    f"\nPPO on CartPole-v1 without velocities: {label(results)}, seed "
+    f"{results['seed']}, {results['steps']} environment steps"
+  ]
   if results["resumed_from"] is not None:
     lines.append(f"  (resumed from the checkpoint at step {results['resumed_from']})")
   lines.append("  evaluation return (mean of greedy episodes):")
   for step, ret in results["eval_returns"]:
     lines.append(f"    step {step:7d}: {ret:6.1f}")
-  lines.append(f"  PPO update: {results['ms_per_update']:.2f} ms on average over "
-               f"{results['updates']} updates")
+  lines.append(
+    f"  PPO update: {results['ms_per_update']:.2f} ms on average over {results['updates']} updates"
+  )
   return "\n".join(lines + closing_lines(results, out_dir))

@@ -15,7 +15,8 @@ import numpy as np
 from ppo import networks
 
 SequenceBatch = collections.namedtuple(
-    "SequenceBatch", "obs actions old_logp advantages returns seq_lens state")
+  "SequenceBatch", "obs actions old_logp advantages returns seq_lens state"
+)
 
 
 class Rollout:
@@ -29,8 +30,8 @@ class Rollout:
     self.logp = np.zeros(shape, np.float32)
     self.values = np.zeros(shape, np.float32)
     self.rewards = np.zeros(shape, np.float32)
-    self.dones = np.zeros(shape, np.float32)    # the episode ended after this step
-    self.starts = np.zeros(shape, bool)         # this step begins an episode
+    self.dones = np.zeros(shape, np.float32)  # the episode ended after this step
+    self.starts = np.zeros(shape, bool)  # this step begins an episode
     # The state before each step: ((h_pi, c_pi), (h_vf, c_vf)), [T, E, H] each.
     self.states = [np.zeros(shape + (networks.HIDDEN,), np.float32) for _ in range(4)]
 
@@ -57,8 +58,7 @@ class Rollout:
     for env in range(self.n_envs):
       first = 0
       for t in range(1, self.n_steps + 1):
-        if (t == self.n_steps or self.starts[t, env]
-            or t - first == max_seq_len):
+        if t == self.n_steps or self.starts[t, env] or t - first == max_seq_len:
           pieces.append((env, first, t - first))
           first = t
     return np.array(pieces, np.int64)
@@ -67,18 +67,21 @@ class Rollout:
     """The pieces as one zero-padded `SequenceBatch` of numpy arrays."""
     env, first, length = pieces[:, 0], pieces[:, 1], pieces[:, 2]
     offsets = np.arange(max_seq_len)
-    valid = offsets[None, :] < length[:, None]                  # [N, L]
+    valid = offsets[None, :] < length[:, None]  # [N, L]
     steps = np.where(valid, first[:, None] + offsets[None, :], 0)
     envs = np.broadcast_to(env[:, None], steps.shape)
 
     def gather(values):
       out = values[steps, envs]
-      return np.where(valid.reshape(valid.shape + (1,) * (out.ndim - 2)), out,
-                      np.zeros_like(out))
+      return np.where(valid.reshape(valid.shape + (1,) * (out.ndim - 2)), out, np.zeros_like(out))
 
     h_pi, c_pi, h_vf, c_vf = (s[first, env][None] for s in self.states)
     return SequenceBatch(
-        obs=gather(self.obs), actions=gather(self.actions),
-        old_logp=gather(self.logp), advantages=gather(advantages),
-        returns=gather(returns), seq_lens=length.astype(np.int64),
-        state=((h_pi, c_pi), (h_vf, c_vf)))
+      obs=gather(self.obs),
+      actions=gather(self.actions),
+      old_logp=gather(self.logp),
+      advantages=gather(advantages),
+      returns=gather(returns),
+      seq_lens=length.astype(np.int64),
+      state=((h_pi, c_pi), (h_vf, c_vf)),
+    )

@@ -23,17 +23,16 @@ class Hyper:
   tau: float = 0.005
   lr: float = 3e-4
   batch_size: int = 256
-  policy_noise: float = 0.2   # times max_action
-  noise_clip: float = 0.5     # times max_action
+  policy_noise: float = 0.2  # times max_action
+  noise_clip: float = 0.5  # times max_action
   policy_freq: int = 2
-  expl_noise: float = 0.1     # times max_action
+  expl_noise: float = 0.1  # times max_action
 
 
 def torch_networks(obs_dim, act_dim, max_action, seed):
   """The initial torch networks; every backend starts from these weights."""
   torch.manual_seed(seed)
-  return (networks.TorchActor(obs_dim, act_dim, max_action),
-          networks.TorchCritic(obs_dim, act_dim))
+  return (networks.TorchActor(obs_dim, act_dim, max_action), networks.TorchCritic(obs_dim, act_dim))
 
 
 class TFAgent:
@@ -70,10 +69,15 @@ class TFAgent:
     self.act = tf.function(self._act)
 
   def checkpoint_items(self):
-    return dict(actor=self.actor, critic=self.critic,
-                actor_target=self.actor_target, critic_target=self.critic_target,
-                actor_opt=self.actor_opt, critic_opt=self.critic_opt,
-                updates=self.updates)
+    return dict(
+      actor=self.actor,
+      critic=self.critic,
+      actor_target=self.actor_target,
+      critic_target=self.critic_target,
+      actor_opt=self.actor_opt,
+      critic_opt=self.critic_opt,
+      updates=self.updates,
+    )
 
   def _act(self, obs):
     return self.actor(obs[None])[0]
@@ -84,20 +88,20 @@ class TFAgent:
   def _train_step(self, obs, action, reward, next_obs, not_done):
     h = self.hyper
     noise = tf.clip_by_value(
-        tf.random.normal(tf.shape(action)) * h.policy_noise * self.max_action,
-        -h.noise_clip * self.max_action, h.noise_clip * self.max_action)
-    next_action = tf.clip_by_value(self.actor_target(next_obs) + noise,
-                                   -self.max_action, self.max_action)
+      tf.random.normal(tf.shape(action)) * h.policy_noise * self.max_action,
+      -h.noise_clip * self.max_action,
+      h.noise_clip * self.max_action,
+    )
+    next_action = tf.clip_by_value(
+      self.actor_target(next_obs) + noise, -self.max_action, self.max_action
+    )
     target_q1, target_q2 = self._critic_call(self.critic_target, next_obs, next_action)
-    target_q = tf.stop_gradient(
-        reward + not_done * h.gamma * tf.minimum(target_q1, target_q2))
+    target_q = tf.stop_gradient(reward + not_done * h.gamma * tf.minimum(target_q1, target_q2))
     with tf.GradientTape() as tape:
       q1, q2 = self._critic_call(self.critic, obs, action)
-      critic_loss = (tf.reduce_mean((q1 - target_q) ** 2) +
-                     tf.reduce_mean((q2 - target_q) ** 2))
+      critic_loss = tf.reduce_mean((q1 - target_q) ** 2) + tf.reduce_mean((q2 - target_q) ** 2)
     critic_vars = self.critic.trainable_variables
-    self.critic_opt.apply_gradients(
-        zip(tape.gradient(critic_loss, critic_vars), critic_vars))
+    self.critic_opt.apply_gradients(zip(tape.gradient(critic_loss, critic_vars), critic_vars))
     self.updates.assign_add(1)
 
     def update_actor():
@@ -105,16 +109,15 @@ class TFAgent:
       with tf.GradientTape() as tape:
         q1, _ = self._critic_call(self.critic, obs, self.actor(obs))
         actor_loss = -tf.reduce_mean(q1)
-      self.actor_opt.apply_gradients(
-          zip(tape.gradient(actor_loss, actor_vars), actor_vars))
-      for online, target in ((self.actor, self.actor_target),
-                             (self.critic, self.critic_target)):
+      self.actor_opt.apply_gradients(zip(tape.gradient(actor_loss, actor_vars), actor_vars))
+      for online, target in ((self.actor, self.actor_target), (self.critic, self.critic_target)):
         for v, t in zip(online.variables, target.variables):
           t.assign(h.tau * v + (1 - h.tau) * t)
       return actor_loss
 
-    actor_loss = tf.cond(self.updates % h.policy_freq == 0, update_actor,
-                         lambda: tf.constant(np.nan, tf.float32))
+    actor_loss = tf.cond(
+      self.updates % h.policy_freq == 0, update_actor, lambda: tf.constant(np.nan, tf.float32)
+    )
     return critic_loss, actor_loss
 
 
@@ -131,9 +134,10 @@ class TorchAgent:
     self.updates = 0
 
   def state_dict(self):
-    return {name: getattr(self, name).state_dict() for name in (
-        "actor", "critic", "actor_target", "critic_target", "actor_opt",
-        "critic_opt")} | {"updates": self.updates}
+    return {
+      name: getattr(self, name).state_dict()
+      for name in ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt")
+    } | {"updates": self.updates}
 
   def load_state_dict(self, state):
     for name, value in state.items():
@@ -149,12 +153,13 @@ class TorchAgent:
   def train_step(self, obs, action, reward, next_obs, not_done):
     h = self.hyper
     obs, action, reward, next_obs, not_done = (
-        torch.as_tensor(a) for a in (obs, action, reward, next_obs, not_done))
+      torch.as_tensor(a) for a in (obs, action, reward, next_obs, not_done)
+    )
     with torch.no_grad():
       noise = (torch.randn_like(action) * h.policy_noise * self.max_action).clamp(
-          -h.noise_clip * self.max_action, h.noise_clip * self.max_action)
-      next_action = (self.actor_target(next_obs) + noise).clamp(
-          -self.max_action, self.max_action)
+        -h.noise_clip * self.max_action, h.noise_clip * self.max_action
+      )
+      next_action = (self.actor_target(next_obs) + noise).clamp(-self.max_action, self.max_action)
       target_q1, target_q2 = self.critic_target(next_obs, next_action)
       target_q = reward + not_done * h.gamma * torch.min(target_q1, target_q2)
     q1, q2 = self.critic(obs, action)
@@ -171,8 +176,7 @@ class TorchAgent:
       self.actor_opt.step()
       actor_loss = loss.item()
       with torch.no_grad():
-        for online, target in ((self.actor, self.actor_target),
-                               (self.critic, self.critic_target)):
+        for online, target in ((self.actor, self.actor_target), (self.critic, self.critic_target)):
           for p, t in zip(online.state_dict().values(), target.state_dict().values()):
             t.mul_(1 - h.tau).add_(h.tau * p)
     return critic_loss.item(), actor_loss

@@ -24,13 +24,19 @@ class TorchCritic(torch.nn.Module):
   def __init__(self, obs_dim, act_dim, hidden=256):
     super().__init__()
     self.q1 = torch.nn.Sequential(
-        torch.nn.Linear(obs_dim + act_dim, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 1))
+      torch.nn.Linear(obs_dim + act_dim, hidden),
+      torch.nn.ReLU(),
+      torch.nn.Linear(hidden, hidden),
+      torch.nn.ReLU(),
+      torch.nn.Linear(hidden, 1),
+    )
     self.q2 = torch.nn.Sequential(
-        torch.nn.Linear(obs_dim + act_dim, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 1))
+      torch.nn.Linear(obs_dim + act_dim, hidden),
+      torch.nn.ReLU(),
+      torch.nn.Linear(hidden, hidden),
+      torch.nn.ReLU(),
+      torch.nn.Linear(hidden, 1),
+    )
 
   def forward(self, obs, action):
     sa = torch.cat([obs, action], dim=-1)
@@ -39,9 +45,11 @@ class TorchCritic(torch.nn.Module):
 
 def keras_actor(obs_dim, act_dim, max_action, hidden=256):
   """The actor in Keras, and its Dense layers in the torch Linear order."""
-  dense = [keras.layers.Dense(hidden, activation="relu"),
-           keras.layers.Dense(hidden, activation="relu"),
-           keras.layers.Dense(act_dim, activation="tanh")]
+  dense = [
+    keras.layers.Dense(hidden, activation="relu"),
+    keras.layers.Dense(hidden, activation="relu"),
+    keras.layers.Dense(act_dim, activation="tanh"),
+  ]
   obs = keras.Input((obs_dim,))
   h = obs
   for layer in dense:
@@ -51,10 +59,15 @@ def keras_actor(obs_dim, act_dim, max_action, hidden=256):
 
 def keras_critic(obs_dim, act_dim, hidden=256):
   """The twin-Q critic in Keras, and its Dense layers in the torch order."""
-  dense = [layer for _ in range(2) for layer in (
+  dense = [
+    layer
+    for _ in range(2)
+    for layer in (
       keras.layers.Dense(hidden, activation="relu"),
       keras.layers.Dense(hidden, activation="relu"),
-      keras.layers.Dense(1))]
+      keras.layers.Dense(1),
+    )
+  ]
   obs, action = keras.Input((obs_dim,)), keras.Input((act_dim,))
   sa = keras.layers.Concatenate()([obs, action])
   heads = []

@@ -25,14 +25,25 @@ class ReplayBuffer:
 
   def sample(self, rng, batch_size):
     idx = rng.integers(0, self.size, size=batch_size)
-    return (self.obs[idx], self.action[idx], self.reward[idx],
-            self.next_obs[idx], self.not_done[idx])
+    return (
+      self.obs[idx],
+      self.action[idx],
+      self.reward[idx],
+      self.next_obs[idx],
+      self.not_done[idx],
+    )
 
   def save(self, path):
     n = self.size
-    np.savez(path, obs=self.obs[:n], action=self.action[:n],
-             reward=self.reward[:n], next_obs=self.next_obs[:n],
-             not_done=self.not_done[:n], pos=self.pos)
+    np.savez(
+      path,
+      obs=self.obs[:n],
+      action=self.action[:n],
+      reward=self.reward[:n],
+      next_obs=self.next_obs[:n],
+      not_done=self.not_done[:n],
+      pos=self.pos,
+    )
 
   def load(self, path):
     data = np.load(path)

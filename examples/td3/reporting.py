@@ -31,8 +31,7 @@ class ProgressBar:
     self._last_draw, self._last_decile = now, decile
     rate = (step - self.start_step) / max(now - self.start_time, 1e-9)
     filled = int(30 * step / max(self.total, 1))
-    line = (f"[{'#' * filled}{'.' * (30 - filled)}] {step}/{self.total} steps"
-            f"  {rate:6.1f} steps/s")
+    line = f"[{'#' * filled}{'.' * (30 - filled)}] {step}/{self.total} steps  {rate:6.1f} steps/s"
     if episode_return is not None:
       line += f"  episode {episode_return:8.1f}"
     if eval_return is not None:
@@ -69,8 +68,13 @@ def plot_learning_curves(runs_dir, path):
       continue
     steps, returns = zip(*r["eval_returns"])
     backend = r["backend"]
-    ax.plot(steps, returns, color=colors.get(backend), alpha=0.8,
-            label=None if backend in labelled else backend)
+    ax.plot(
+      steps,
+      returns,
+      color=colors.get(backend),
+      alpha=0.8,
+      label=None if backend in labelled else backend,
+    )
     labelled.add(backend)
   ax.axhline(-250, color="gray", linestyle="--", linewidth=1)
   ax.set_xlabel("environment steps")
@@ -84,15 +88,19 @@ def plot_learning_curves(runs_dir, path):
 
 
 def summary(results, out_dir):
-  lines = [f"\nTD3 on Pendulum-v1, backend {results['backend']}, seed "
-           f"{results['seed']}, {results['steps']} environment steps"]
+  lines = [
+    f"\nTD3 on Pendulum-v1, backend {results['backend']}, seed "
+    f"{results['seed']}, {results['steps']} environment steps"
+  ]
   if results["resumed_from"] is not None:
     lines.append(f"  (resumed from the checkpoint at step {results['resumed_from']})")
   lines.append("  evaluation return (mean of the evaluation episodes):")
   for step, ret in results["eval_returns"]:
     lines.append(f"    step {step:6d}: {ret:8.1f}")
-  lines.append(f"  train step: {results['sec_per_train_step'] * 1e3:.2f} ms on "
-               f"average over {results['train_steps']} steps")
+  lines.append(
+    f"  train step: {results['sec_per_train_step'] * 1e3:.2f} ms on "
+    f"average over {results['train_steps']} steps"
+  )
   return "\n".join(lines + closing_lines(results, out_dir))
 
 
@@ -103,8 +111,9 @@ def closing_lines(results, out_dir):
   stats = results["exchange_stats"]
   if results["backend"] == "torchbridge":
     lines.append(
-        f"  crossed the TF/torch boundary: {stats['zero_copy']} tensors "
-        f"zero-copy, {stats['copied']} copied ({stats['bytes_copied']} bytes)")
+      f"  crossed the TF/torch boundary: {stats['zero_copy']} tensors "
+      f"zero-copy, {stats['copied']} copied ({stats['bytes_copied']} bytes)"
+    )
   lines.append(f"  results:        {os.path.join(out_dir, 'results.json')}")
   lines.append(f"  learning curve: {results['curve']}")
   lines.append(f"  checkpoints:    {os.path.join(out_dir, 'checkpoints')}")

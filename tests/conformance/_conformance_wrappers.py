@@ -26,7 +26,7 @@ def _torch_module_variables(wrapper):
   for v in wrapper.variables:
     name = v.name
     assert name.startswith(prefix) and name.endswith(":0"), name
-    out[name[len(prefix):-2]] = v
+    out[name[len(prefix) : -2]] = v
   return out
 
 
@@ -35,13 +35,14 @@ def _torch_layer_variables(wrapper):
   out = {}
   for v in wrapper.weights:
     assert v.path.startswith(prefix), v.path
-    out[v.path[len(prefix):]] = v
+    out[v.path[len(prefix) :]] = v
   return out
 
 
 @dataclasses.dataclass(frozen=True)
 class WrapperFactory:
   """How the suite builds and inspects one kind of wrapper."""
+
   name: str
   wrap: Callable  # wrap(torch_module, name) -> wrapper
   variables_by_name: Callable  # wrapper -> {state_dict name: variable}
@@ -52,12 +53,12 @@ class WrapperFactory:
 
 
 WRAPPERS = [
-    WrapperFactory(
-        "TorchModule", lambda m, name: tb.TorchModule(m, name=name),
-        _torch_module_variables),
-    WrapperFactory(
-        "TorchLayer", lambda m, name: tb.keras.TorchLayer(m, name=name),
-        _torch_layer_variables),
+  WrapperFactory(
+    "TorchModule", lambda m, name: tb.TorchModule(m, name=name), _torch_module_variables
+  ),
+  WrapperFactory(
+    "TorchLayer", lambda m, name: tb.keras.TorchLayer(m, name=name), _torch_layer_variables
+  ),
 ]
 
 

@@ -37,10 +37,8 @@ FLOAT_TOL = {"rtol": 1e-6, "atol": 1e-6}
 # l1.bias feeds a training-mode BatchNorm, which subtracts the batch mean:
 # its gradient is (about) zero, so it is left out of "did it change" checks.
 MOVING_PARAMS = ("l1.weight", "bn.weight", "bn.bias", "l2.weight", "l2.bias")
-PARAMS = ("l1.weight", "l1.bias", "bn.weight", "bn.bias", "l2.weight",
-          "l2.bias")
-BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked",
-           "calls")
+PARAMS = ("l1.weight", "l1.bias", "bn.weight", "bn.bias", "l2.weight", "l2.bias")
+BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "calls")
 
 
 class BNMLP(nn.Module):
@@ -120,7 +118,8 @@ def test_variables_mirror_the_torch_state(factory):
   assert sorted(by_name) == sorted(PARAMS + BUFFERS)
   assert {n for n, v in by_name.items() if v.trainable} == set(PARAMS)
   assert sorted(id(v) for v in wrapper.trainable_variables) == sorted(
-      id(by_name[n]) for n in PARAMS)
+    id(by_name[n]) for n in PARAMS
+  )
   assert by_name["calls"].dtype == tf.int64
   assert by_name["bn.num_batches_tracked"].dtype == tf.int64
   assert_state_equals_torch(factory, wrapper, reference)
@@ -161,16 +160,15 @@ def test_buffers_update_in_training_mode_as_in_torch(factory, in_mode):
   for n in BUFFERS:
     assert not np.array_equal(after_training[n], initial[n]), n
   assert after_training["calls"] == initial["calls"] + 3
-  assert after_training["bn.num_batches_tracked"] == (
-      initial["bn.num_batches_tracked"] + 3)
+  assert after_training["bn.num_batches_tracked"] == (initial["bn.num_batches_tracked"] + 3)
   for n in PARAMS:  # a forward writes no parameter
     np.testing.assert_array_equal(after_training[n], initial[n], err_msg=n)
   # Eval mode reads the running statistics and writes nothing.
   for seed in range(3, 5):
     x = data(6, seed)
-    np.testing.assert_allclose(evaluate(tf.constant(x)).numpy(),
-                               torch_forward(reference, x, training=False),
-                               **FLOAT_TOL)
+    np.testing.assert_allclose(
+      evaluate(tf.constant(x)).numpy(), torch_forward(reference, x, training=False), **FLOAT_TOL
+    )
   after_eval = values(factory, wrapper)
   for n in after_training:
     np.testing.assert_array_equal(after_eval[n], after_training[n], err_msg=n)
@@ -184,8 +182,7 @@ def torch_gradients(reference, x, target):
   x_t = torch.from_numpy(x).requires_grad_(True)
   loss = ((reference(x_t) - torch.from_numpy(target)) ** 2).mean()
   names = [n for n, _ in reference.named_parameters()]
-  grads = torch.autograd.grad(loss, [p for _, p in reference.named_parameters()]
-                              + [x_t])
+  grads = torch.autograd.grad(loss, [p for _, p in reference.named_parameters()] + [x_t])
   return loss.item(), dict(zip(names, grads[:-1])), grads[-1]
 
 
@@ -210,8 +207,9 @@ def test_gradients_equal_torch_autograd(factory, in_mode):
     assert g is not None, n
     if n in MOVING_PARAMS:  # a non-trivial check
       assert np.abs(want_grads[n].numpy()).max() > 1e-3, n
-    np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
-                               want_grads[n].numpy(), err_msg=n, **FLOAT_TOL)
+    np.testing.assert_allclose(
+      tf.convert_to_tensor(g).numpy(), want_grads[n].numpy(), err_msg=n, **FLOAT_TOL
+    )
   np.testing.assert_allclose(grad_x.numpy(), want_grad_x.numpy(), **FLOAT_TOL)
 
 
@@ -236,8 +234,7 @@ def test_sgd_steps_equal_torch_sgd(factory, in_mode):
     loss = step(tf.constant(x), tf.constant(target))
     reference.train(True)
     torch_optimizer.zero_grad()
-    want = ((reference(torch.from_numpy(x)) - torch.from_numpy(target))
-            ** 2).mean()
+    want = ((reference(torch.from_numpy(x)) - torch.from_numpy(target)) ** 2).mean()
     want.backward()
     torch_optimizer.step()
     np.testing.assert_allclose(loss.numpy(), want.item(), **FLOAT_TOL)
@@ -267,9 +264,9 @@ def test_tf_function_retraces_only_for_new_shapes(factory):
 
   for seed in range(2):
     x = data(5, seed)
-    np.testing.assert_allclose(forward(tf.constant(x)).numpy(),
-                               torch_forward(reference, x, training=False),
-                               **FLOAT_TOL)
+    np.testing.assert_allclose(
+      forward(tf.constant(x)).numpy(), torch_forward(reference, x, training=False), **FLOAT_TOL
+    )
   assert len(traces) == 1
   assert forward.experimental_get_tracing_count() == 1
   # A weight update is seen by the traced graph, with no retrace.
@@ -278,16 +275,16 @@ def test_tf_function_retraces_only_for_new_shapes(factory):
   with torch.no_grad():
     reference.l2.bias += 1.0
   x = data(5, 2)
-  np.testing.assert_allclose(forward(tf.constant(x)).numpy(),
-                             torch_forward(reference, x, training=False),
-                             **FLOAT_TOL)
+  np.testing.assert_allclose(
+    forward(tf.constant(x)).numpy(), torch_forward(reference, x, training=False), **FLOAT_TOL
+  )
   assert forward.experimental_get_tracing_count() == 1
   # A new batch size retraces at most once more, and only once.
   for seed in range(3, 5):
     x = data(7, seed)
-    np.testing.assert_allclose(forward(tf.constant(x)).numpy(),
-                               torch_forward(reference, x, training=False),
-                               **FLOAT_TOL)
+    np.testing.assert_allclose(
+      forward(tf.constant(x)).numpy(), torch_forward(reference, x, training=False), **FLOAT_TOL
+    )
   assert len(traces) <= 2
   assert forward.experimental_get_tracing_count() == len(traces)
   forward(tf.constant(data(5, 0)))  # the first shape again: no retrace
@@ -303,8 +300,7 @@ def test_checkpoint_round_trip(factory, tmp_path):
   wrapper(tf.constant(data(6, 0)), training=True)  # buffers move
   saved = values(factory, wrapper)
   path = tf.train.Checkpoint(model=wrapper).write(str(tmp_path / "ckpt"))
-  stored = [n for n, _ in tf.train.list_variables(path)
-            if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+  stored = [n for n, _ in tf.train.list_variables(path) if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
   assert len(stored) == len(saved), stored
 
   fresh, _ = wrapped(factory, seed=1)
@@ -312,16 +308,16 @@ def test_checkpoint_round_trip(factory, tmp_path):
   before = values(factory, fresh)
   for n in saved:  # differently initialised: every value differs
     assert not np.array_equal(before[n], saved[n]), n
-  assert not np.array_equal(fresh(x, training=False).numpy(),
-                            wrapper(x, training=False).numpy())
+  assert not np.array_equal(fresh(x, training=False).numpy(), wrapper(x, training=False).numpy())
 
   tf.train.Checkpoint(model=fresh).read(path).assert_consumed()
   restored = values(factory, fresh)
   for n in saved:
     assert restored[n].dtype == saved[n].dtype, n
     np.testing.assert_array_equal(restored[n], saved[n], err_msg=n)
-  np.testing.assert_array_equal(fresh(x, training=False).numpy(),
-                                wrapper(x, training=False).numpy())
+  np.testing.assert_array_equal(
+    fresh(x, training=False).numpy(), wrapper(x, training=False).numpy()
+  )
   lent = fresh.torch_module.state_dict()
   for n in saved:
     np.testing.assert_array_equal(lent[n].numpy(), saved[n], err_msg=n)
@@ -337,7 +333,8 @@ def test_checkpoint_round_trip(factory, tmp_path):
 # output): "Op type not registered 'TorchbridgeCall'" (native op) or "Could
 # not find callback" (tf.py_function path), or torchbridge's own message
 # naming SavedModel once the op is registered.
-_LOAD_AND_CALL = textwrap.dedent(r"""
+_LOAD_AND_CALL = textwrap.dedent(
+  r"""
     import json, sys
     import torch
     import tensorflow as tf
@@ -349,15 +346,18 @@ _LOAD_AND_CALL = textwrap.dedent(r"""
     except Exception as err:  # pylint: disable=broad-except
       print(json.dumps({"ran": False, "type": type(err).__name__,
                         "message": str(err)}))
-    """.replace("IN", str(IN)))
+    """.replace("IN", str(IN))
+)
 
-_SAVED_MODEL_ERRORS = ("Op type not registered 'TorchbridgeCall'",
-                       "Could not find callback", "SavedModel")
+_SAVED_MODEL_ERRORS = (
+  "Op type not registered 'TorchbridgeCall'",
+  "Could not find callback",
+  "SavedModel",
+)
 
 
 @pytest.mark.parametrize("factory", wrappers("saved_model"))
-def test_saved_model_keeps_the_variables_but_cannot_run_elsewhere(
-    factory, tmp_path):
+def test_saved_model_keeps_the_variables_but_cannot_run_elsewhere(factory, tmp_path):
   # Garbage from earlier tests is collected here, eagerly, not inside the
   # graph that tf.saved_model.save builds (see the "release" cases below).
   gc.collect()
@@ -366,24 +366,31 @@ def test_saved_model_keeps_the_variables_but_cannot_run_elsewhere(
   root = tf.Module()
   root.wrapper = wrapper
   root.serve = tf.function(
-      lambda x: wrapper(x, training=False),
-      input_signature=[tf.TensorSpec([None, IN], tf.float32)])
+    lambda x: wrapper(x, training=False), input_signature=[tf.TensorSpec([None, IN], tf.float32)]
+  )
   root.serve(tf.ones([2, IN]))
   path = str(tmp_path / "saved")
   tf.saved_model.save(root, path)
 
   # Every variable of the wrapper is in the SavedModel, with its value.
-  reader = tf.train.load_checkpoint(os.path.join(path, "variables",
-                                                 "variables"))
-  stored = [reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-            if k != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+  reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+  stored = [
+    reader.get_tensor(k)
+    for k in reader.get_variable_to_shape_map()
+    if k != "_CHECKPOINTABLE_OBJECT_GRAPH"
+  ]
   for n, value in values(factory, wrapper).items():
-    assert any(s.shape == value.shape and s.dtype == value.dtype and
-               np.array_equal(s, value) for s in stored), n
+    assert any(
+      s.shape == value.shape and s.dtype == value.dtype and np.array_equal(s, value) for s in stored
+    ), n
 
   out = subprocess.run(
-      [sys.executable, "-c", _LOAD_AND_CALL, path], capture_output=True,
-      text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    [sys.executable, "-c", _LOAD_AND_CALL, path],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert not result["ran"], result
@@ -407,9 +414,11 @@ def assert_independent_copy(factory, original, duplicate, reference):
   for n in want:
     np.testing.assert_array_equal(got[n], want[n], err_msg=n)
   x = data(5, 4)
-  np.testing.assert_allclose(duplicate(tf.constant(x), training=False).numpy(),
-                             torch_forward(reference, x, training=False),
-                             **FLOAT_TOL)
+  np.testing.assert_allclose(
+    duplicate(tf.constant(x), training=False).numpy(),
+    torch_forward(reference, x, training=False),
+    **FLOAT_TOL,
+  )
   # Training the copy (parameters and buffers) leaves the original alone.
   by_name = factory.variables_by_name(duplicate)
   by_name["l1.weight"].assign(by_name["l1.weight"] * 2.0)
@@ -417,9 +426,11 @@ def assert_independent_copy(factory, original, duplicate, reference):
   after = values(factory, original)
   for n in want:
     np.testing.assert_array_equal(after[n], want[n], err_msg=n)
-  np.testing.assert_allclose(original(tf.constant(x), training=False).numpy(),
-                             torch_forward(reference, x, training=False),
-                             **FLOAT_TOL)
+  np.testing.assert_allclose(
+    original(tf.constant(x), training=False).numpy(),
+    torch_forward(reference, x, training=False),
+    **FLOAT_TOL,
+  )
 
 
 @pytest.mark.parametrize("factory", wrappers("deepcopy"))
@@ -437,8 +448,7 @@ def test_pickle_round_trip_is_an_independent_wrapper(factory):
   x = data(6, 0)
   wrapper(tf.constant(x), training=True)
   torch_forward(reference, x, training=True)
-  assert_independent_copy(factory, wrapper,
-                          pickle.loads(pickle.dumps(wrapper)), reference)
+  assert_independent_copy(factory, wrapper, pickle.loads(pickle.dumps(wrapper)), reference)
 
 
 # ----------------------------------------------------- release of the module
@@ -462,8 +472,7 @@ def check_torch_module_outlives_its_wrapper(factory, collect):
   del wrapper, by_name
   ignored = []  # exceptions raised by finalizers, which Python only prints
   hook = sys.unraisablehook
-  sys.unraisablehook = lambda u: ignored.append(
-      f"{type(u.exc_value).__name__}: {u.exc_value}")
+  sys.unraisablehook = lambda u: ignored.append(f"{type(u.exc_value).__name__}: {u.exc_value}")
   try:
     collect()
   finally:

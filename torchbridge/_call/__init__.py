@@ -23,11 +23,11 @@ from torchbridge._call._protocol import Forward
 from torchbridge._call._protocol import Outputs
 
 __all__ = [
-    "Forward",
-    "Outputs",
-    "bind_arguments",
-    "call_bridged",
-    "check_not_xla",
-    "check_output_signature",
-    "is_differentiable",
+  "Forward",
+  "Outputs",
+  "bind_arguments",
+  "call_bridged",
+  "check_not_xla",
+  "check_output_signature",
+  "is_differentiable",
 ]

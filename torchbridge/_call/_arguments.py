@@ -19,7 +19,6 @@ it into TF ops that read the same variables: `tb.translate(module,
 input_signature)` (docs/guides/translate.md, "Serving without torch")."""
 
 
-
 class _BoundCall:
   """A call's arguments, split into TF tensors and static values."""
 
@@ -30,8 +29,7 @@ class _BoundCall:
     self.args_tf = args_tf
     # The common call, f(x, y) with tensors only, needs no nest packing.
     args, kwargs = structure
-    self.only_tensors = (not kwargs and len(args) == len(flat) ==
-                          len(positions))
+    self.only_tensors = not kwargs and len(args) == len(flat) == len(positions)
 
   def substitute(self, args_torch):
     """The original arguments with torch tensors in the TF tensors' places."""
@@ -53,10 +51,11 @@ def bind_arguments(name, structure):
       arg_tf = tf.convert_to_tensor(leaf)
       if not _adopt.has_torch_dtype(arg_tf.dtype):
         raise TypeError(
-            f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
-            f"{arg_tf.shape}), which torch has no dtype for. Convert it "
-            "first, e.g. `tf.cast(x, tf.float32)`, or `tf.strings.to_number` "
-            "for strings.")
+          f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
+          f"{arg_tf.shape}), which torch has no dtype for. Convert it "
+          "first, e.g. `tf.cast(x, tf.float32)`, or `tf.strings.to_number` "
+          "for strings."
+        )
       positions.append(pos)
       args_tf.append(arg_tf)
   return _BoundCall(structure, flat, positions, args_tf)
@@ -69,9 +68,10 @@ def check_output_signature(output_signature, owner):
     for spec in tf.nest.flatten(output_signature):
       if not isinstance(spec, tf.TensorSpec):
         raise TypeError(
-            f"{owner} output_signature must hold tf.TensorSpec leaves, got "
-            f"{spec!r}. Example: output_signature=(tf.TensorSpec([None, 4], "
-            "tf.float32), tf.TensorSpec([], tf.int64)).")
+          f"{owner} output_signature must hold tf.TensorSpec leaves, got "
+          f"{spec!r}. Example: output_signature=(tf.TensorSpec([None, 4], "
+          "tf.float32), tf.TensorSpec([], tf.int64))."
+        )
   return output_signature
 
 

@@ -32,11 +32,15 @@ from torchbridge._call import _signature
 from torchbridge._runtime import _placement
 
 
-def call(forward: _protocol.Forward, args_tf: Sequence[tf.Tensor],
-         out_specs: Sequence[tf.TensorSpec] | None = None, *,
-         name: str = "torch_call",
-         differentiable: Sequence[bool] | None = None,
-         specs_found: str = _signature.DECLARED) -> list[tf.Tensor | None]:
+def call(
+  forward: _protocol.Forward,
+  args_tf: Sequence[tf.Tensor],
+  out_specs: Sequence[tf.TensorSpec] | None = None,
+  *,
+  name: str = "torch_call",
+  differentiable: Sequence[bool] | None = None,
+  specs_found: str = _signature.DECLARED,
+) -> list[tf.Tensor | None]:
   """Runs `forward` as one differentiable TF op on `args_tf`.
 
   Args:
@@ -54,11 +58,11 @@ def call(forward: _protocol.Forward, args_tf: Sequence[tf.Tensor],
     Flat list of TF tensors.
   """
   if differentiable is None:
-    differentiable = [_gradients.is_differentiable(a.dtype)
-                      for a in args_tf]
+    differentiable = [_gradients.is_differentiable(a.dtype) for a in args_tf]
   _placement.remember_user_threads()  # on the user's thread
   if tf.executing_eagerly():
     return _eager.call_eager(forward, args_tf, differentiable)
   _placement.graph_call_traced()
-  return _graph.call_graph(forward, args_tf, args_tf, out_specs, True, name,
-                          differentiable, specs_found)
+  return _graph.call_graph(
+    forward, args_tf, args_tf, out_specs, True, name, differentiable, specs_found
+  )

@@ -24,8 +24,15 @@ from torchbridge._call._protocol import Outputs
 
 
 @tf.autograph.experimental.do_not_convert
-def call_bridged(run, args_tf, name, output_signature=None,
-                 differentiable=None, extra_signature=None, stand_ins=None):
+def call_bridged(
+  run,
+  args_tf,
+  name,
+  output_signature=None,
+  differentiable=None,
+  extra_signature=None,
+  stand_ins=None,
+):
   """Calls `run(args_torch) -> result` through the bridge, as a `Forward`.
 
   Args:
@@ -60,14 +67,14 @@ def call_bridged(run, args_tf, name, output_signature=None,
       outs_torch = [result]  # the common result, after the first call
     else:
       outs_torch = _flatten_result(result, name, layout)
-    names = layout.setdefault("extra_names",
-                              None if extra is None else list(extra))
+    names = layout.setdefault("extra_names", None if extra is None else list(extra))
     if extra is not None:
       if list(extra) != names:
         raise RuntimeError(
-            f"{name}: the forward's extra outputs changed from {names} to "
-            f"{list(extra)} between runs of one traced call; this is a bug "
-            "in torchbridge, please report it.")
+          f"{name}: the forward's extra outputs changed from {names} to "
+          f"{list(extra)} between runs of one traced call; this is a bug "
+          "in torchbridge, please report it."
+        )
       outs_torch = outs_torch + list(extra.values())
     return outs_torch
 
@@ -87,8 +94,10 @@ def call_bridged(run, args_tf, name, output_signature=None,
     del unused  # every output is computed; the op drops what it need not
     if not record:
       return _saved.Saved(outputs_of(args_torch), no_leaves, has_graph=False)
-    leaves = [a.requires_grad_(k not in refused) if diff else None
-              for k, (a, diff) in enumerate(zip(args_torch, differentiable))]
+    leaves = [
+      a.requires_grad_(k not in refused) if diff else None
+      for k, (a, diff) in enumerate(zip(args_torch, differentiable))
+    ]
     while True:
       try:
         return _saved.Saved(outputs_of(args_torch), leaves, has_graph=True)
@@ -96,10 +105,8 @@ def call_bridged(run, args_tf, name, output_signature=None,
         # The message names the argument, not its position: take the
         # differentiable arguments out from the last (targets come last)
         # until torch accepts the call.
-        left = [k for k, leaf in enumerate(leaves)
-                if leaf is not None and leaf.requires_grad]
-        if "is not differentiable with respect to" not in str(err) or \
-            not left:
+        left = [k for k, leaf in enumerate(leaves) if leaf is not None and leaf.requires_grad]
+        if "is not differentiable with respect to" not in str(err) or not left:
           raise
         refused.add(left[-1])
         leaves[left[-1]].requires_grad_(False)
@@ -111,8 +118,7 @@ def call_bridged(run, args_tf, name, output_signature=None,
 
   op_name = _op_name(name)
   if tf.executing_eagerly():
-    outs_tf = _bridge.call(forward, args_tf, name=op_name,
-                           differentiable=differentiable)
+    outs_tf = _bridge.call(forward, args_tf, name=op_name, differentiable=differentiable)
   else:
     if output_signature is not None:
       out_specs = _flatten_signature(output_signature, layout)
@@ -122,15 +128,15 @@ def call_bridged(run, args_tf, name, output_signature=None,
         out_specs = out_specs + list(extra_signature.values())
     else:
       out_specs, how = _signature.infer(
-          flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf],
-          name, stand_ins)
-    outs_tf = _bridge.call(forward, args_tf, out_specs, name=op_name,
-                           differentiable=differentiable, specs_found=how)
+        flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf], name, stand_ins
+      )
+    outs_tf = _bridge.call(
+      forward, args_tf, out_specs, name=op_name, differentiable=differentiable, specs_found=how
+    )
   n_result = layout["n_tensors"]
   result = _pack_result(layout, outs_tf[:n_result])
   if layout.get("extra_names") is not None:
-    return Outputs(result, dict(zip(layout["extra_names"],
-                                    outs_tf[n_result:])))
+    return Outputs(result, dict(zip(layout["extra_names"], outs_tf[n_result:])))
   return result
 
 
@@ -139,12 +145,13 @@ def _check_unmodified(args_torch, name):
   for k, arg_torch in enumerate(args_torch):
     if arg_torch._version:  # fresh views start at 0; in-place ops count up
       raise RuntimeError(
-          f"{name} modified its tensor argument {k} (shape "
-          f"{tuple(arg_torch.shape)}, dtype {arg_torch.dtype}) in place. Its "
-          "torch tensor shares memory with a TF tensor, and TF tensors must "
-          "never change (TF may hand the same buffer to other ops): the TF "
-          "tensor now holds the modified values. Use out-of-place ops "
-          "(`x = x + 1`, not `x.add_(1)`), or copy first (`x = x.clone()`).")
+        f"{name} modified its tensor argument {k} (shape "
+        f"{tuple(arg_torch.shape)}, dtype {arg_torch.dtype}) in place. Its "
+        "torch tensor shares memory with a TF tensor, and TF tensors must "
+        "never change (TF may hand the same buffer to other ops): the TF "
+        "tensor now holds the modified values. Use out-of-place ops "
+        "(`x = x + 1`, not `x.add_(1)`), or copy first (`x = x.clone()`)."
+      )
 
 
 def _output_tensor(leaf, name):
@@ -157,9 +164,10 @@ def _output_tensor(leaf, name):
     # the default float dtype, complex64, bool).
     return torch.tensor(leaf)
   raise _signature.ResultError(
-      f"{name} returned a {type(leaf).__name__} ({leaf!r}) inside its "
-      "result; torchbridge passes back torch tensors, numbers (or None) "
-      "only. Return it as a tensor, e.g. `torch.tensor(value)`.")
+    f"{name} returned a {type(leaf).__name__} ({leaf!r}) inside its "
+    "result; torchbridge passes back torch tensors, numbers (or None) "
+    "only. Return it as a tensor, e.g. `torch.tensor(value)`."
+  )
 
 
 def _flatten_result(result, name, layout):
@@ -174,9 +182,12 @@ def _flatten_result(result, name, layout):
 
 def _flatten_signature(output_signature, layout):
   flat = tf.nest.flatten(output_signature)
-  layout.update(structure=output_signature, is_tensor=[True] * len(flat),
-                n_tensors=len(flat),
-                single=isinstance(output_signature, tf.TensorSpec))
+  layout.update(
+    structure=output_signature,
+    is_tensor=[True] * len(flat),
+    n_tensors=len(flat),
+    single=isinstance(output_signature, tf.TensorSpec),
+  )
   return flat
 
 

@@ -38,18 +38,20 @@ def call_eager(forward, args_tf, differentiable, n_used=None):
       # records this backward can differentiate it again.
       specs = [tf.TensorSpec(o.shape, o.dtype) for o in outs_tf]
       sel_out, diff_args = _gradients.grad_positions(specs, differentiable, dys_tf)
+
       # Its arguments: the upstream gradients, which torch reads, and the
       # forward's arguments, which only connect the tape (their torch leaves
       # live in `saved`).
       def backward(dys_torch, *, record, unused=None):  # a `Forward` too
         del unused
-        return _saved.backward(saved, sel_out, diff_args, dys_torch, record,
-                               none_ok=True)
+        return _saved.backward(saved, sel_out, diff_args, dys_torch, record, none_ok=True)
 
       grads_tf = call_eager(
-          backward,
-          [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args],
-          [True] * (len(sel_out) + len(diff_args)), n_used=len(sel_out))
+        backward,
+        [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args],
+        [True] * (len(sel_out) + len(diff_args)),
+        n_used=len(sel_out),
+      )
       return _gradients.scatter(grads_tf, diff_args, len(args))
 
     return outs_tf, grad
@@ -60,7 +62,6 @@ def call_eager(forward, args_tf, differentiable, n_used=None):
 def _to_tf_or_none(out_torch):
   # None: a gradient torch cannot give (see _saved.backward).
   return None if out_torch is None else _exchange.tensor_to_tf(out_torch)
-
 
 
 def _views(tensors_tf):

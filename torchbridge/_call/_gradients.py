@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from torchbridge._frameworks import _compat
 
+
 def is_differentiable(dtype):
   """Whether gradients flow through values of this TF dtype."""
   return tf.as_dtype(dtype).is_floating
@@ -26,19 +27,19 @@ def can_get_gradients(args_tf, differentiable):
   if tf.executing_eagerly():
     if not _compat.tape_could_record():
       return [False] * len(differentiable)
-    return [diff and _compat.tape_watches(a)
-            for a, diff in zip(args_tf, differentiable)]
-  return [diff and a.op.type not in _GRADIENT_STOPPERS
-          for a, diff in zip(args_tf, differentiable)]
+    return [diff and _compat.tape_watches(a) for a, diff in zip(args_tf, differentiable)]
+  return [diff and a.op.type not in _GRADIENT_STOPPERS for a, diff in zip(args_tf, differentiable)]
 
 
 def grad_positions(out_specs, differentiable, dys_tf):
   """Which outputs send gradient back, and which arguments receive it."""
-  sel_out = [i for i, (spec, dy) in enumerate(zip(out_specs, dys_tf))
-             if dy is not None and is_differentiable(spec.dtype)]
+  sel_out = [
+    i
+    for i, (spec, dy) in enumerate(zip(out_specs, dys_tf))
+    if dy is not None and is_differentiable(spec.dtype)
+  ]
   diff_args = [j for j, diff in enumerate(differentiable) if diff]
   return sel_out, diff_args
-
 
 
 def scatter(grads_tf, positions, n):

@@ -26,8 +26,16 @@ from torchbridge._runtime import _thread_state
 from torchbridge._runtime import _timeline
 
 
-def call_graph(forward, grad_args_tf, py_args_tf, out_specs, record, name,
-               differentiable, specs_found=_signature.DECLARED):
+def call_graph(
+  forward,
+  grad_args_tf,
+  py_args_tf,
+  out_specs,
+  record,
+  name,
+  differentiable,
+  specs_found=_signature.DECLARED,
+):
   """`forward` inside a graph, as one stateful op returning a handle too.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
@@ -63,8 +71,7 @@ def call_graph(forward, grad_args_tf, py_args_tf, out_specs, record, name,
     try:
       if inference:
         saved = None
-        outs_torch = forward(py_args_torch, record=False,
-                             unused=unused).outs_torch
+        outs_torch = forward(py_args_torch, record=False, unused=unused).outs_torch
       else:
         saved = forward(py_args_torch, record=record)
         outs_torch = saved.outs_torch
@@ -75,16 +82,20 @@ def call_graph(forward, grad_args_tf, py_args_tf, out_specs, record, name,
     if saved is None:
       return [None] + outs_torch
     with _timeline.span(_timeline.SAVE):
-      handle_torch = torch.empty(1, dtype=torch.int8,
-                                 device=_handle_device(outs_torch))
+      handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(outs_torch))
       _saved.own(handle_torch, saved)
     return [handle_torch] + outs_torch
 
   @tf.custom_gradient
   def bridged(*grad_args):
-    results = _stateful_op(run, run_native, py_args_tf,
-                           [tf.int8] + [s.dtype for s in out_specs],
-                           [[1]] + [s.shape for s in out_specs], name)
+    results = _stateful_op(
+      run,
+      run_native,
+      py_args_tf,
+      [tf.int8] + [s.dtype for s in out_specs],
+      [[1]] + [s.shape for s in out_specs],
+      name,
+    )
     handle_tf, outs_tf = results[0], results[1:]
 
     def grad(*dys_tf):
@@ -99,8 +110,7 @@ def call_graph(forward, grad_args_tf, py_args_tf, out_specs, record, name,
         # consumes the handle, output 0, and `unused` is not passed), which
         # reaches them through torch's graph rather than through TF's edges.
         skip = [k - 1 for k in unused or () if k > 0]
-        return _saved.backward(saved, sel_out, diff_args, py_args_torch[1:],
-                               record, skip)
+        return _saved.backward(saved, sel_out, diff_args, py_args_torch[1:], record, skip)
 
       dys_sel_tf = [dys_tf[i] for i in sel_out]
       # The backward may be traced in another graph than the forward (the
@@ -109,16 +119,16 @@ def call_graph(forward, grad_args_tf, py_args_tf, out_specs, record, name,
       # in yet another graph, refers to tensors of its parent graph only.
       xs_tf = [_in_current_graph(grad_args[j]) for j in diff_args]
       grads_tf = call_graph(
-          backward,
-          dys_sel_tf + xs_tf,
-          [_in_current_graph(handle_tf)] + dys_sel_tf,
-          [tf.TensorSpec(grad_args[j].shape, grad_args[j].dtype)
-           for j in diff_args],
-          # Build the double-backward graph only when a tape records this
-          # backward; otherwise a later request recomputes it (regraph).
-          _compat.tape_could_record(),
-          name + "_grad",
-          [True] * (len(sel_out) + len(diff_args)))
+        backward,
+        dys_sel_tf + xs_tf,
+        [_in_current_graph(handle_tf)] + dys_sel_tf,
+        [tf.TensorSpec(grad_args[j].shape, grad_args[j].dtype) for j in diff_args],
+        # Build the double-backward graph only when a tape records this
+        # backward; otherwise a later request recomputes it (regraph).
+        _compat.tape_could_record(),
+        name + "_grad",
+        [True] * (len(sel_out) + len(diff_args)),
+      )
       return _gradients.scatter(grads_tf, diff_args, len(grad_args))
 
     return outs_tf, grad
@@ -137,8 +147,15 @@ def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
   if _loader.available():
     # Output 0 is the handle, whose Python object owns the `_saved.Saved`
     # record.
-    return _op.call(run_native, inputs_tf, out_dtypes, out_shapes, name=name,
-                        torch_tensors=True, whole_tensor_outputs=[0])
+    return _op.call(
+      run_native,
+      inputs_tf,
+      out_dtypes,
+      out_shapes,
+      name=name,
+      torch_tensors=True,
+      whole_tensor_outputs=[0],
+    )
 
   def body(*inputs_eager):
     _thread_state.keep_for_this_thread()
@@ -158,15 +175,12 @@ def _views(tensors_tf):
   return [_exchange.tensor_to_torch(t) for t in tensors_tf]
 
 
-
 def _handle_device(outs_torch):
   """Where the handle lives: on the op's device, so TF never moves it."""
   gpu = _placement.current_gpu()
   if gpu is not None:
     return torch.device("cuda", gpu)
-  return next((o.device for o in outs_torch if o is not None and o.is_cuda),
-              torch.device("cpu"))
-
+  return next((o.device for o in outs_torch if o is not None and o.is_cuda), torch.device("cpu"))
 
 
 def _in_current_graph(tensor_tf):

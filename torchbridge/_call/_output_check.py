@@ -19,9 +19,13 @@ class OutputCheck:
     # (torch dtype, whether the shape is fully known, its dims as a tuple
     # with None for unknown ones, or None for an unknown rank).
     self._expected = [
-        (_adopt.torch_dtype(s.dtype), s.shape.is_fully_defined(),
-         None if s.shape.rank is None else tuple(s.shape.as_list()))
-        for s in out_specs]
+      (
+        _adopt.torch_dtype(s.dtype),
+        s.shape.is_fully_defined(),
+        None if s.shape.rank is None else tuple(s.shape.as_list()),
+      )
+      for s in out_specs
+    ]
     # The common case, one output of a fully known shape: (dtype, dims).
     self._single = None
     if len(self._expected) == 1 and self._expected[0][1]:
@@ -30,15 +34,13 @@ class OutputCheck:
   def __call__(self, outs_torch):
     if self._single is not None and len(outs_torch) == 1:
       out = outs_torch[0]
-      if (out is not None and out.dtype == self._single[0] and
-          out.shape == self._single[1]):
+      if out is not None and out.dtype == self._single[0] and out.shape == self._single[1]:
         return
     if len(outs_torch) == len(self._expected):
       for out, (dtype, known, dims) in zip(outs_torch, self._expected):
         if out is None:  # left out because nothing consumes it
           continue
-        if out.dtype != dtype or (out.shape != dims if known else
-                                  not _dims_match(dims, out.shape)):
+        if out.dtype != dtype or (out.shape != dims if known else not _dims_match(dims, out.shape)):
           break
       else:
         return
@@ -48,46 +50,51 @@ class OutputCheck:
 def _dims_match(dims, shape):
   if dims is None:
     return True
-  return len(dims) == len(shape) and all(
-      d is None or d == n for d, n in zip(dims, shape))
+  return len(dims) == len(shape) and all(d is None or d == n for d, n in zip(dims, shape))
 
 
 def _check_outputs(outs_torch, out_specs, name, found):
   """Raises the error that says how the outputs differ from the specs."""
   if len(outs_torch) != len(out_specs):
     raise ValueError(
-        f"{name} returned {len(outs_torch)} tensors, but {len(out_specs)} "
-        "were declared when the tf.function was traced. The torch code must "
-        "return the same structure on every call.")
+      f"{name} returned {len(outs_torch)} tensors, but {len(out_specs)} "
+      "were declared when the tf.function was traced. The torch code must "
+      "return the same structure on every call."
+    )
   for k, (out, spec) in enumerate(zip(outs_torch, out_specs)):
     if out is None:  # left out because nothing consumes it
       continue
     if out.dtype != _adopt.torch_dtype(spec.dtype):
       raise TypeError(
-          f"{name} output {k} has dtype {out.dtype}, but {spec.dtype.name} "
-          f"was declared when the tf.function was traced ({found}). "
-          f"{_WAY_OUT[found]}")
+        f"{name} output {k} has dtype {out.dtype}, but {spec.dtype.name} "
+        f"was declared when the tf.function was traced ({found}). "
+        f"{_WAY_OUT[found]}"
+      )
     if not spec.shape.is_compatible_with(out.shape):
       raise ValueError(
-          f"{name} output {k} has shape {tuple(out.shape)}, but "
-          f"{spec.shape} was declared when the tf.function was traced "
-          f"({found}). {_WAY_OUT[found]}")
+        f"{name} output {k} has shape {tuple(out.shape)}, but "
+        f"{spec.shape} was declared when the tf.function was traced "
+        f"({found}). {_WAY_OUT[found]}"
+      )
 
 
 # What to do when a call's outputs differ from the specs, by how the specs
 # were found.
 _WAY_OUT = {
-    _signature.META: (
-        "Torch's meta kernel of an op in this code gives another shape or "
-        "dtype than its CPU/CUDA kernel, or the shape depends on the values. "
-        "Declare the outputs: pass output_signature= (None for dimensions "
-        "that vary) to tb.torch_function / tb.TorchModule / TorchLayer."),
-    _signature.REAL: (
-        "The shape depends on the values, which the stand-in run could not "
-        "know. Declare the outputs: pass output_signature= (None for "
-        "dimensions that vary) to tb.torch_function / tb.TorchModule / "
-        "TorchLayer."),
-    _signature.DECLARED: (
-        "Return what output_signature declares, or fix output_signature "
-        "(None for dimensions that vary)."),
+  _signature.META: (
+    "Torch's meta kernel of an op in this code gives another shape or "
+    "dtype than its CPU/CUDA kernel, or the shape depends on the values. "
+    "Declare the outputs: pass output_signature= (None for dimensions "
+    "that vary) to tb.torch_function / tb.TorchModule / TorchLayer."
+  ),
+  _signature.REAL: (
+    "The shape depends on the values, which the stand-in run could not "
+    "know. Declare the outputs: pass output_signature= (None for "
+    "dimensions that vary) to tb.torch_function / tb.TorchModule / "
+    "TorchLayer."
+  ),
+  _signature.DECLARED: (
+    "Return what output_signature declares, or fix output_signature "
+    "(None for dimensions that vary)."
+  ),
 }

@@ -38,9 +38,9 @@ class Forward(Protocol):
     leaves and the graph a backward needs.
   """
 
-  def __call__(self, args_torch: Sequence[torch.Tensor], *, record: bool,
-               unused: Collection[int] | None = None) -> _saved.Saved:
-    ...
+  def __call__(
+    self, args_torch: Sequence[torch.Tensor], *, record: bool, unused: Collection[int] | None = None
+  ) -> _saved.Saved: ...
 
 
 @dataclasses.dataclass
@@ -53,5 +53,6 @@ class Outputs:
   the same on every run of one call site (they are learnt on the first).
   `call_bridged` returns an `Outputs` of TF tensors for it.
   """
+
   result: Any
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)

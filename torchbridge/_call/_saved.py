@@ -27,8 +27,7 @@ _SAVED_BY_HANDLE: dict[Any, tuple[Any, weakref.ref]] = {}
 class Saved:
   """Torch-side state of one bridged call, kept for its backward."""
 
-  __slots__ = ("outs_torch", "leaves_torch", "has_graph", "regraph",
-               "__weakref__")
+  __slots__ = ("outs_torch", "leaves_torch", "has_graph", "regraph", "__weakref__")
 
   def __init__(self, outs_torch, leaves_torch, has_graph, regraph=None):
     # Flat torch outputs, and for each TF argument of the call the torch leaf
@@ -41,8 +40,7 @@ class Saved:
     self.regraph = regraph
 
 
-def backward(saved, sel_out, diff_args, dys_torch, record, skip=(),
-             none_ok=False):
+def backward(saved, sel_out, diff_args, dys_torch, record, skip=(), none_ok=False):
   """The vector-Jacobian product of a saved call, as a new `Saved`.
 
   `dys_torch` are torch views of the upstream gradients of the outputs
@@ -56,23 +54,22 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(),
   leaves = [saved.leaves_torch[j] for j in diff_args]
   # Leaves that do not require grad: arguments torch refused to
   # differentiate (see `_call_bridged.call_bridged`).
-  refused = [k for k, leaf in enumerate(leaves)
-             if k not in skip and not leaf.requires_grad]
-  wanted = [k for k in range(len(leaves))
-            if k not in skip and k not in refused]
+  refused = [k for k, leaf in enumerate(leaves) if k not in skip and not leaf.requires_grad]
+  wanted = [k for k in range(len(leaves)) if k not in skip and k not in refused]
   # Outputs torch computed without a graph (detached, integer-valued paths)
   # contribute nothing, nor do outputs a backward left out (None).
-  pairs = [(saved.outs_torch[i], dy) for i, dy in zip(sel_out, dys_torch)
-           if saved.outs_torch[i] is not None and
-           saved.outs_torch[i].requires_grad]
+  pairs = [
+    (saved.outs_torch[i], dy)
+    for i, dy in zip(sel_out, dys_torch)
+    if saved.outs_torch[i] is not None and saved.outs_torch[i].requires_grad
+  ]
   grads_torch = [None] * len(leaves)
   grad_mode = torch.is_grad_enabled()
   torch.set_grad_enabled(True)
   try:
     with _timeline.span(_timeline.BACKWARD):
       if pairs and wanted:
-        grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted],
-                                    record, none_ok)
+        grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted], record, none_ok)
       else:
         grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
   finally:
@@ -83,11 +80,12 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(),
     grads_torch[k] = None if none_ok else torch.zeros_like(leaves[k])
   # Made without a graph, the record can make itself again with one (and
   # every gradient), should a second-order gradient ask for it.
-  regraph = None if record else functools.partial(
-      backward, saved, sel_out, diff_args, dys_torch, True,
-      none_ok=none_ok)
-  return Saved(grads_torch, dys_torch + leaves, has_graph=record,
-                regraph=regraph)
+  regraph = (
+    None
+    if record
+    else functools.partial(backward, saved, sel_out, diff_args, dys_torch, True, none_ok=none_ok)
+  )
+  return Saved(grads_torch, dys_torch + leaves, has_graph=record, regraph=regraph)
 
 
 def _vjp_or_none(pairs, leaves, record, none_ok):
@@ -114,8 +112,9 @@ def _vjp_or_none(pairs, leaves, record, none_ok):
 
 def _is_not_differentiable(err):
   text = str(err)
-  return ("is not differentiable with respect to" in text or
-          ("derivative for" in text and "is not implemented" in text))
+  return "is not differentiable with respect to" in text or (
+    "derivative for" in text and "is not implemented" in text
+  )
 
 
 def own(handle_torch, saved):
@@ -140,8 +139,9 @@ def lookup(handle_torch):
   saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
   if saved is None:
     raise RuntimeError(
-        "torchbridge lost the saved torch state of a forward call before its "
-        "backward ran (the handle tensor was copied or freed early). This is "
-        "a bug in torchbridge; please report it with the code that "
-        "triggered it.")
+      "torchbridge lost the saved torch state of a forward call before its "
+      "backward ran (the handle tensor was copied or freed early). This is "
+      "a bug in torchbridge; please report it with the code that "
+      "triggered it."
+    )
   return saved

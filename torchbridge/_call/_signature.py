@@ -92,10 +92,11 @@ def infer(run, args_specs, name, stand_ins=None):
   unknown_rank = [s for s in args_specs if s.shape.rank is None]
   if unknown_rank:
     raise ValueError(
-        f"{name} got an argument of unknown rank inside tf.function "
-        f"({unknown_rank[0]}), so torchbridge cannot find its output shapes. "
-        "Give the tf.function an input_signature with known ranks, or pass "
-        "output_signature= to tb.torch_function.")
+      f"{name} got an argument of unknown rank inside tf.function "
+      f"({unknown_rank[0]}), so torchbridge cannot find its output shapes. "
+      "Give the tf.function an input_signature with known ranks, or pass "
+      "output_signature= to tb.torch_function."
+    )
   dynamic = any(None in s.shape.as_list() for s in args_specs)
   probes = _PROBE_SIZES if dynamic else _PROBE_SIZES[:1]
   try:
@@ -106,11 +107,9 @@ def infer(run, args_specs, name, stand_ins=None):
   except Exception as meta_err:  # any failure of user code on meta tensors
     try:
       with torch.random.fork_rng(devices=[]):
-        outs = [_run_real(run, args_specs, size, stand_ins)
-                for size in probes]
+        outs = [_run_real(run, args_specs, size, stand_ins) for size in probes]
         try:
-          outs.append(_run_real(run, args_specs, probes[0], stand_ins,
-                                random_floats=True))
+          outs.append(_run_real(run, args_specs, probes[0], stand_ins, random_floats=True))
         except Exception:  # pylint: disable=broad-except
           # The code wants its floating values as they were: the shapes
           # seen so far stand.
@@ -122,11 +121,15 @@ def infer(run, args_specs, name, stand_ins=None):
       if not _is_meta_limitation(meta_err):
         # The inputs' own error (a wrong shape or dtype), in its own type.
         raise _trace_error(meta_err, name, args_specs, META) from meta_err
-      raise RuntimeError(_BOTH_FAILED.format(
-          name=name, meta_type=type(meta_err).__name__,
+      raise RuntimeError(
+        _BOTH_FAILED.format(
+          name=name,
+          meta_type=type(meta_err).__name__,
           meta_error=_one_line(meta_err),
           real_type=type(real_err).__name__,
-          real_error=_one_line(real_err))) from real_err
+          real_error=_one_line(real_err),
+        )
+      ) from real_err
   return _specs(outs, name), how
 
 
@@ -135,8 +138,10 @@ def _shape(spec, size):
 
 
 def _run_meta(run, args_specs, size):
-  args_meta = [torch.empty(_shape(s, size), dtype=_adopt.torch_dtype(s.dtype),
-                           device="meta") for s in args_specs]
+  args_meta = [
+    torch.empty(_shape(s, size), dtype=_adopt.torch_dtype(s.dtype), device="meta")
+    for s in args_specs
+  ]
   with torch.no_grad(), _compiled.run_uncompiled():
     return run(args_meta)
 
@@ -150,8 +155,7 @@ def _run_real(run, args_specs, size, stand_ins, random_floats=False):
     if make is not None:
       args.append(make())
     elif random_floats and dtype.is_floating_point:
-      args.append(torch.randn(_shape(spec, size), generator=generator,
-                              dtype=dtype))
+      args.append(torch.randn(_shape(spec, size), generator=generator, dtype=dtype))
     elif dtype is torch.bool:
       args.append(torch.zeros(_shape(spec, size), dtype=dtype))
     else:
@@ -163,10 +167,16 @@ def _run_real(run, args_specs, size, stand_ins, random_floats=False):
 def _trace_error(err, name, args_specs, how):
   # An error the inputs would cause on real tensors too (a wrong shape or
   # dtype): the user's error, in its own type, said to come from tracing.
-  return _same_type(err, _TRACE_FAILED.format(
-      name=name, how=how, error_type=type(err).__name__, error=err,
-      inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}"
-                       for s in args_specs)))
+  return _same_type(
+    err,
+    _TRACE_FAILED.format(
+      name=name,
+      how=how,
+      error_type=type(err).__name__,
+      error=err,
+      inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in args_specs),
+    ),
+  )
 
 
 def _one_line(err):
@@ -179,14 +189,14 @@ def _specs(outs_by_probe, name):
   for k, outs in enumerate(zip(*outs_by_probe)):
     if not _adopt.has_tf_dtype(outs[0].dtype):
       raise ResultError(
-          f"{name} returned a torch tensor of dtype {outs[0].dtype} as "
-          f"output {k}, which TF lacks. Cast it to a dtype TF has first, "
-          "e.g. `x.to(torch.float32)`.")
+        f"{name} returned a torch tensor of dtype {outs[0].dtype} as "
+        f"output {k}, which TF lacks. Cast it to a dtype TF has first, "
+        "e.g. `x.to(torch.float32)`."
+      )
     shapes = [list(o.shape) for o in outs]
     if len({len(s) for s in shapes}) > 1:
       shape = None  # even the rank depends on the unknown dimensions
     else:
-      shape = [dims[0] if len(set(dims)) == 1 else None
-               for dims in zip(*shapes)]
+      shape = [dims[0] if len(set(dims)) == 1 else None for dims in zip(*shapes)]
     specs.append(tf.TensorSpec(shape, _adopt.tf_dtype(outs[0].dtype)))
   return specs

@@ -52,31 +52,41 @@ def vjp(outputs, inputs, grad_outputs, create_graph):
   grad_outputs = tuple(grad_outputs)
   if not _fast_path_applies(outputs, inputs, grad_outputs):
     return torch.autograd.grad(
-        outputs, inputs, grad_outputs, retain_graph=True,
-        create_graph=create_graph, allow_unused=True, materialize_grads=True)
+      outputs,
+      inputs,
+      grad_outputs,
+      retain_graph=True,
+      create_graph=create_graph,
+      allow_unused=True,
+      materialize_grads=True,
+    )
   stashed = _STASH is not None and _UNSTASH is not None
   if stashed:
     _STASH("context", contextvars.copy_context())
   try:
-    grads = _ENGINE.run_backward(outputs, grad_outputs, True, create_graph,
-                                 inputs, True, False)
+    grads = _ENGINE.run_backward(outputs, grad_outputs, True, create_graph, inputs, True, False)
   finally:
     if stashed:
       _UNSTASH("context")
   return tuple(
-      g if g is not None else torch.zeros_like(x, requires_grad=create_graph)
-      for g, x in zip(grads, inputs))
+    g if g is not None else torch.zeros_like(x, requires_grad=create_graph)
+    for g, x in zip(grads, inputs)
+  )
 
 
 def _fast_path_applies(outputs, inputs, grad_outputs):
   if _ENGINE is None or len(outputs) != len(grad_outputs):
     return False
-  if has_torch_function(outputs) or has_torch_function(inputs) or \
-      has_torch_function(grad_outputs):
+  if has_torch_function(outputs) or has_torch_function(inputs) or has_torch_function(grad_outputs):
     return False
   for out, dy in zip(outputs, grad_outputs):
-    if (type(dy) is not torch.Tensor or  # pylint: disable=unidiomatic-typecheck
-        dy.dtype != out.dtype or dy.shape != out.shape or
-        dy.device != out.device or dy.is_nested or out.is_nested):
+    if (
+      type(dy) is not torch.Tensor  # pylint: disable=unidiomatic-typecheck
+      or dy.dtype != out.dtype
+      or dy.shape != out.shape
+      or dy.device != out.device
+      or dy.is_nested
+      or out.is_nested
+    ):
       return False
   return True

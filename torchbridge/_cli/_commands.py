@@ -28,24 +28,27 @@ def main(argv=None):
   """Runs the command line with `argv` (default: sys.argv[1:]); the exit
   status."""
   parser = argparse.ArgumentParser(
-      prog="python -m torchbridge" if argv is None and sys.argv[0].endswith(
-          "__main__.py") else "torchbridge",
-      description="torchbridge's set-up: what is installed and active, and "
-                  "the native TF op built ahead of time.")
+    prog="python -m torchbridge"
+    if argv is None and sys.argv[0].endswith("__main__.py")
+    else "torchbridge",
+    description="torchbridge's set-up: what is installed and active, and "
+    "the native TF op built ahead of time.",
+  )
   commands = parser.add_subparsers(dest="command", required=True)
-  info = commands.add_parser(
-      "info", help="versions, the active native op and why, threads, GPUs")
+  info = commands.add_parser("info", help="versions, the active native op and why, threads, GPUs")
   info.add_argument("--json", action="store_true", help="one JSON object")
-  info.add_argument("--no-build", action="store_true",
-                    help="do not load or build the native op; report what "
-                         "the cache holds")
-  build = commands.add_parser(
-      "build", help="build the native TF op into the cache now")
-  build.add_argument("--force", action="store_true",
-                     help="build again even if a library is cached")
-  build.add_argument("--allow-fallback", action="store_true",
-                     help="exit 0 when only the op without torch's side "
-                          "builds")
+  info.add_argument(
+    "--no-build",
+    action="store_true",
+    help="do not load or build the native op; report what the cache holds",
+  )
+  build = commands.add_parser("build", help="build the native TF op into the cache now")
+  build.add_argument("--force", action="store_true", help="build again even if a library is cached")
+  build.add_argument(
+    "--allow-fallback",
+    action="store_true",
+    help="exit 0 when only the op without torch's side builds",
+  )
   args = parser.parse_args(argv)
   if args.command == "info":
     return _info(args)
@@ -55,9 +58,9 @@ def main(argv=None):
 def _info(args):
   # Imported here: the parser answers --help without loading TF and torch.
   from torchbridge._cli import _report  # pylint: disable=import-outside-toplevel
+
   info = _report.report(load_native=not args.no_build)
-  print(json.dumps(info, indent=2) if args.json else
-        _report.format_text(info))
+  print(json.dumps(info, indent=2) if args.json else _report.format_text(info))
   return 0
 
 
@@ -65,10 +68,13 @@ def _build(args):
   # pylint: disable=import-outside-toplevel
   from torchbridge._native import _loader
   from torchbridge._native import _build
+
   if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0"):
-    print(f"torchbridge build: note: {_loader.DISABLE_ENV} is set, so "
-          "processes with it will not load what this builds",
-          file=sys.stderr)
+    print(
+      f"torchbridge build: note: {_loader.DISABLE_ENV} is set, so "
+      "processes with it will not load what this builds",
+      file=sys.stderr,
+    )
   try:
     path = _build.build_or_reuse(force=args.force)
   except _build.BuildError as err:
@@ -76,8 +82,10 @@ def _build(args):
     return 1
   record = _build.build_record(path)
   if record.get("complete") is False:
-    print(f"torchbridge build: built {path} WITHOUT torch's side "
-          f"(fallback): {record.get('reason')}", file=sys.stderr)
+    print(
+      f"torchbridge build: built {path} WITHOUT torch's side (fallback): {record.get('reason')}",
+      file=sys.stderr,
+    )
     return 0 if args.allow_fallback else 1
   print(f"torchbridge build: the native op is built and complete: {path}")
   return 0

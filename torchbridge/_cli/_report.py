@@ -41,11 +41,11 @@ def report(load_native=True):
       stderr). False: report only what the cache holds.
   """
   return {
-      "versions": _versions(),
-      "native_op": _native_op(load_native),
-      "import_order": _import_order(),
-      "threads": _threads(),
-      "gpus": _gpus(),
+    "versions": _versions(),
+    "native_op": _native_op(load_native),
+    "import_order": _import_order(),
+    "threads": _threads(),
+    "gpus": _gpus(),
   }
 
 
@@ -83,21 +83,22 @@ def _versions():
   package = sys.modules["torchbridge"]
   try:
     import keras  # pylint: disable=import-outside-toplevel
+
     keras_version = keras.__version__
   except ImportError:
     keras_version = None
   return {
-      "torchbridge": package.__version__,
-      "torch": torch.__version__,
-      "torch_cuda": torch.version.cuda,
-      # From the installed metadata: importing triton here would be the
-      # very load the import-order fix guards.
-      "triton": _distribution_version("triton", "pytorch-triton"),
-      "tensorflow": tf.__version__,
-      "keras": keras_version,
-      "python": platform.python_version(),
-      "platform": platform.platform(),
-      "compiler": _compiler.compiler_version(),
+    "torchbridge": package.__version__,
+    "torch": torch.__version__,
+    "torch_cuda": torch.version.cuda,
+    # From the installed metadata: importing triton here would be the
+    # very load the import-order fix guards.
+    "triton": _distribution_version("triton", "pytorch-triton"),
+    "tensorflow": tf.__version__,
+    "keras": keras_version,
+    "python": platform.python_version(),
+    "platform": platform.platform(),
+    "compiler": _compiler.compiler_version(),
   }
 
 
@@ -115,29 +116,32 @@ def _native_op(load):
     path = cached  # built, not loaded: --no-build
   record = _build.build_record(path) if path else {}
   if loaded:
-    kind = ("complete" if _loader.has_torch_interop() else
-            "fallback (DLPack capsules through Python)")
+    kind = (
+      "complete" if _loader.has_torch_interop() else "fallback (DLPack capsules through Python)"
+    )
   elif path:
     kind = "complete" if record.get("complete") else "fallback"
   else:
     kind = None
   return {
-      "active": loaded,
-      "call_path": "native op" if loaded else "tf.py_function",
-      "status": _loader.status() if load or disabled else (
-          "built, not loaded (--no-build)" if path else
-          "not built yet: it builds on first use, or run "
-          "`python -m torchbridge build`"),
-      "library": str(path) if path else None,
-      "kind": kind,
-      "complete": record.get("complete", kind == "complete") if kind else None,
-      "fallback_reason": record.get("reason"),
-      "build_log": record.get("log"),
-      "build_seconds": record.get("seconds"),
-      "built": record.get("built"),
-      "cache_dir": str(_build.cache_dir()),
-      "disabled_by": f"{_loader.DISABLE_ENV}={os.environ[_loader.DISABLE_ENV]}"
-                     if disabled else None,
+    "active": loaded,
+    "call_path": "native op" if loaded else "tf.py_function",
+    "status": _loader.status()
+    if load or disabled
+    else (
+      "built, not loaded (--no-build)"
+      if path
+      else "not built yet: it builds on first use, or run `python -m torchbridge build`"
+    ),
+    "library": str(path) if path else None,
+    "kind": kind,
+    "complete": record.get("complete", kind == "complete") if kind else None,
+    "fallback_reason": record.get("reason"),
+    "build_log": record.get("log"),
+    "build_seconds": record.get("seconds"),
+    "built": record.get("built"),
+    "cache_dir": str(_build.cache_dir()),
+    "disabled_by": f"{_loader.DISABLE_ENV}={os.environ[_loader.DISABLE_ENV]}" if disabled else None,
   }
 
 
@@ -157,16 +161,14 @@ def _import_order():
 
 def _threads():
   return {
-      "torch_intra_op": torch.get_num_threads(),
-      "torch_inter_op": torch.get_num_interop_threads(),
-      "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads()
-                     or "default (0)",
-      "tf_inter_op": tf.config.threading.get_inter_op_parallelism_threads()
-                     or "default (0)",
-      "torch_thread": "on (one thread runs bridged graph calls)"
-                      if _torch_thread.ENABLED else
-                      "off (TORCHBRIDGE_TORCH_THREAD=0)",
-      "cpu_count": os.cpu_count(),
+    "torch_intra_op": torch.get_num_threads(),
+    "torch_inter_op": torch.get_num_interop_threads(),
+    "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads() or "default (0)",
+    "tf_inter_op": tf.config.threading.get_inter_op_parallelism_threads() or "default (0)",
+    "torch_thread": "on (one thread runs bridged graph calls)"
+    if _torch_thread.ENABLED
+    else "off (TORCHBRIDGE_TORCH_THREAD=0)",
+    "cpu_count": os.cpu_count(),
   }
 
 
@@ -174,8 +176,7 @@ def _gpus():
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     try:
-      torch_gpus = [torch.cuda.get_device_name(i)
-                    for i in range(torch.cuda.device_count())]
+      torch_gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except (RuntimeError, AssertionError) as err:
       torch_gpus = [f"none ({err})"]
   try:
@@ -183,6 +184,9 @@ def _gpus():
   except (RuntimeError, ValueError) as err:
     tf_gpus = [f"none ({err})"]
   note = "; ".join(" ".join(str(w.message).split())[:200] for w in caught)
-  return {"torch": torch_gpus, "tensorflow": tf_gpus,
-          "torch_note": note or None,
-          "tf_cuda_build": bool(_compiler.gpu_build())}  # pylint: disable=protected-access
+  return {
+    "torch": torch_gpus,
+    "tensorflow": tf_gpus,
+    "torch_note": note or None,
+    "tf_cuda_build": bool(_compiler.gpu_build()),
+  }  # pylint: disable=protected-access

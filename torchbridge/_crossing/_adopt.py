@@ -23,21 +23,21 @@ TF_ALIGNMENT = 64
 # Dtypes that DLPack carries between the two frameworks (measured on TF 2.21 /
 # torch 2.13: every one round-trips without a copy).
 _TORCH_DTYPE_FROM_TF = {
-    tf.float16: torch.float16,
-    tf.bfloat16: torch.bfloat16,
-    tf.float32: torch.float32,
-    tf.float64: torch.float64,
-    tf.int8: torch.int8,
-    tf.int16: torch.int16,
-    tf.int32: torch.int32,
-    tf.int64: torch.int64,
-    tf.uint8: torch.uint8,
-    tf.uint16: torch.uint16,
-    tf.uint32: torch.uint32,
-    tf.uint64: torch.uint64,
-    tf.bool: torch.bool,
-    tf.complex64: torch.complex64,
-    tf.complex128: torch.complex128,
+  tf.float16: torch.float16,
+  tf.bfloat16: torch.bfloat16,
+  tf.float32: torch.float32,
+  tf.float64: torch.float64,
+  tf.int8: torch.int8,
+  tf.int16: torch.int16,
+  tf.int32: torch.int32,
+  tf.int64: torch.int64,
+  tf.uint8: torch.uint8,
+  tf.uint16: torch.uint16,
+  tf.uint32: torch.uint32,
+  tf.uint64: torch.uint64,
+  tf.bool: torch.bool,
+  tf.complex64: torch.complex64,
+  tf.complex128: torch.complex128,
 }
 _TF_DTYPE_FROM_TORCH = {v: k for k, v in _TORCH_DTYPE_FROM_TF.items()}
 
@@ -80,9 +80,14 @@ def can_adopt_as_is(x_torch):
   torch's own definition of contiguous) and 64-byte aligned unless empty.
   (The device is the caller's business.)
   """
-  if (x_torch.layout is not torch.strided or x_torch.is_quantized or
-      x_torch.dtype not in _TF_DTYPE_FROM_TORCH or
-      x_torch.is_conj() or x_torch.is_neg() or not x_torch.is_contiguous()):
+  if (
+    x_torch.layout is not torch.strided
+    or x_torch.is_quantized
+    or x_torch.dtype not in _TF_DTYPE_FROM_TORCH
+    or x_torch.is_conj()
+    or x_torch.is_neg()
+    or not x_torch.is_contiguous()
+  ):
     return False
   return x_torch.numel() == 0 or x_torch.data_ptr() % TF_ALIGNMENT == 0
 
@@ -94,9 +99,11 @@ def tf_viewable(x_torch, copied=False, device=None):
   64-byte aligned, and on `device` when one is given; the tensor itself
   when it already is all that, else one copy.
   """
-  if (x_torch.dtype not in _TF_DTYPE_FROM_TORCH or
-      x_torch.layout is not torch.strided or
-      x_torch.device.type not in ("cpu", "cuda")):
+  if (
+    x_torch.dtype not in _TF_DTYPE_FROM_TORCH
+    or x_torch.layout is not torch.strided
+    or x_torch.device.type not in ("cpu", "cuda")
+  ):
     _check_torch_kind(x_torch)  # raises the error that names the kind
   if x_torch.requires_grad:
     x_torch = x_torch.detach()
@@ -117,48 +124,58 @@ def tf_viewable(x_torch, copied=False, device=None):
 def _check_torch_kind(x_torch):
   problem = None
   if x_torch.layout != torch.strided:
-    problem = (f"a sparse torch tensor (layout {x_torch.layout})",
-               "convert it to a dense tensor first (`x.to_dense()`)")
+    problem = (
+      f"a sparse torch tensor (layout {x_torch.layout})",
+      "convert it to a dense tensor first (`x.to_dense()`)",
+    )
   elif x_torch.is_quantized:
-    problem = (f"a quantized torch tensor (dtype {x_torch.dtype})",
-               "dequantize it first (`x.dequantize()`), or pass "
-               "`x.int_repr()` with its scale and zero point")
+    problem = (
+      f"a quantized torch tensor (dtype {x_torch.dtype})",
+      "dequantize it first (`x.dequantize()`), or pass "
+      "`x.int_repr()` with its scale and zero point",
+    )
   elif x_torch.is_meta:
-    problem = ("a meta torch tensor (no data, only shape and dtype)",
-               "materialize it on a real device first, e.g. "
-               "`torch.empty_like(x, device='cpu')`")
+    problem = (
+      "a meta torch tensor (no data, only shape and dtype)",
+      "materialize it on a real device first, e.g. `torch.empty_like(x, device='cpu')`",
+    )
   elif x_torch.dtype not in _TF_DTYPE_FROM_TORCH:
-    problem = (f"a torch tensor of dtype {x_torch.dtype}, which TF lacks",
-               "cast it to a dtype TF has first, e.g. `x.to(torch.float32)`; "
-               f"supported: {_dtype_names(_TF_DTYPE_FROM_TORCH)}")
+    problem = (
+      f"a torch tensor of dtype {x_torch.dtype}, which TF lacks",
+      "cast it to a dtype TF has first, e.g. `x.to(torch.float32)`; "
+      f"supported: {_dtype_names(_TF_DTYPE_FROM_TORCH)}",
+    )
   elif x_torch.device.type not in ("cpu", "cuda"):
-    problem = (f"a torch tensor on device {x_torch.device}",
-               "move it to the CPU or a CUDA device first (`x.cpu()`)")
+    problem = (
+      f"a torch tensor on device {x_torch.device}",
+      "move it to the CPU or a CUDA device first (`x.cpu()`)",
+    )
   if problem:
     what, fix = problem
     raise TypeError(
-        f"to_tf() received {what}, shape {tuple(x_torch.shape)}; TF can "
-        f"only hold dense CPU or CUDA tensors. To pass it, {fix}.")
+      f"to_tf() received {what}, shape {tuple(x_torch.shape)}; TF can "
+      f"only hold dense CPU or CUDA tensors. To pass it, {fix}."
+    )
 
 
 def _dtype_names(dtype_map):
-  return ", ".join(str(d).replace("torch.", "").replace("<dtype: ", "")
-                   .strip(">'") for d in dtype_map)
+  return ", ".join(
+    str(d).replace("torch.", "").replace("<dtype: ", "").strip(">'") for d in dtype_map
+  )
 
 
 def export_output(out_torch, index, gpu):
   """Output `index` of a native op's torch callback as a DLPack capsule TF
   can adopt (see `viewable_capsule`); the C++ kernel calls it for outputs it
   cannot adopt as they are. Raises the error that says what is wrong."""
-  where = "the torch callback" if index is None else (
-      f"output {index} of the torch callback")
+  where = "the torch callback" if index is None else (f"output {index} of the torch callback")
   if out_torch is None:
-    raise TypeError(
-        f"{where} is None, but the graph uses it; return a torch.Tensor")
+    raise TypeError(f"{where} is None, but the graph uses it; return a torch.Tensor")
   if not isinstance(out_torch, torch.Tensor):
     raise TypeError(
-        f"{where} is a {type(out_torch).__name__}, not a torch.Tensor; "
-        "return it as a tensor, e.g. torch.tensor(value)")
+      f"{where} is a {type(out_torch).__name__}, not a torch.Tensor; "
+      "return it as a tensor, e.g. torch.tensor(value)"
+    )
   return viewable_capsule(out_torch, gpu)
 
 
@@ -170,14 +187,12 @@ def viewable_capsule(x_torch, gpu):
   if gpu is not None:
     # The GPU kernel wants its outputs in GPU memory, except int32, which TF
     # keeps in host memory on GPUs.
-    device = (torch.device("cpu") if x_torch.dtype == torch.int32 else
-              torch.device("cuda", gpu))
+    device = torch.device("cpu") if x_torch.dtype == torch.int32 else torch.device("cuda", gpu)
   return torch_dlpack.to_dlpack(tf_viewable(x_torch, device=device))
 
 
 # DLPack's type codes (dlpack.h), to compare with the library's table.
-_DLPACK_CODE = {"int": 0, "uint": 1, "float": 2, "bfloat": 4, "complex": 5,
-                "bool": 6}
+_DLPACK_CODE = {"int": 0, "uint": 1, "float": 2, "bfloat": 4, "complex": 5, "bool": 6}
 
 
 def _dlpack_code(dtype_torch):
@@ -196,8 +211,9 @@ def native_dtype_table():
   """This side's dtype table as the native library writes it
   ("name:code:bits,..." in TF's names)."""
   return ",".join(
-      f"{dtype_tf.name}:{_dlpack_code(dtype_torch)}:{dtype_torch.itemsize * 8}"
-      for dtype_tf, dtype_torch in _TORCH_DTYPE_FROM_TF.items())
+    f"{dtype_tf.name}:{_dlpack_code(dtype_torch)}:{dtype_torch.itemsize * 8}"
+    for dtype_tf, dtype_torch in _TORCH_DTYPE_FROM_TF.items()
+  )
 
 
 def check_native_constants(alignment, dtype_table):
@@ -205,12 +221,14 @@ def check_native_constants(alignment, dtype_table):
   csrc/adopt_rules.h says) differs from this module's."""
   if alignment != TF_ALIGNMENT:
     raise RuntimeError(
-        f"the native op library aligns to {alignment} bytes, torchbridge's "
-        f"Python side to {TF_ALIGNMENT}: csrc/adopt_rules.h and "
-        "torchbridge/_crossing/_adopt.py disagree; make them equal")
+      f"the native op library aligns to {alignment} bytes, torchbridge's "
+      f"Python side to {TF_ALIGNMENT}: csrc/adopt_rules.h and "
+      "torchbridge/_crossing/_adopt.py disagree; make them equal"
+    )
   ours = native_dtype_table()
   if sorted(dtype_table.split(",")) != sorted(ours.split(",")):
     raise RuntimeError(
-        f"the native op library's dtype table ({dtype_table}) differs from "
-        f"torchbridge's Python side ({ours}): csrc/adopt_rules.h and "
-        "torchbridge/_crossing/_adopt.py disagree; make them equal")
+      f"the native op library's dtype table ({dtype_table}) differs from "
+      f"torchbridge's Python side ({ours}): csrc/adopt_rules.h and "
+      "torchbridge/_crossing/_adopt.py disagree; make them equal"
+    )

@@ -14,15 +14,25 @@ from torchbridge._runtime import _placement
 from torchbridge._crossing import _stats
 
 _UNSUPPORTED_TF_KINDS = (
-    (tf.RaggedTensor, "tf.RaggedTensor",
-     "convert it to a dense tensor first (`x.to_tensor()`), or pass "
-     "`x.flat_values` and `x.row_splits` as separate tensors"),
-    (tf.SparseTensor, "tf.SparseTensor",
-     "convert it to a dense tensor first (`tf.sparse.to_dense(x)`), or pass "
-     "`x.indices`, `x.values` and `x.dense_shape` as separate tensors"),
-    (tf.IndexedSlices, "tf.IndexedSlices",
-     "convert it to a dense tensor first (`tf.convert_to_tensor(x)`)"),
+  (
+    tf.RaggedTensor,
+    "tf.RaggedTensor",
+    "convert it to a dense tensor first (`x.to_tensor()`), or pass "
+    "`x.flat_values` and `x.row_splits` as separate tensors",
+  ),
+  (
+    tf.SparseTensor,
+    "tf.SparseTensor",
+    "convert it to a dense tensor first (`tf.sparse.to_dense(x)`), or pass "
+    "`x.indices`, `x.values` and `x.dense_shape` as separate tensors",
+  ),
+  (
+    tf.IndexedSlices,
+    "tf.IndexedSlices",
+    "convert it to a dense tensor first (`tf.convert_to_tensor(x)`)",
+  ),
 )
+
 
 def to_torch(structure: Any) -> Any:
   """Hands TF tensors to torch, sharing their memory.
@@ -96,9 +106,10 @@ def check_tf_leaf(value, func_name):
   for kind, kind_name, fix in _UNSUPPORTED_TF_KINDS:
     if isinstance(value, kind):
       raise TypeError(
-          f"{func_name} received a {kind_name} (dtype {value.dtype}, shape "
-          f"{value.shape}); torchbridge exchanges dense tensors only. "
-          f"To pass it, {fix}.")
+        f"{func_name} received a {kind_name} (dtype {value.dtype}, shape "
+        f"{value.shape}); torchbridge exchanges dense tensors only. "
+        f"To pass it, {fix}."
+      )
 
 
 def _leaf_to_torch(value):
@@ -116,19 +127,21 @@ def tensor_to_torch(x_tf):
   """One dense eager TF tensor to a torch view of its buffer."""
   if tf.is_symbolic_tensor(x_tf):
     raise TypeError(
-        f"to_torch() received a symbolic tensor {x_tf!r} (inside a "
-        "tf.function or a graph); torch can only read tensors that hold "
-        "values. To run torch code on it inside tf.function, wrap that code "
-        "in `tb.torch_function` or call a `tb.TorchModule`.")
+      f"to_torch() received a symbolic tensor {x_tf!r} (inside a "
+      "tf.function or a graph); torch can only read tensors that hold "
+      "values. To run torch code on it inside tf.function, wrap that code "
+      "in `tb.torch_function` or call a `tb.TorchModule`."
+    )
   x_torch_dtype = _adopt.torch_dtype_or_none(x_tf.dtype)
   if x_torch_dtype is None:
     # Checked before exporting: TF's DLPack export of a tf.string tensor
     # aborts the process (`Check failed: DataTypeCanUseMemcpy`).
     raise TypeError(
-        f"to_torch() received a tensor of dtype {x_tf.dtype.name} "
-        f"(shape {x_tf.shape}); torch has no such dtype. Supported dtypes: "
-        f"{_adopt.tf_dtype_names()}. Convert it first, e.g. "
-        "`tf.strings.to_number(x)` for strings or `tf.cast(x, tf.float32)`.")
+      f"to_torch() received a tensor of dtype {x_tf.dtype.name} "
+      f"(shape {x_tf.shape}); torch has no such dtype. Supported dtypes: "
+      f"{_adopt.tf_dtype_names()}. Convert it first, e.g. "
+      "`tf.strings.to_number(x)` for strings or `tf.cast(x, tf.float32)`."
+    )
   # The capsule functions, not `torch.from_dlpack(x_tf)`: the protocol path
   # passes a `stream` for CUDA producers, which EagerTensor.__dlpack__
   # rejects; TF's capsule export synchronizes its device before returning.
@@ -147,13 +160,13 @@ def _numpy_to_torch(x_np, func_name, count=True):
   # become a writable torch tensor: those are copied.
   shareable = x_np.flags.writeable and not has_negative_stride
   try:
-    x_torch = torch.from_numpy(
-        x_np if shareable else np.array(x_np, copy=True, order="C"))
+    x_torch = torch.from_numpy(x_np if shareable else np.array(x_np, copy=True, order="C"))
   except TypeError as err:
     raise TypeError(
-        f"{func_name} received a numpy array of dtype {x_np.dtype} "
-        f"(shape {x_np.shape}), which torch cannot hold. Convert it to a "
-        "numeric dtype first, e.g. `x.astype(np.float32)`.") from err
+      f"{func_name} received a numpy array of dtype {x_np.dtype} "
+      f"(shape {x_np.shape}), which torch cannot hold. Convert it to a "
+      "numeric dtype first, e.g. `x.astype(np.float32)`."
+    ) from err
   if count:
     _stats.count(None if shareable else x_torch.numel() * x_torch.element_size())
   return x_torch, not shareable
@@ -177,5 +190,3 @@ def tensor_to_tf(x_torch, copied=False):
   x_torch = _adopt.tf_viewable(x_torch, copied)
   _placement.ready_for_tf(x_torch)  # TF's DLPack import does not wait
   return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(x_torch))
-
-

@@ -26,11 +26,12 @@ class MissingAPIError(RuntimeError):
 def _missing(what, framework, detail=""):
   versions = f"TensorFlow {tf.__version__}, torch {torch.__version__}"
   return MissingAPIError(
-      f"torchbridge needs {what} from {framework}, which this installation "
-      f"({versions}) does not have{': ' + detail if detail else ''}. "
-      "Install the versions torchbridge supports (see setup.py: torch >= "
-      "2.3, tensorflow >= 2.16) or stay on a version this torchbridge "
-      "release was tested with, and report the versions that failed.")
+    f"torchbridge needs {what} from {framework}, which this installation "
+    f"({versions}) does not have{': ' + detail if detail else ''}. "
+    "Install the versions torchbridge supports (see setup.py: torch >= "
+    "2.3, tensorflow >= 2.16) or stay on a version this torchbridge "
+    "release was tested with, and report the versions that failed."
+  )
 
 
 def _attribute(module_name, name, framework):
@@ -46,8 +47,7 @@ def _attribute(module_name, name, framework):
 
 @functools.cache
 def _tf_record():
-  return _attribute("tensorflow.python.eager.record", "could_possibly_record",
-                    "TensorFlow")
+  return _attribute("tensorflow.python.eager.record", "could_possibly_record", "TensorFlow")
 
 
 def tape_could_record():
@@ -61,8 +61,7 @@ def tape_could_record():
 
 @functools.cache
 def _should_record():
-  return _attribute("tensorflow.python.eager.record", "should_record_backprop",
-                    "TensorFlow")
+  return _attribute("tensorflow.python.eager.record", "should_record_backprop", "TensorFlow")
 
 
 def tape_watches(tensor_tf):
@@ -73,8 +72,9 @@ def tape_watches(tensor_tf):
 
 @functools.cache
 def _xla_context_test():
-  return _attribute("tensorflow.python.ops.control_flow_util",
-                    "GraphOrParentsInXlaContext", "TensorFlow")
+  return _attribute(
+    "tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext", "TensorFlow"
+  )
 
 
 def in_xla_context():
@@ -85,8 +85,7 @@ def in_xla_context():
 @functools.cache
 def weakref_trace_type():
   """TF's trace type that makes a tf.function argument trace by identity."""
-  return _attribute("tensorflow.core.function.trace_type.default_types",
-                    "Weakref", "TensorFlow")
+  return _attribute("tensorflow.core.function.trace_type.default_types", "Weakref", "TensorFlow")
 
 
 def no_dependency_tracking(method):
@@ -95,8 +94,9 @@ def no_dependency_tracking(method):
   try:
     decorator = tf.__internal__.tracking.no_automatic_dependency_tracking
   except AttributeError as err:
-    raise _missing("tf.__internal__.tracking.no_automatic_dependency_tracking",
-                   "TensorFlow", str(err)) from err
+    raise _missing(
+      "tf.__internal__.tracking.no_automatic_dependency_tracking", "TensorFlow", str(err)
+    ) from err
   return decorator(method)
 
 
@@ -113,8 +113,7 @@ def wait_for_async_eager():
 
 def keras_in_safe_mode():
   """Whether Keras deserializes in safe mode now (no public accessor)."""
-  return _attribute("keras.src.saving.serialization_lib", "in_safe_mode",
-                    "Keras")()
+  return _attribute("keras.src.saving.serialization_lib", "in_safe_mode", "Keras")()
 
 
 # ---------------------------------------------------------------------------
@@ -124,8 +123,7 @@ def keras_in_safe_mode():
 @functools.cache
 def torch_dispatch_mode():
   """torch's `TorchDispatchMode` base class (torch.utils._python_dispatch)."""
-  return _attribute("torch.utils._python_dispatch", "TorchDispatchMode",
-                    "torch")
+  return _attribute("torch.utils._python_dispatch", "TorchDispatchMode", "torch")
 
 
 def disabled_torch_function_impl():
@@ -140,8 +138,7 @@ def disabled_torch_function_impl():
 def module_tensor_tables(module):
   """The dicts in which `module` (not its children) holds its parameters and
   buffers, to swap tensors in place without `setattr`'s checks."""
-  tables = (getattr(module, "_parameters", None),
-            getattr(module, "_buffers", None))
+  tables = (getattr(module, "_parameters", None), getattr(module, "_buffers", None))
   if not all(isinstance(t, dict) for t in tables):
     raise _missing("torch.nn.Module._parameters / _buffers dicts", "torch")
   return tables
@@ -162,11 +159,11 @@ def forward_pre_hook_table(module):
 torch_from_capsule = getattr(torch._C, "_from_dlpack", None)  # pylint: disable=protected-access
 if torch_from_capsule is None:
   import torch.utils.dlpack  # pylint: disable=g-import-not-at-top
+
   torch_from_capsule = torch.utils.dlpack.from_dlpack
 
 # What torch.autograd.grad does around the engine call, for _vjp's fast
 # path. Optional: without them _vjp calls torch.autograd.grad.
-autograd_engine = getattr(getattr(torch.autograd, "Variable", None),
-                          "_execution_engine", None)
+autograd_engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
 stash_obj_in_tls = getattr(torch._C, "_stash_obj_in_tls", None)  # pylint: disable=protected-access
 remove_obj_from_tls = getattr(torch._C, "_remove_obj_from_tls", None)  # pylint: disable=protected-access

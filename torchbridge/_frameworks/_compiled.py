@@ -32,8 +32,7 @@ def run_uncompiled():
   A no-op when nothing was compiled (dynamo never imported).
   """
   global _depth, _stance  # pylint: disable=global-statement
-  if "torch._dynamo" not in sys.modules or not hasattr(torch.compiler,
-                                                       "set_stance"):
+  if "torch._dynamo" not in sys.modules or not hasattr(torch.compiler, "set_stance"):
     yield
     return
   with _lock:

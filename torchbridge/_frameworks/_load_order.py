@@ -109,13 +109,13 @@ def load_before_tensorflow():
     # an LD_PRELOADed allocator, and sanitizers refuse it.
     deepbind = getattr(os, "RTLD_DEEPBIND", None)
     if deepbind is None:
-      raise ImportError(ORDER_MESSAGE.format(
-          path=path, reason="this C library has no RTLD_DEEPBIND"))
+      raise ImportError(
+        ORDER_MESSAGE.format(path=path, reason="this C library has no RTLD_DEEPBIND")
+      )
     mode |= deepbind
   try:
     _loaded["triton"] = ctypes.CDLL(path, mode=mode)
   except OSError as error:
     # A broken triton install: `import triton` will fail the same way (an
     # ImportError that torch handles), before any initializer can run.
-    _LOG.info("torchbridge: not preloading triton's library %s: %s",
-              path, error)
+    _LOG.info("torchbridge: not preloading triton's library %s: %s", path, error)

@@ -131,45 +131,62 @@ def _build(compiler, target):
   interop = _compiler.torch_interop_flags(sources)
   directory = target.parent
   last = _last_build_seconds(directory)
-  _say(logging.INFO,
-       "torchbridge: building the native TF op for this set-up (TF %s, "
-       "torch %s; first use, or the set-up changed) with %s into %s. This "
-       "happens once per set-up and takes %s; `python -m torchbridge build` "
-       "does it ahead of time.", tf.__version__, torch.__version__,
-       compiler, directory,
-       f"about {last:.0f} s (the last build here)" if last else
-       "10-30 s on 2 cores")
+  _say(
+    logging.INFO,
+    "torchbridge: building the native TF op for this set-up (TF %s, "
+    "torch %s; first use, or the set-up changed) with %s into %s. This "
+    "happens once per set-up and takes %s; `python -m torchbridge build` "
+    "does it ahead of time.",
+    tf.__version__,
+    torch.__version__,
+    compiler,
+    directory,
+    f"about {last:.0f} s (the last build here)" if last else "10-30 s on 2 cores",
+  )
   started = time.monotonic()
   build_count += 1
-  record = {"complete": bool(interop), "reason": None, "log": None,
-            "compiler": compiler}
+  record = {"complete": bool(interop), "reason": None, "log": None, "compiler": compiler}
   if interop is None:
     record["reason"] = (
-        "torch's C++ headers or libraries are not installed (looked for "
-        "torch/include/ATen/DLConvertor.h and torch/lib/libtorch_python.so)")
-  with tempfile.TemporaryDirectory(dir=directory,
-                                   prefix=f".{_LIB_STEM}-") as work:
+      "torch's C++ headers or libraries are not installed (looked for "
+      "torch/include/ATen/DLConvertor.h and torch/lib/libtorch_python.so)"
+    )
+  with tempfile.TemporaryDirectory(dir=directory, prefix=f".{_LIB_STEM}-") as work:
     output = Path(work, target.name)
     log_path = target.with_suffix(".log")
     failure = _compiler.run(_compiler.plan(compiler, sources, output, interop), log_path)
     if failure and interop:
-      record.update(complete=False, log=str(log_path), reason=(
+      record.update(
+        complete=False,
+        log=str(log_path),
+        reason=(
           f"{_compiler.INTEROP_SOURCE} (torch's side, {_compiler.TORCH_STD}) did not build: "
-          f"{failure}"))
-      failure = _compiler.run(_compiler.plan(compiler, sources, output, None),
-                     target.with_suffix(".plain.log"))
+          f"{failure}"
+        ),
+      )
+      failure = _compiler.run(
+        _compiler.plan(compiler, sources, output, None), target.with_suffix(".plain.log")
+      )
     if failure:
-      _say(logging.INFO, "torchbridge: the native TF op did not build "
-           "(%.1f s): %s", time.monotonic() - started, failure)
+      _say(
+        logging.INFO,
+        "torchbridge: the native TF op did not build (%.1f s): %s",
+        time.monotonic() - started,
+        failure,
+      )
       raise BuildError(failure)
     os.chmod(output, 0o755)  # a shared cache reads it
     record["seconds"] = round(time.monotonic() - started, 2)
     record["built"] = time.strftime("%Y-%m-%d %H:%M:%S")
     _write_atomically(target.with_suffix(".json"), json.dumps(record))
     os.replace(output, target)
-  _say(logging.INFO, "torchbridge: built the native TF op in %.1f s (%s): %s",
-       record["seconds"], "complete" if record["complete"] else
-       "without torch's side", target)
+  _say(
+    logging.INFO,
+    "torchbridge: built the native TF op in %.1f s (%s): %s",
+    record["seconds"],
+    "complete" if record["complete"] else "without torch's side",
+    target,
+  )
 
 
 def connect(path, *, dispatch, registry, export_output):
@@ -206,18 +223,22 @@ def connect(path, *, dispatch, registry, export_output):
 
 def _versions():
   package = sys.modules.get("torchbridge")
-  return "\n".join([
-      sys.version, sys.platform, sysconfig.get_platform(),
+  return "\n".join(
+    [
+      sys.version,
+      sys.platform,
+      sysconfig.get_platform(),
       str(sys.implementation.cache_tag),
-      "tf " + tf.__version__, "torch " + torch.__version__,
+      "tf " + tf.__version__,
+      "torch " + torch.__version__,
       "torchbridge " + str(getattr(package, "__version__", "?")),
-  ])
+    ]
+  )
 
 
 def _last_build_seconds(directory):
   """How long the newest recorded build in `directory` took, or None."""
-  records = sorted(directory.glob(f"{_LIB_STEM}-*.json"),
-                   key=lambda p: p.stat().st_mtime)
+  records = sorted(directory.glob(f"{_LIB_STEM}-*.json"), key=lambda p: p.stat().st_mtime)
   for path in reversed(records):
     seconds = build_record(path.with_suffix(".so")).get("seconds")
     if seconds:
@@ -244,8 +265,7 @@ def _say(level, message, *args):
     _LOG.log(level, message, *args)
   elif _LOG.level == logging.NOTSET or _LOG.level <= level:
     _STDERR.setStream(sys.stderr)  # the current one (tests replace it)
-    _STDERR.handle(_LOG.makeRecord(_LOG.name, level, __file__, 0, message,
-                                   args, None))
+    _STDERR.handle(_LOG.makeRecord(_LOG.name, level, __file__, 0, message, args, None))
 
 
 @contextlib.contextmanager

@@ -57,8 +57,14 @@ def registered_count():
   return len(registry)
 
 
-def dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
-              cuda_device=None, torch_tensors=False):
+def dispatch(
+  callback_id,
+  capsules,
+  unused_outputs=None,
+  cuda_stream=None,
+  cuda_device=None,
+  torch_tensors=False,
+):
   """Called by the kernel, with the GIL: runs callback `callback_id`.
 
   `capsules` is a list of DLPack capsules, one per op input (torch tensors
@@ -75,10 +81,11 @@ def dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
   callback = registry.get(callback_id)
   if callback is None:
     raise RuntimeError(
-        f"torchbridge native callback {callback_id} is not registered: the "
-        "graph that built this TorchbridgeCall op was garbage collected, or "
-        "the op was loaded from a serialized graph (e.g. a SavedModel), which "
-        "cannot carry Python callables.")
+      f"torchbridge native callback {callback_id} is not registered: the "
+      "graph that built this TorchbridgeCall op was garbage collected, or "
+      "the op was loaded from a serialized graph (e.g. a SavedModel), which "
+      "cannot carry Python callables."
+    )
   args = (capsules, unused_outputs) if torch_tensors else (capsules,)
   outer_unused = getattr(_op_call, "unused", None)
   _op_call.unused = unused_outputs
@@ -89,8 +96,7 @@ def dispatch(callback_id, capsules, unused_outputs=None, cuda_stream=None,
       outs = callback(*args)
       # Torch tensors (the torch_tensors op) become capsules here, where
       # any copy this takes is queued on TF's stream.
-      return [_to_capsule(o) if isinstance(o, torch.Tensor) else o
-              for o in outs]
+      return [_to_capsule(o) if isinstance(o, torch.Tensor) else o for o in outs]
   finally:
     _op_call.unused = outer_unused
 
@@ -119,8 +125,6 @@ def output_required(index):
   """
   unused = getattr(_op_call, "unused", None)
   return unused is None or index not in unused
-
-
 
 
 # The capsule-level DLPack functions; torch.utils.dlpack.from_dlpack is a
@@ -158,8 +162,11 @@ def torch_callback(fn):
     capsules_out = []
     as_they_are = 0
     for out in outs:
-      if (type(out) is torch.Tensor and out.is_cpu and  # pylint: disable=unidiomatic-typecheck
-          _adopt.can_adopt_as_is(out)):
+      if (
+        type(out) is torch.Tensor
+        and out.is_cpu  # pylint: disable=unidiomatic-typecheck
+        and _adopt.can_adopt_as_is(out)
+      ):
         capsules_out.append(_to_dlpack(out))
         as_they_are += 1
       else:

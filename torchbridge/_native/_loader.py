@@ -64,16 +64,21 @@ def load():
     if _tried:
       return _library
     if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
-      _status = (f"torchbridge: native TF op disabled by {DISABLE_ENV}="
-                 f"{os.environ[DISABLE_ENV]}; using the tf.py_function path")
+      _status = (
+        f"torchbridge: native TF op disabled by {DISABLE_ENV}="
+        f"{os.environ[DISABLE_ENV]}; using the tf.py_function path"
+      )
       _LOG.info(_status)
     else:
       try:
         path = _build.build_or_reuse()
         _library = tf.load_op_library(str(path))
         _interop = _build.connect(
-            path, dispatch=_callbacks.dispatch, registry=_callbacks.registry,
-            export_output=_adopt.export_output)
+          path,
+          dispatch=_callbacks.dispatch,
+          registry=_callbacks.registry,
+          export_output=_adopt.export_output,
+        )
         # The op has no gradient of its own: callers wrap it in
         # tf.custom_gradient. Declared non-differentiable, a tape around a
         # tf.function that holds it gives None gradients instead of failing
@@ -82,21 +87,27 @@ def load():
         _timeline.connect(path)
         _library_path = path
         if _interop:
-          _status = (f"torchbridge: native TF op loaded from {path} "
-                     "(complete: torch tensors made in C++)")
+          _status = (
+            f"torchbridge: native TF op loaded from {path} (complete: torch tensors made in C++)"
+          )
         else:
           reason = _build.build_record(path).get("reason") or (
-              "built without csrc/torch_interop.cc")
-          _status = (f"torchbridge: native TF op loaded from {path} without "
-                     f"its torch side, trading DLPack capsules with Python "
-                     f"(slower per call): {reason}. After fixing that, "
-                     "rebuild with `python -m torchbridge build --force`")
+            "built without csrc/torch_interop.cc"
+          )
+          _status = (
+            f"torchbridge: native TF op loaded from {path} without "
+            f"its torch side, trading DLPack capsules with Python "
+            f"(slower per call): {reason}. After fixing that, "
+            "rebuild with `python -m torchbridge build --force`"
+          )
           _LOG.warning(_status)
       except Exception as err:  # pylint: disable=broad-except
         _library = None
-        _status = (f"torchbridge: native TF op unavailable ({_one_line(err)})"
-                   f"; using the tf.py_function path (set {DISABLE_ENV}=1 to "
-                   "skip the attempt)")
+        _status = (
+          f"torchbridge: native TF op unavailable ({_one_line(err)})"
+          f"; using the tf.py_function path (set {DISABLE_ENV}=1 to "
+          "skip the attempt)"
+        )
         _LOG.warning(_status)
     _tried = True
     return _library

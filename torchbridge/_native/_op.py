@@ -10,8 +10,15 @@ from torchbridge._native import _loader
 
 
 @tf.autograph.experimental.do_not_convert
-def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
-         torch_tensors=False, whole_tensor_outputs=()):
+def call(
+  callback,
+  inputs_tf,
+  out_dtypes,
+  out_shapes=None,
+  name=None,
+  torch_tensors=False,
+  whole_tensor_outputs=(),
+):
   """Emits one `TorchbridgeCall` op that runs `callback` on `inputs_tf`.
 
   Args:
@@ -57,16 +64,16 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
   lib = _loader.load()
   if lib is None:
     raise RuntimeError(
-        f"the torchbridge native TF op is not available ({_loader.status()}); check "
-        "torchbridge._native._loader.available() before calling call()")
+      f"the torchbridge native TF op is not available ({_loader.status()}); check "
+      "torchbridge._native._loader.available() before calling call()"
+    )
   out_dtypes = [tf.as_dtype(d) for d in out_dtypes]
   if out_shapes is None:
     shapes = []
   else:
     shapes = [tf.TensorShape(s) for s in out_shapes]
     if len(shapes) != len(out_dtypes):
-      raise ValueError(f"{len(shapes)} out_shapes for {len(out_dtypes)} "
-                       "out_dtypes")
+      raise ValueError(f"{len(shapes)} out_shapes for {len(out_dtypes)} out_dtypes")
   if torch_tensors and not _loader.has_torch_interop():
     callback, torch_tensors = _callbacks.torch_callback(callback), False
   eager = tf.executing_eagerly()
@@ -74,10 +81,14 @@ def call(callback, inputs_tf, out_dtypes, out_shapes=None, name=None,
   callback_id = _callbacks.register(callback, graph)
   try:
     outs = lib.torchbridge_call(
-        inputs=list(inputs_tf), Tout=out_dtypes, output_shapes=shapes,
-        callback_id=callback_id, torch_tensors=torch_tensors,
-        whole_tensor_outputs=list(whole_tensor_outputs) if torch_tensors
-        else [], name=name)
+      inputs=list(inputs_tf),
+      Tout=out_dtypes,
+      output_shapes=shapes,
+      callback_id=callback_id,
+      torch_tensors=torch_tensors,
+      whole_tensor_outputs=list(whole_tensor_outputs) if torch_tensors else [],
+      name=name,
+    )
   except BaseException:
     _callbacks.release([callback_id])
     raise

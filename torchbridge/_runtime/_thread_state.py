@@ -31,8 +31,7 @@ def keep_for_this_thread():
   if getattr(_kept, "done", False):
     return
   _kept.done = True
-  if _DUMMY_THREAD is None or not isinstance(threading.current_thread(),
-                                             _DUMMY_THREAD):
+  if _DUMMY_THREAD is None or not isinstance(threading.current_thread(), _DUMMY_THREAD):
     return
   try:
     ensure = ctypes.pythonapi.PyGILState_Ensure

@@ -56,8 +56,7 @@ SAVE = "torchbridge/save state"
 HAND_OFF = "torchbridge/hand off to torch thread"
 TO_TORCH = "torchbridge/inputs to torch"
 TO_TF = "torchbridge/outputs to TF"
-PHASES = (CALL, BIND, FORWARD, BACKWARD, CHECK, SAVE, HAND_OFF, TO_TORCH,
-          TO_TF)
+PHASES = (CALL, BIND, FORWARD, BACKWARD, CHECK, SAVE, HAND_OFF, TO_TORCH, TO_TF)
 
 # None: spans are off; "annotate": spans are TF's and torch's profiler
 # annotations too; "record": recorded only (cheapest, for measuring steps).
@@ -85,6 +84,7 @@ _OFF = _Off()
 
 class _Span:
   """One phase on this thread: TF's and torch's annotations, and a record."""
+
   __slots__ = ("_name", "_tf", "_torch", "_begin", "_stopped")
 
   def __init__(self, name, annotate):
@@ -115,8 +115,7 @@ class _Span:
       self._tf.__exit__(None, None, None)
     recording = _recording
     if recording is not None:
-      recording.add(self._name, threading.get_native_id(), self._begin, end,
-                    "python")
+      recording.add(self._name, threading.get_native_id(), self._begin, end, "python")
 
 
 def span(name):
@@ -134,8 +133,7 @@ def connect(library_path):
   handle.torchbridge_timeline_set.argtypes = [ctypes.c_int]
   handle.torchbridge_timeline_phase_name.restype = ctypes.c_char_p
   handle.torchbridge_timeline_drain.restype = ctypes.c_int64
-  handle.torchbridge_timeline_drain.argtypes = [
-      ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
+  handle.torchbridge_timeline_drain.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
   _library = handle
   if _recording is not None:
     handle.torchbridge_timeline_set(1)
@@ -151,8 +149,9 @@ class Timeline:
     self.events = []
 
   def add(self, name, thread, begin_ns, end_ns, source):
-    self.events.append({"name": name, "thread": thread, "begin_ns": begin_ns,
-                        "end_ns": end_ns, "source": source})
+    self.events.append(
+      {"name": name, "thread": thread, "begin_ns": begin_ns, "end_ns": end_ns, "source": source}
+    )
 
   def totals_us(self) -> dict[str, list[float]]:
     """{phase name: [number of spans, total microseconds]}."""
@@ -166,12 +165,21 @@ class Timeline:
   def chrome_trace(self):
     """The events in Chrome's trace format (chrome://tracing, Perfetto)."""
     origin = min((e["begin_ns"] for e in self.events), default=0)
-    return {"traceEvents": [
-        {"name": e["name"], "cat": e["source"], "ph": "X", "pid": os.getpid(),
-         "tid": e["thread"], "ts": (e["begin_ns"] - origin) / 1e3,
-         "dur": (e["end_ns"] - e["begin_ns"]) / 1e3}
-        for e in sorted(self.events, key=lambda e: e["begin_ns"])],
-            "displayTimeUnit": "ms"}
+    return {
+      "traceEvents": [
+        {
+          "name": e["name"],
+          "cat": e["source"],
+          "ph": "X",
+          "pid": os.getpid(),
+          "tid": e["thread"],
+          "ts": (e["begin_ns"] - origin) / 1e3,
+          "dur": (e["end_ns"] - e["begin_ns"]) / 1e3,
+        }
+        for e in sorted(self.events, key=lambda e: e["begin_ns"])
+      ],
+      "displayTimeUnit": "ms",
+    }
 
   def save(self, path: str | os.PathLike[str]) -> None:
     """Writes `chrome_trace()` as JSON to `path` (open it in Perfetto)."""
@@ -209,8 +217,9 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
   with _lock:
     if _recording is not None:
       raise RuntimeError(
-          "torchbridge.timeline(): a recording is already running in this "
-          "process; end it before starting another (recordings do not nest)")
+        "torchbridge.timeline(): a recording is already running in this "
+        "process; end it before starting another (recordings do not nest)"
+      )
     recording = Timeline()
     outer_mode = _mode
     _mode = "annotate" if annotate or outer_mode == "annotate" else "record"
@@ -233,7 +242,7 @@ def _drain_kernel(recording):
   while True:
     n = _library.torchbridge_timeline_drain(buffer, 4096)
     for k in range(n):
-      phase, thread, begin, end = buffer[4 * k:4 * k + 4]
+      phase, thread, begin, end = buffer[4 * k : 4 * k + 4]
       name = _library.torchbridge_timeline_phase_name(phase).decode()
       recording.add(name, thread, begin, end, "kernel")
     if n < 4096:

@@ -150,8 +150,7 @@ class TorchThread:
       del error
 
   def _start(self):  # with self._lock held; whether a thread started
-    thread = threading.Thread(target=self._loop, name="torchbridge-torch",
-                              daemon=True)
+    thread = threading.Thread(target=self._loop, name="torchbridge-torch", daemon=True)
     try:
       thread.start()
     except RuntimeError:  # "can't start new thread" (limits, shutdown)

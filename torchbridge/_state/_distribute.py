@@ -15,12 +15,12 @@ import tensorflow as tf
 # Strategies that run every replica in this process's Python (or, for the
 # multi-worker one, in each worker's), so a torch call can run there.
 _SUPPORTED_STRATEGIES = (
-    tf.distribute.MirroredStrategy,
-    tf.distribute.MultiWorkerMirroredStrategy,
-    tf.distribute.OneDeviceStrategy,
-    tf.compat.v1.distribute.MirroredStrategy,
-    tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
-    tf.compat.v1.distribute.OneDeviceStrategy,
+  tf.distribute.MirroredStrategy,
+  tf.distribute.MultiWorkerMirroredStrategy,
+  tf.distribute.OneDeviceStrategy,
+  tf.compat.v1.distribute.MirroredStrategy,
+  tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy,
+  tf.compat.v1.distribute.OneDeviceStrategy,
 )
 
 _UNSUPPORTED = """\
@@ -35,16 +35,17 @@ process that holds its variables. Create the module under one of those, e.g.
 
 _TPU_REASON = "TPUs run compiled XLA programs, which cannot call torch."
 _PARAMETER_SERVER_REASON = (
-    "its functions run on remote worker processes, which cannot reach this "
-    "process's torch module.")
+  "its functions run on remote worker processes, which cannot reach this process's torch module."
+)
 _REASONS = {
-    "TPUStrategy": _TPU_REASON,
-    "TPUStrategyV2": _TPU_REASON,
-    "ParameterServerStrategy": _PARAMETER_SERVER_REASON,
-    "ParameterServerStrategyV2": _PARAMETER_SERVER_REASON,
-    "CentralStorageStrategy": (
-        "it keeps variables on one device and aggregates updates in ways "
-        "the bridge's buffer write-back does not follow (untested)."),
+  "TPUStrategy": _TPU_REASON,
+  "TPUStrategyV2": _TPU_REASON,
+  "ParameterServerStrategy": _PARAMETER_SERVER_REASON,
+  "ParameterServerStrategyV2": _PARAMETER_SERVER_REASON,
+  "CentralStorageStrategy": (
+    "it keeps variables on one device and aggregates updates in ways "
+    "the bridge's buffer write-back does not follow (untested)."
+  ),
 }
 
 _OUTSIDE_SCOPE = """\
@@ -65,9 +66,13 @@ def check_strategy(owner):
   if isinstance(strategy, _SUPPORTED_STRATEGIES):
     return
   name = type(strategy).__name__
-  raise ValueError(_UNSUPPORTED.format(
-      owner=owner, strategy=name,
-      reason=_REASONS.get(name, "it is not one the bridge was built for.")))
+  raise ValueError(
+    _UNSUPPORTED.format(
+      owner=owner,
+      strategy=name,
+      reason=_REASONS.get(name, "it is not one the bridge was built for."),
+    )
+  )
 
 
 def check_call_context(owner, variables):
@@ -86,10 +91,8 @@ def check_call_context(owner, variables):
   if strategy.num_replicas_in_sync == 1:
     return  # one replica: plain variables serve it as well
   extended = strategy.extended
-  if not all(extended.variable_created_in_scope(_tf_variable(v))
-             for v in variables):
-    raise ValueError(_OUTSIDE_SCOPE.format(
-        owner=owner, strategy=type(strategy).__name__))
+  if not all(extended.variable_created_in_scope(_tf_variable(v)) for v in variables):
+    raise ValueError(_OUTSIDE_SCOPE.format(owner=owner, strategy=type(strategy).__name__))
 
 
 def _tf_variable(variable):

@@ -17,9 +17,10 @@ def check_is_module(module, owner_name):
   """Raises a TypeError, with the fix, for anything but a torch module."""
   if not isinstance(module, torch.nn.Module):
     raise TypeError(
-        f"{owner_name} expects a torch.nn.Module, got {module!r} of type "
-        f"{type(module).__name__}. Wrap a plain torch function with "
-        "tb.torch_function instead: `f = tb.torch_function(fn)`.")
+      f"{owner_name} expects a torch.nn.Module, got {module!r} of type "
+      f"{type(module).__name__}. Wrap a plain torch function with "
+      "tb.torch_function instead: `f = tb.torch_function(fn)`."
+    )
 
 
 def check_module(module, owner_name):
@@ -28,15 +29,17 @@ def check_module(module, owner_name):
   for n, t in list(module.named_parameters()) + list(module.named_buffers()):
     if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
       raise ValueError(
-          f"{owner_name}: torch parameter or buffer {n!r} is not initialized "
-          "yet (a lazy module such as nn.LazyLinear). Run the torch module "
-          "once on an example input before wrapping it, e.g. "
-          "`module(torch.zeros(1, in_features))`.")
+        f"{owner_name}: torch parameter or buffer {n!r} is not initialized "
+        "yet (a lazy module such as nn.LazyLinear). Run the torch module "
+        "once on an example input before wrapping it, e.g. "
+        "`module(torch.zeros(1, in_features))`."
+      )
     if t.is_meta:
       raise ValueError(
-          f"{owner_name}: torch parameter or buffer {n!r} is on the meta "
-          "device and holds no values. Materialize it first, e.g. "
-          "`module.to_empty(device='cpu')`, then initialize or load weights.")
+        f"{owner_name}: torch parameter or buffer {n!r} is on the meta "
+        "device and holds no values. Materialize it first, e.g. "
+        "`module.to_empty(device='cpu')`, then initialize or load weights."
+      )
 
 
 _DTYPE_MISMATCH = """\
@@ -60,26 +63,38 @@ class explain_dtype_errors:
     return self
 
   def __exit__(self, exc_type, err, tb):
-    if not isinstance(err, (RuntimeError, TypeError)) or \
-        "type" not in str(err).lower():
+    if not isinstance(err, (RuntimeError, TypeError)) or "type" not in str(err).lower():
       return False
-    params = sorted({str(p.dtype).replace("torch.", "")
-                     for p in self._module.parameters()
-                     if p.is_floating_point()})
-    odd = [(k, t) for k, t in enumerate(self._inputs)
-           if str(t.dtype).replace("torch.", "") not in params]
+    params = sorted(
+      {
+        str(p.dtype).replace("torch.", "")
+        for p in self._module.parameters()
+        if p.is_floating_point()
+      }
+    )
+    odd = [
+      (k, t) for k, t in enumerate(self._inputs) if str(t.dtype).replace("torch.", "") not in params
+    ]
     if len(params) != 1 or not odd:
       return False
     inputs = ", ".join(
-        f"input {k} of dtype {str(t.dtype).replace('torch.', '')} (shape "
-        f"{tuple(t.shape)})" for k, t in odd)
+      f"input {k} of dtype {str(t.dtype).replace('torch.', '')} (shape {tuple(t.shape)})"
+      for k, t in odd
+    )
     module_fix = ""
     if all(t.is_floating_point() for _, t in odd):
-      module_fix = (", or convert the torch module to the inputs' dtype "
-                    "before wrapping it (e.g. `module.double()`)")
+      module_fix = (
+        ", or convert the torch module to the inputs' dtype "
+        "before wrapping it (e.g. `module.double()`)"
+      )
     message = _DTYPE_MISMATCH.format(
-        name=self._name, inputs=inputs, param=params[0],
-        error_type=type(err).__name__, error=err, module_fix=module_fix)
+      name=self._name,
+      inputs=inputs,
+      param=params[0],
+      error_type=type(err).__name__,
+      error=err,
+      module_fix=module_fix,
+    )
     try:
       explained = type(err)(message)
     except Exception:  # an exception type whose constructor wants more
@@ -126,9 +141,12 @@ class torch_mode:
 def as_python_bool(training, name):
   if isinstance(training, (bool, np.bool_)):
     return bool(training)
-  if (isinstance(training, (tf.Tensor, tf.Variable)) and
-      tf.executing_eagerly() and training.dtype == tf.bool and
-      training.shape.rank == 0):
+  if (
+    isinstance(training, (tf.Tensor, tf.Variable))
+    and tf.executing_eagerly()
+    and training.dtype == tf.bool
+    and training.shape.rank == 0
+  ):
     return bool(training.numpy())
   raise TypeError(_TRAINING_NOT_BOOL.format(name=name, received=training))
 
@@ -145,10 +163,12 @@ def as_numpy(value, key, name):
     array = np.asarray(value)
   except Exception as err:
     raise TypeError(
-        f"{name}.set_weights(): entry {key!r} is a {type(value).__name__}, "
-        "expected a numpy array or a tensor.") from err
+      f"{name}.set_weights(): entry {key!r} is a {type(value).__name__}, "
+      "expected a numpy array or a tensor."
+    ) from err
   if array.dtype == object or array.dtype.kind in "USV":
     raise TypeError(
-        f"{name}.set_weights(): entry {key!r} has dtype {array.dtype}, "
-        "expected numeric values (a numpy array or a tensor).")
+      f"{name}.set_weights(): entry {key!r} has dtype {array.dtype}, "
+      "expected numeric values (a numpy array or a tensor)."
+    )
   return array

@@ -23,6 +23,7 @@ from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
 from torchbridge._state import _write_recorder
 
+
 class TorchState:
   """A torch module whose parameters and buffers live in TF variables.
 
@@ -48,30 +49,33 @@ class TorchState:
     # state_dict name -> canonical name of the tensor it holds (tied
     # parameters have several state_dict names for one tensor).
     by_id = {id(t): n for n, t in list(params.items()) + list(buffers.items())}
-    self.state_names = {n: by_id[id(t)] for n, t in
-                        module.state_dict(keep_vars=True).items()}
+    self.state_names = {n: by_id[id(t)] for n, t in module.state_dict(keep_vars=True).items()}
     # torch modes -> names of the buffers the forward writes (learnt while
     # tracing or on the first eager call), so later calls copy only those.
     self._mutated_buffers = {}
     # One forward at a time: a call swaps tensors into the shared
     # torch module for the duration of a call.
     self._lock = threading.RLock()
-    self._slots = _swap.TensorSlots(module, self.param_names +
-                                    self.buffer_names)
+    self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
     self._modules = list(module.modules())
     self.variables = {}
     for n, t in list(params.items()) + list(buffers.items()):
       trainable = n in params and t.requires_grad
       value_tf = tf_owned_copy(t)
       # Only buffers are written in replica context (by the forward).
-      aggregation = (tf.VariableAggregation.NONE if n in params else
-                     _distribute.buffer_aggregation(value_tf.dtype))
+      aggregation = (
+        tf.VariableAggregation.NONE
+        if n in params
+        else _distribute.buffer_aggregation(value_tf.dtype)
+      )
       self.variables[n] = make_variable(n, value_tf, trainable, aggregation)
     # The weights are held once, by the variables: the torch module's own
     # tensors now hold views of them (see `_torch_views.TorchViews`).
     self._views = _torch_views.TorchViews(
-        self, module, {n: (t, self.variables[n]) for n, t in
-               list(params.items()) + list(buffers.items())})
+      self,
+      module,
+      {n: (t, self.variables[n]) for n, t in list(params.items()) + list(buffers.items())},
+    )
 
   def sync_torch(self):
     """Points the torch module's tensors at the variables; returns it.
@@ -124,8 +128,11 @@ class TorchState:
             views.resume_hooks()
 
     def locked_run(args_torch, bind):
-      known_mutated = (frozenset(self.buffer_names) if output_signature
-                       is not None else self._mutated_buffers.get(mode_key))
+      known_mutated = (
+        frozenset(self.buffer_names)
+        if output_signature is not None
+        else self._mutated_buffers.get(mode_key)
+      )
       buffers_torch = {}
       for n, b in zip(self.buffer_names, args_torch[n_params:n_vars]):
         if b.is_meta and b.dim() == 0:
@@ -134,8 +141,7 @@ class TorchState:
           # read with `.item()`) get their current value, on the CPU, where
           # torch lets 0-d tensors mix with any device.
           with tf.init_scope():
-            b = _exchange.tensor_to_torch(
-                tf.convert_to_tensor(self.variables[n])).cpu()
+            b = _exchange.tensor_to_torch(tf.convert_to_tensor(self.variables[n])).cpu()
         # Buffers the forward may write get a private copy, so torch never
         # writes into a TF buffer behind TF's back; the copy is then
         # assigned to the variable (which adopts it without copying).
@@ -146,8 +152,10 @@ class TorchState:
       tensors.update(buffers_torch)
       a, kw = call.substitute(args_torch[n_vars:])
       bind.stop()
-      with _module_checks.torch_mode(self.module, self._modules, training), \
-          _module_checks.explain_dtype_errors(self.name, self.module, args_torch[n_vars:]):
+      with (
+        _module_checks.torch_mode(self.module, self._modules, training),
+        _module_checks.explain_dtype_errors(self.name, self.module, args_torch[n_vars:]),
+      ):
         if known_mutated is None:
           # The first call in this mode (eagerly, or on meta tensors while
           # tracing) finds the buffers the forward writes; later calls in
@@ -156,9 +164,10 @@ class TorchState:
           with _compiled.run_uncompiled(), _write_recorder.WriteRecorder() as recorder:
             result, reassigned = self._slots.call(tensors, a, kw)
           known_mutated = frozenset(
-              n for n, b in buffers_torch.items()
-              if b._version != versions[n] or recorder.wrote(b) or
-              n in reassigned)
+            n
+            for n, b in buffers_torch.items()
+            if b._version != versions[n] or recorder.wrote(b) or n in reassigned
+          )
         else:
           result, reassigned = self._slots.call(tensors, a, kw)
       # A buffer the forward replaced (`self.buf = ...`) has its new value
@@ -167,26 +176,31 @@ class TorchState:
         if n in buffers_torch:
           buffers_torch[n] = t
       # The written buffers cross as extra outputs, to be assigned.
-      return _call.Outputs(result, {
-          n: b for n, b in buffers_torch.items() if n in known_mutated})
+      return _call.Outputs(result, {n: b for n, b in buffers_torch.items() if n in known_mutated})
 
     differentiable = (
-        [self.variables[n].trainable for n in self.param_names] +
-        [False] * len(self.buffer_names) +
-        [_call.is_differentiable(a.dtype) for a in call.args_tf])
+      [self.variables[n].trainable for n in self.param_names]
+      + [False] * len(self.buffer_names)
+      + [_call.is_differentiable(a.dtype) for a in call.args_tf]
+    )
     extra_signature = None
     if output_signature is not None:
-      extra_signature = {n: tf.TensorSpec(self.variables[n].shape,
-                                          self.variables[n].dtype)
-                         for n in self.buffer_names}
+      extra_signature = {
+        n: tf.TensorSpec(self.variables[n].shape, self.variables[n].dtype)
+        for n in self.buffer_names
+      }
     # Should the output specs have to be found by a real run while tracing,
     # the weights are the variables' current values.
     stand_ins = [functools.partial(self._current_value, n) for n in names]
     outputs = _call.call_bridged(
-        run, vars_tf + call.args_tf, self.name,
-        output_signature=output_signature, differentiable=differentiable,
-        extra_signature=extra_signature,
-        stand_ins=stand_ins + [None] * len(call.args_tf))
+      run,
+      vars_tf + call.args_tf,
+      self.name,
+      output_signature=output_signature,
+      differentiable=differentiable,
+      extra_signature=extra_signature,
+      stand_ins=stand_ins + [None] * len(call.args_tf),
+    )
     self._mutated_buffers[mode_key] = frozenset(outputs.extra)
     for n, value_tf in outputs.extra.items():
       self.variables[n].assign(value_tf)
@@ -194,8 +208,7 @@ class TorchState:
 
   def _current_value(self, name):
     with tf.init_scope():
-      return _exchange.tensor_to_torch(
-          tf.convert_to_tensor(self.variables[name]))
+      return _exchange.tensor_to_torch(tf.convert_to_tensor(self.variables[name]))
 
   def _mode_key(self, training):
     if isinstance(training, list):
@@ -206,16 +219,16 @@ class TorchState:
 
   def get_weights(self):
     """`{state_dict name: np.ndarray}`, copies of the current values."""
-    return {n: np.array(self.variables[c].numpy(), copy=True)
-            for n, c in self.state_names.items()}
+    return {n: np.array(self.variables[c].numpy(), copy=True) for n, c in self.state_names.items()}
 
   def set_weights(self, weights):
     """Sets every variable from `{state_dict name: array}`, all or nothing."""
     if not isinstance(weights, collections.abc.Mapping):
       raise TypeError(
-          f"{self.name}.set_weights() expects a mapping from torch "
-          f"state_dict names to arrays, got {type(weights).__name__}. Pass "
-          "the dict that get_weights() returns, or a torch state_dict.")
+        f"{self.name}.set_weights() expects a mapping from torch "
+        f"state_dict names to arrays, got {type(weights).__name__}. Pass "
+        "the dict that get_weights() returns, or a torch state_dict."
+      )
     expected = set(self.state_names)
     missing = sorted(expected - set(weights))
     unexpected = sorted(set(weights) - expected)
@@ -230,24 +243,24 @@ class TorchState:
       var = self.variables[self.state_names[n]]
       value = _module_checks.as_numpy(weights[n], n, self.name)
       if tuple(value.shape) != tuple(var.shape):
-        problems.append(
-            f"{n!r} has shape {tuple(value.shape)}, expected "
-            f"{tuple(var.shape)}")
+        problems.append(f"{n!r} has shape {tuple(value.shape)}, expected {tuple(var.shape)}")
         continue
       canonical = self.state_names[n]
       if canonical in values:
         if not np.array_equal(values[canonical], value):
           problems.append(
-              f"{first_name[canonical]!r} and {n!r} are one tied tensor in "
-              "torch but have different values")
+            f"{first_name[canonical]!r} and {n!r} are one tied tensor in "
+            "torch but have different values"
+          )
         continue
       values[canonical] = value
       first_name[canonical] = n
     if problems:
       raise ValueError(
-          f"{self.name}.set_weights() got weights that do not fit the torch "
-          f"module: {'; '.join(problems)}. Expected exactly the names of "
-          f"its state_dict: {sorted(expected)}.")
+        f"{self.name}.set_weights() got weights that do not fit the torch "
+        f"module: {'; '.join(problems)}. Expected exactly the names of "
+        f"its state_dict: {sorted(expected)}."
+      )
     for canonical, value in values.items():
       var = self.variables[canonical]
       dtype = tf.as_dtype(var.dtype)
@@ -274,5 +287,3 @@ def _tf_owned(value_tf):
     return tf.raw_ops.DeepCopy(x=value_tf)
   except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
     return value_tf  # no kernel for this dtype and device: TF copies once
-
-

@@ -12,7 +12,9 @@ import tensorflow as tf
 from torchbridge._frameworks import _compat
 from torchbridge._crossing import _exchange
 
-_HOLDERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(torch tensor) -> (weakref to it, weakref to TorchViews)
+_HOLDERS: dict[
+  int, tuple[weakref.ref, weakref.ref]
+] = {}  # id(torch tensor) -> (weakref to it, weakref to TorchViews)
 
 
 class TorchViews:
@@ -57,11 +59,9 @@ class TorchViews:
       hooks.append(handle)
       table = _compat.forward_pre_hook_table(sub)
       self._forward_hooks.append((table, handle.id, table[handle.id]))
-      hooks.append(sub.register_state_dict_pre_hook(
-          _LendOnUse(ref, "state_dict")))
+      hooks.append(sub.register_state_dict_pre_hook(_LendOnUse(ref, "state_dict")))
     self.lend()
-    finalizer = weakref.finalize(state, _copy_back, list(pairs.values()),
-                                 hooks)
+    finalizer = weakref.finalize(state, _copy_back, list(pairs.values()), hooks)
     finalizer.atexit = False  # at exit nothing reads the torch module again
 
   def lend(self):
@@ -128,14 +128,18 @@ def _lending_class(cls):
     return cls
   lending = _LENDING_CLASSES.get(cls)
   if lending is None:
-    lending = type(cls.__name__, (cls,), {
+    lending = type(
+      cls.__name__,
+      (cls,),
+      {
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "_torchbridge_original_class": cls,
         "__torch_function__": _compat.disabled_torch_function_impl(),
         "__deepcopy__": _deepcopy_lent,
         "__reduce_ex__": _reduce_ex_lent,
-    })
+      },
+    )
     _LENDING_CLASSES[cls] = lending
   return lending
 
@@ -172,6 +176,7 @@ def _forget(key):
     entry = _HOLDERS.get(key)
     if entry is not None and entry[0]() is None:
       del _HOLDERS[key]
+
   return callback
 
 
@@ -200,10 +205,8 @@ def _copy_values(pairs):
 
 
 def _placeholder(tensor_torch):
-  fill = (float("nan") if tensor_torch.is_floating_point() or
-          tensor_torch.is_complex() else 0)
-  one = torch.full((), fill, dtype=tensor_torch.dtype,
-                   device=tensor_torch.device)
+  fill = float("nan") if tensor_torch.is_floating_point() or tensor_torch.is_complex() else 0
+  one = torch.full((), fill, dtype=tensor_torch.dtype, device=tensor_torch.device)
   return one.expand(tensor_torch.shape)
 
 

@@ -4,9 +4,9 @@ import torch
 
 from torchbridge._frameworks import _compat
 
-_UNANNOTATED_STATS_WRITERS = frozenset((
-    "aten::native_batch_norm", "aten::cudnn_batch_norm",
-    "aten::miopen_batch_norm"))
+_UNANNOTATED_STATS_WRITERS = frozenset(
+  ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm")
+)
 
 
 # The base is torch's TorchDispatchMode, found where this torch keeps it.
@@ -36,8 +36,7 @@ class WriteRecorder(_compat.torch_dispatch_mode()):  # type: ignore[misc]
     for k, arg in enumerate(schema.arguments):
       if arg.alias_info is not None and arg.alias_info.is_write:
         self._record(args[k] if k < len(args) else kwargs.get(arg.name))
-    if schema.name in _UNANNOTATED_STATS_WRITERS and len(args) > 5 \
-        and args[5]:
+    if schema.name in _UNANNOTATED_STATS_WRITERS and len(args) > 5 and args[5]:
       self._record([args[3], args[4]])
     return func(*args, **kwargs)
 

@@ -11,26 +11,48 @@ import tensorflow as tf
 
 # Ops TF has whole: kept instead of decomposed into many small ATen ops.
 _KEEP_WHOLE = (
-    "linear.default", "convolution.default", "layer_norm.default",
-    "native_layer_norm.default", "embedding.default", "gelu.default",
-    "_native_batch_norm_legit_no_training.default", "lstm.input", "gru.input",
-    "rnn_tanh.input", "rnn_relu.input", "_softmax.default",
-    "_log_softmax.default", "addmm.default", "silu.default", "hardtanh.default",
-    "hardswish.default", "hardsigmoid.default", "leaky_relu.default",
-    "elu.default", "softplus.default", "native_group_norm.default",
-    "max_pool2d_with_indices.default", "avg_pool2d.default",
-    "_adaptive_avg_pool2d.default", "adaptive_max_pool2d.default",
-    "max_pool3d_with_indices.default", "avg_pool3d.default",
-    "_adaptive_avg_pool3d.default", "clamp.default", "tril.default",
-    "triu.default", "cumsum.default", "var.correction",
-    # Also a workaround: torch 2.13's decomposition of it makes a view of
-    # the wrong strides when the batch size is dynamic (GPT-2 fails).
-    "scaled_dot_product_attention.default",
+  "linear.default",
+  "convolution.default",
+  "layer_norm.default",
+  "native_layer_norm.default",
+  "embedding.default",
+  "gelu.default",
+  "_native_batch_norm_legit_no_training.default",
+  "lstm.input",
+  "gru.input",
+  "rnn_tanh.input",
+  "rnn_relu.input",
+  "_softmax.default",
+  "_log_softmax.default",
+  "addmm.default",
+  "silu.default",
+  "hardtanh.default",
+  "hardswish.default",
+  "hardsigmoid.default",
+  "leaky_relu.default",
+  "elu.default",
+  "softplus.default",
+  "native_group_norm.default",
+  "max_pool2d_with_indices.default",
+  "avg_pool2d.default",
+  "_adaptive_avg_pool2d.default",
+  "adaptive_max_pool2d.default",
+  "max_pool3d_with_indices.default",
+  "avg_pool3d.default",
+  "_adaptive_avg_pool3d.default",
+  "clamp.default",
+  "tril.default",
+  "triu.default",
+  "cumsum.default",
+  "var.correction",
+  # Also a workaround: torch 2.13's decomposition of it makes a view of
+  # the wrong strides when the batch size is dynamic (GPT-2 fails).
+  "scaled_dot_product_attention.default",
 )
 
 Program = collections.namedtuple(
-    "Program", ["graph", "user_inputs", "state_inputs", "constants",
-                "structure"])
+  "Program", ["graph", "user_inputs", "state_inputs", "constants", "structure"]
+)
 
 
 def check_signature(input_signature):
@@ -38,17 +60,20 @@ def check_signature(input_signature):
   if isinstance(input_signature, tf.TensorSpec):
     input_signature = [input_signature]
   if not isinstance(input_signature, (list, tuple)) or not all(
-      isinstance(s, tf.TensorSpec) for s in input_signature):
+    isinstance(s, tf.TensorSpec) for s in input_signature
+  ):
     raise TypeError(
-        "translate(input_signature): expected a list of tf.TensorSpec, one "
-        f"per positional input of the forward; got {input_signature!r}. "
-        "Example: input_signature=[tf.TensorSpec([None, 3], tf.float32)].")
+      "translate(input_signature): expected a list of tf.TensorSpec, one "
+      f"per positional input of the forward; got {input_signature!r}. "
+      "Example: input_signature=[tf.TensorSpec([None, 3], tf.float32)]."
+    )
   for k, spec in enumerate(input_signature):
     if spec.shape.rank is None:
       raise ValueError(
-          f"translate(input_signature): spec {k} ({spec}) has an unknown "
-          "rank; give every dimension, with None for a dynamic size, e.g. "
-          "tf.TensorSpec([None, 3], tf.float32).")
+        f"translate(input_signature): spec {k} ({spec}) has an unknown "
+        "rank; give every dimension, with None for a dynamic size, e.g. "
+        "tf.TensorSpec([None, 3], tf.float32)."
+      )
   return list(input_signature)
 
 
@@ -58,23 +83,24 @@ def example_inputs(specs, given):
   if given is not None:
     if len(given) != len(specs):
       raise ValueError(
-          f"translate(example_inputs): expected {len(specs)} inputs, one per "
-          f"spec of input_signature, got {len(given)}.")
+        f"translate(example_inputs): expected {len(specs)} inputs, one per "
+        f"spec of input_signature, got {len(given)}."
+      )
     tensors = []
     for k, (value, spec) in enumerate(zip(given, specs)):
       array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
       if not spec.shape.is_compatible_with(array.shape):
         raise ValueError(
-            f"translate(example_inputs): input {k} has shape "
-            f"{list(array.shape)}, which does not fit input_signature "
-            f"{spec.shape}.")
+          f"translate(example_inputs): input {k} has shape "
+          f"{list(array.shape)}, which does not fit input_signature "
+          f"{spec.shape}."
+        )
       tensors.append(torch.from_numpy(array.astype(spec.dtype.as_numpy_dtype)))
     return tensors
   rng = np.random.default_rng(0)
   tensors = []
   for spec in specs:
-    shape = [(2 if a == 0 else 3) if d is None else d
-             for a, d in enumerate(spec.shape.as_list())]
+    shape = [(2 if a == 0 else 3) if d is None else d for a, d in enumerate(spec.shape.as_list())]
     dtype = spec.dtype.as_numpy_dtype
     if spec.dtype.is_floating:
       array = rng.standard_normal(shape).astype(dtype)
@@ -88,27 +114,33 @@ def example_inputs(specs, given):
 
 def export(torch_module, specs, examples_torch, name):
   """`torch.export` of the module, decomposed; returns a `Program`."""
-  dynamic = tuple({a: _dynamic_dim(k, a) for a, d in
-                   enumerate(spec.shape.as_list()) if d is None}
-                  or None for k, spec in enumerate(specs))
+  dynamic = tuple(
+    {a: _dynamic_dim(k, a) for a, d in enumerate(spec.shape.as_list()) if d is None} or None
+    for k, spec in enumerate(specs)
+  )
   try:
     with warnings.catch_warnings():
       # nn.LSTM / nn.GRU keep their weights in a plain list; torch warns
       # that it was assigned during export, which changes nothing here.
-      warnings.filterwarnings("ignore", "The tensor attributes .* were "
-                              "assigned during export", UserWarning)
+      warnings.filterwarnings(
+        "ignore", "The tensor attributes .* were assigned during export", UserWarning
+      )
       # torch.export's own pytree code (torch 2.13) trips its deprecation.
-      warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` "
-                              "is deprecated", FutureWarning)
-      program = torch.export.export(torch_module, tuple(examples_torch),
-                                    dynamic_shapes=dynamic)
+      warnings.filterwarnings(
+        "ignore",
+        r"`isinstance\(treespec, LeafSpec\)` "
+        "is deprecated",
+        FutureWarning,
+      )
+      program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=dynamic)
       program = program.run_decompositions(_decompositions())
   except Exception as err:  # torch.export's errors are many and unrelated
     raise ValueError(
-        f"translate({name!r}): torch.export could not export the module with "
-        f"input_signature {specs}: {type(err).__name__}: {err}\nFixed sizes "
-        "in place of None, or example_inputs closer to real data, may help; "
-        "else keep calling the module through the bridge.") from err
+      f"translate({name!r}): torch.export could not export the module with "
+      f"input_signature {specs}: {type(err).__name__}: {err}\nFixed sizes "
+      "in place of None, or example_inputs closer to real data, may help; "
+      "else keep calling the module through the bridge."
+    ) from err
   _check_dynamic_dims(program, specs, name)
   return _program(program, name)
 
@@ -128,23 +160,26 @@ def _decompositions():
 
 
 def _check_dynamic_dims(program, specs, name):
-  placeholders = {n.name: n for n in program.graph.nodes
-                  if n.op == "placeholder"}
+  placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
   user = program.graph_signature.user_inputs
   for k, (input_name, spec) in enumerate(zip(user, specs)):
     shape = placeholders[input_name].meta["val"].shape
     for axis, d in enumerate(spec.shape.as_list()):
       if d is None and symbolic_shapes.is_concrete_int(shape[axis]):
         size = int(shape[axis])
-        why = (f"torch.export fixes every dimension of size {size} in the "
-               f"example inputs, so pass example_inputs with a size >= 2 "
-               f"there" if size < 2 else
-               f"the model's code needs that size fixed; give it in the spec "
-               f"(tf.TensorSpec with {size} there)")
+        why = (
+          f"torch.export fixes every dimension of size {size} in the "
+          f"example inputs, so pass example_inputs with a size >= 2 "
+          f"there"
+          if size < 2
+          else f"the model's code needs that size fixed; give it in the spec "
+          f"(tf.TensorSpec with {size} there)"
+        )
         raise ValueError(
-            f"translate({name!r}): input_signature says input {k} has a "
-            f"dynamic size in dimension {axis}, but torch.export specialized "
-            f"it to {size}: {why}.")
+          f"translate({name!r}): input_signature says input {k} has a "
+          f"dynamic size in dimension {axis}, but torch.export specialized "
+          f"it to {size}: {why}."
+        )
 
 
 def _program(program, name):
@@ -155,22 +190,25 @@ def _program(program, name):
     if spec.kind in (kinds.PARAMETER, kinds.BUFFER):
       state_inputs[spec.arg.name] = spec.target
     elif spec.kind == kinds.CONSTANT_TENSOR:
-      constants[spec.arg.name] = program.constants[spec.target].detach(
-          ).cpu().numpy()
+      constants[spec.arg.name] = program.constants[spec.target].detach().cpu().numpy()
     elif spec.kind != kinds.USER_INPUT:
-      raise ValueError(f"translate({name!r}): the exported graph takes a "
-                       f"{spec.kind.name} input ({spec.target}), which has no "
-                       "TF translation; keep calling it through the bridge.")
+      raise ValueError(
+        f"translate({name!r}): the exported graph takes a "
+        f"{spec.kind.name} input ({spec.target}), which has no "
+        "TF translation; keep calling it through the bridge."
+      )
   if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
     raise ValueError(
-        f"translate({name!r}): the forward writes tensors in eval mode "
-        f"({sorted(signature.buffers_to_mutate.values())}); a translation "
-        "computes outputs only: keep calling the module through the bridge.")
+      f"translate({name!r}): the forward writes tensors in eval mode "
+      f"({sorted(signature.buffers_to_mutate.values())}); a translation "
+      "computes outputs only: keep calling the module through the bridge."
+    )
   outputs = [s.arg.name for s in signature.output_specs]
   count = len(outputs)
   structure = program.call_spec.out_spec.unflatten(list(range(count)))
-  return Program(program.graph, list(signature.user_inputs), state_inputs,
-                 constants, _plain(structure))
+  return Program(
+    program.graph, list(signature.user_inputs), state_inputs, constants, _plain(structure)
+  )
 
 
 def _plain(structure):
@@ -189,8 +227,7 @@ def flatten_like(structure, value):
   if isinstance(structure, int):
     return {structure: value}
   flat = {}
-  items = structure.items() if isinstance(structure, dict) else enumerate(
-      structure)
+  items = structure.items() if isinstance(structure, dict) else enumerate(structure)
   for key, sub in items:
     flat.update(flatten_like(sub, value[key]))
   return flat

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from torchbridge._translate._aten import _table
 from torchbridge._translate import _channels_last
+
 # The op tables: imported for the entries they register.
 from torchbridge._translate._aten import _conv  # noqa: F401  pylint: disable=unused-import
 from torchbridge._translate._aten import _nn  # noqa: F401  pylint: disable=unused-import
@@ -32,8 +33,9 @@ def untranslated(graph):
       elif entry[2] is not None and (reason := entry[2](node)):
         found.setdefault(key, reason)
     elif node.op in ("call_module", "call_method", "get_attr"):
-      found.setdefault(f"{node.op} {node.target}",
-                       "control flow or submodule call in the exported graph")
+      found.setdefault(
+        f"{node.op} {node.target}", "control flow or submodule call in the exported graph"
+      )
   return found
 
 
@@ -73,8 +75,7 @@ def _call(node, env):
   except _table.Refused as err:  # a limit of the translation: say where
     raise _table.Refused(f"{where}: {err}") from err
   except Exception as err:  # a bug: not to be mistaken for a missing op
-    raise _table.Failed(
-        f"{where}: its translation raised {type(err).__name__}: {err}") from err
+    raise _table.Failed(f"{where}: its translation raised {type(err).__name__}: {err}") from err
   return _with_recorded_dtype(result, out)
 
 
@@ -88,8 +89,7 @@ def _value(arg, env):
 
 def _with_recorded_dtype(result, out):
   if isinstance(result, (tuple, list)) and isinstance(out, (tuple, list)):
-    return type(result)(_with_recorded_dtype(r, o) for r, o in
-                        zip(result, out))
+    return type(result)(_with_recorded_dtype(r, o) for r, o in zip(result, out))
   dtype = getattr(out, "dtype", None)
   if dtype is None or not hasattr(out, "shape") or result is None:
     return result

@@ -31,8 +31,12 @@ This is a bug in the translation of one of the model's ops: please report
 it with the model. Until then, keep calling the module through the bridge,
 or pass looser rtol/atol if the difference is expected (e.g. float16)."""
 
-_DEFAULT_TOLERANCES = {tf.float64: (1e-10, 1e-10), tf.float32: (1e-5, 1e-6),
-                       tf.float16: (1e-2, 1e-3), tf.bfloat16: (2e-2, 1e-2)}
+_DEFAULT_TOLERANCES = {
+  tf.float64: (1e-10, 1e-10),
+  tf.float32: (1e-5, 1e-6),
+  tf.float16: (1e-2, 1e-3),
+  tf.bfloat16: (2e-2, 1e-2),
+}
 
 
 _FAILED = """\
@@ -64,8 +68,7 @@ class UntranslatedOpsError(NotImplementedError):
     aten._fft_r2c.default
   """
 
-  def __init__(self, message: str,
-               ops: Mapping[str, Any] | None = None) -> None:
+  def __init__(self, message: str, ops: Mapping[str, Any] | None = None) -> None:
     super().__init__(message)
     self.ops = dict(ops or {})
 
@@ -98,9 +101,17 @@ class Translated(tf.Module):
   """
 
   _TF_MODULE_IGNORED_PROPERTIES = frozenset(
-      ("_graph", "_structure", "_user_inputs", "_constants", "_state_inputs",
-       "_input_signature", "_jit_compile", "parity")).union(
-          tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+    (
+      "_graph",
+      "_structure",
+      "_user_inputs",
+      "_constants",
+      "_state_inputs",
+      "_input_signature",
+      "_jit_compile",
+      "parity",
+    )
+  ).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   def __init__(self, program, variables, input_signature, name, jit_compile):
     super().__init__(name=name)
@@ -114,10 +125,13 @@ class Translated(tf.Module):
     self._tf_variables = variables
     self.parity = ()
     self._input_signature, self._jit_compile = tuple(input_signature), jit_compile
+
     def call(*inputs_tf):  # one Python function per module: TF's retracing
       return self._run(*inputs_tf)  # warning counts traces per function
-    self.__call__ = tf.function(call, input_signature=input_signature,
-                                jit_compile=jit_compile, autograph=False)
+
+    self.__call__ = tf.function(
+      call, input_signature=input_signature, jit_compile=jit_compile, autograph=False
+    )
 
   def __call__(self, *args):  # pylint: disable=method-hidden
     if tf.inside_function() and not self._jit_compile:
@@ -131,32 +145,45 @@ class Translated(tf.Module):
   def _checked(self, args):
     """`args` as tensors of the input signature, as the tf.function does."""
     if len(args) != len(self._input_signature):
-      raise TypeError(f"{self.name}: expected {len(self._input_signature)} "
-                      f"input(s) ({self._input_signature}), got {len(args)}")
+      raise TypeError(
+        f"{self.name}: expected {len(self._input_signature)} "
+        f"input(s) ({self._input_signature}), got {len(args)}"
+      )
     inputs_tf = []
     for k, (arg, spec) in enumerate(zip(args, self._input_signature)):
       x_tf = tf.convert_to_tensor(arg, dtype_hint=spec.dtype)
       if not spec.is_compatible_with(x_tf):
-        raise TypeError(f"{self.name}: input {k} is {x_tf.dtype.name} "
-                        f"{x_tf.shape}, which does not match its input_signature "
-                        f"{spec}; cast or reshape it to match.")
+        raise TypeError(
+          f"{self.name}: input {k} is {x_tf.dtype.name} "
+          f"{x_tf.shape}, which does not match its input_signature "
+          f"{spec}; cast or reshape it to match."
+        )
       inputs_tf.append(x_tf)
     return inputs_tf
 
   def _run(self, *inputs_tf):
     values = dict(zip(self._user_inputs, inputs_tf))
-    values.update({placeholder: tf.convert_to_tensor(self._tf_variables[name])
-                   for placeholder, name in self._state_inputs.items()})
+    values.update(
+      {
+        placeholder: tf.convert_to_tensor(self._tf_variables[name])
+        for placeholder, name in self._state_inputs.items()
+      }
+    )
     values.update({n: tf.constant(c) for n, c in self._constants.items()})
     flat_tf = _fx_to_tf.run(self._graph, values)
     return tf.nest.map_structure(lambda i: flat_tf[i], self._structure)
 
 
-def translate(module: Any, input_signature: Sequence[tf.TensorSpec], *,
-              example_inputs: Sequence[Any] | None = None,
-              rtol: float | None = None, atol: float | None = None,
-              jit_compile: bool | None = None,
-              name: str | None = None) -> Translated:
+def translate(
+  module: Any,
+  input_signature: Sequence[tf.TensorSpec],
+  *,
+  example_inputs: Sequence[Any] | None = None,
+  rtol: float | None = None,
+  atol: float | None = None,
+  jit_compile: bool | None = None,
+  name: str | None = None,
+) -> Translated:
   """Translates a `TorchModule` (or `TorchLayer`) into pure TF ops.
 
   The torch module is exported with `torch.export` in eval mode (dropout
@@ -213,17 +240,17 @@ def translate(module: Any, input_signature: Sequence[tf.TensorSpec], *,
   torch_module.eval()
   try:
     examples_torch = _export.example_inputs(specs, example_inputs)
-    program = _export.export(torch_module, specs, examples_torch,
-                                       module_name)
+    program = _export.export(torch_module, specs, examples_torch, module_name)
     missing = _fx_to_tf.untranslated(program.graph)
     if missing:
       ops = "\n".join(f"  {op}: {why}" for op, why in sorted(missing.items()))
-      raise UntranslatedOpsError(_UNTRANSLATED.format(
-          name=module_name, count=len(missing), ops=ops), missing)
-    variables = {target: _variable(state, target, module_name)
-                 for target in program.state_inputs.values()}
-    served = Translated(program, variables, specs,
-                        name or f"{module_name}_translated", jit_compile)
+      raise UntranslatedOpsError(
+        _UNTRANSLATED.format(name=module_name, count=len(missing), ops=ops), missing
+      )
+    variables = {
+      target: _variable(state, target, module_name) for target in program.state_inputs.values()
+    }
+    served = Translated(program, variables, specs, name or f"{module_name}_translated", jit_compile)
     with torch.no_grad():
       expected_torch = torch_module(*examples_torch)
   finally:
@@ -233,23 +260,25 @@ def translate(module: Any, input_signature: Sequence[tf.TensorSpec], *,
     result_tf = served(*[tf.constant(e.numpy()) for e in examples_torch])
   except _table.Refused as err:  # "<op> (node ...): <reason>"
     op, _, why = str(err).partition(": ")
-    raise UntranslatedOpsError(_UNTRANSLATED.format(
-        name=module_name, count=1, ops=f"  {err}"), {op: why}) from err
+    raise UntranslatedOpsError(
+      _UNTRANSLATED.format(name=module_name, count=1, ops=f"  {err}"), {op: why}
+    ) from err
   except _table.Failed as err:
     raise RuntimeError(_FAILED.format(name=module_name, error=err)) from err
-  served.parity = _check_parity(program.structure, result_tf, expected_torch,
-                                rtol, atol, module_name)
+  served.parity = _check_parity(
+    program.structure, result_tf, expected_torch, rtol, atol, module_name
+  )
   return served
 
 
 def _torch_state_of(module):
-  state = getattr(module, "_state", None) or getattr(module, "_torch_state",
-                                                     None)
+  state = getattr(module, "_state", None) or getattr(module, "_torch_state", None)
   if state is None or not hasattr(module, "torch_module"):
     raise TypeError(
-        f"translate(module): expected a tb.TorchModule or tb.keras.TorchLayer, "
-        f"got {type(module).__name__}. Wrap a torch module first: "
-        f"translate(tb.TorchModule(torch_module), input_signature=...).")
+      f"translate(module): expected a tb.TorchModule or tb.keras.TorchLayer, "
+      f"got {type(module).__name__}. Wrap a torch module first: "
+      f"translate(tb.TorchModule(torch_module), input_signature=...)."
+    )
   return state, module.name
 
 
@@ -259,10 +288,10 @@ def _variable(state, target, module_name):
     variable = state.variables[canonical]
   except KeyError:
     raise ValueError(
-        f"translate({module_name!r}): torch.export reads the tensor "
-        f"{target!r}, which is not a parameter or buffer of the module "
-        f"({sorted(state.variables)}); translation needs every tensor the "
-        "forward reads registered with nn.Parameter or register_buffer."
+      f"translate({module_name!r}): torch.export reads the tensor "
+      f"{target!r}, which is not a parameter or buffer of the module "
+      f"({sorted(state.variables)}); translation needs every tensor the "
+      "forward reads registered with nn.Parameter or register_buffer."
     ) from None
   # keras.Variable (TorchLayer) holds a tf.Variable: bind that one.
   return variable if isinstance(variable, tf.Variable) else variable.value
@@ -276,8 +305,7 @@ def _check_parity(structure, result_tf, expected_torch, rtol, atol, name):
   for i in range(len(flat_tf)):
     got = flat_tf[i].numpy().astype(np.float64)
     want = flat_torch[i].detach().to(torch.float64).numpy()
-    default_rtol, default_atol = _DEFAULT_TOLERANCES.get(
-        flat_tf[i].dtype, (0.0, 0.0))
+    default_rtol, default_atol = _DEFAULT_TOLERANCES.get(flat_tf[i].dtype, (0.0, 0.0))
     r = default_rtol if rtol is None else rtol
     a = default_atol if atol is None else atol
     ok = got.shape == want.shape
@@ -287,10 +315,11 @@ def _check_parity(structure, result_tf, expected_torch, rtol, atol, name):
       diff = float(np.nanmax(np.abs(got - want), initial=0.0))
     failed |= not ok
     parity.append(diff)
-    rows.append(f"  output {i}: {diff:.3g} (shape {list(want.shape)}, "
-                f"{flat_tf[i].dtype.name}, rtol={r}, atol={a})"
-                f"{'' if ok else '  <- over tolerance'}")
+    rows.append(
+      f"  output {i}: {diff:.3g} (shape {list(want.shape)}, "
+      f"{flat_tf[i].dtype.name}, rtol={r}, atol={a})"
+      f"{'' if ok else '  <- over tolerance'}"
+    )
   if failed:
     raise ParityError(_MISMATCH.format(name=name, rows="\n".join(rows)))
   return tuple(parity)
-

@@ -16,9 +16,9 @@ from torchbridge._frameworks import _compat
 from torchbridge._runtime import _timeline
 
 
-def torch_function(fn: Callable[..., Any] | None = None, *,
-                   output_signature: Any = None,
-                   name: str | None = None) -> Any:
+def torch_function(
+  fn: Callable[..., Any] | None = None, *, output_signature: Any = None, name: str | None = None
+) -> Any:
   """Makes a torch callable usable as a differentiable TF function.
 
   The wrapped function takes TF tensors (`tf.Tensor`, `tf.Variable`,
@@ -65,13 +65,13 @@ def torch_function(fn: Callable[..., Any] | None = None, *,
     array([2.    , 1.0806], dtype=float32)
   """
   if fn is None:
-    return functools.partial(
-        torch_function, output_signature=output_signature, name=name)
+    return functools.partial(torch_function, output_signature=output_signature, name=name)
   if not callable(fn):
     raise TypeError(
-        f"torch_function() expected a callable taking torch tensors, got "
-        f"{fn!r} of type {type(fn).__name__}. Use it as a decorator, "
-        "`@tb.torch_function`, or call `tb.torch_function(fn)`.")
+      f"torch_function() expected a callable taking torch tensors, got "
+      f"{fn!r} of type {type(fn).__name__}. Use it as a decorator, "
+      "`@tb.torch_function`, or call `tb.torch_function(fn)`."
+    )
   return TorchFunction(fn, output_signature=output_signature, name=name)
 
 
@@ -87,12 +87,14 @@ class TorchFunction:
       # signature; `tf.function(f)` asks for one and would fail, so it gets
       # (*args, **kwargs).
       del self.__wrapped__
-      self.__signature__ = inspect.Signature([
+      self.__signature__ = inspect.Signature(
+        [
           inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-          inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+          inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+        ]
+      )
     self._fn = fn
-    self._output_signature = _call.check_output_signature(output_signature,
-                                                    "torch_function()")
+    self._output_signature = _call.check_output_signature(output_signature, "torch_function()")
     self._name = name or getattr(fn, "__name__", None) or type(fn).__name__
 
   def __get__(self, instance, owner=None):
@@ -122,6 +124,7 @@ class TorchFunction:
         with _timeline.span(_timeline.FORWARD):
           return fn(*args_torch)
     else:
+
       def run(args_torch):
         a, kw = call.substitute(args_torch)
         with _timeline.span(_timeline.FORWARD):

@@ -86,23 +86,18 @@ class TorchLayer(keras.layers.Layer):
     ['linear/weight', 'linear/bias']
   """
 
-  def __init__(self, module: torch.nn.Module, output_signature: Any = None,
-               **kwargs: Any) -> None:
+  def __init__(self, module: torch.nn.Module, output_signature: Any = None, **kwargs: Any) -> None:
     name = kwargs.get("name") or "torch_layer"
     _module_checks.check_module(module, f"TorchLayer {name!r}")
-    if not any(True for _ in module.parameters()) and \
-        not any(True for _ in module.buffers()):
-      raise ValueError(_NO_STATE.format(
-          name=name, module_type=type(module).__name__))
+    if not any(True for _ in module.parameters()) and not any(True for _ in module.buffers()):
+      raise ValueError(_NO_STATE.format(name=name, module_type=type(module).__name__))
     module_dtype = _floating_dtype(module)
     kwargs.setdefault("dtype", module_dtype)
     super().__init__(**kwargs)
     _check_dtype(self, module_dtype)
     self.supports_jit = False
-    self._output_signature = _call.check_output_signature(
-        output_signature, f"TorchLayer {name!r}")
-    self._torch_state = _torch_state.TorchState(
-        module, self.name, self._make_weight)
+    self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
+    self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight)
     # Tracked by torch name, in a trackable holder, so that
     # tf.train.Checkpoint and tf.saved_model find them through the layer's
     # attributes, as they find a Dense layer's kernel (Keras' own tracking,
@@ -116,9 +111,14 @@ class TorchLayer(keras.layers.Layer):
 
   def _make_weight(self, name, value_tf, trainable, aggregation):
     return self.add_weight(
-        shape=tuple(value_tf.shape), dtype=value_tf.dtype.name,
-        initializer=lambda shape, dtype: value_tf, trainable=trainable,
-        autocast=False, name=name, aggregation=_KERAS_AGGREGATION[aggregation])
+      shape=tuple(value_tf.shape),
+      dtype=value_tf.dtype.name,
+      initializer=lambda shape, dtype: value_tf,
+      trainable=trainable,
+      autocast=False,
+      name=name,
+      aggregation=_KERAS_AGGREGATION[aggregation],
+    )
 
   @property
   def torch_module(self) -> torch.nn.Module:
@@ -130,8 +130,7 @@ class TorchLayer(keras.layers.Layer):
     return self._torch_state.sync_torch()
 
   def call(self, *args, training=None, **kwargs):
-    return self._torch_state.call(args, kwargs, training,
-                                  self._output_signature)
+    return self._torch_state.call(args, kwargs, training, self._output_signature)
 
   def get_weights_by_name(self):
     """The weights as `{torch state_dict name: np.ndarray}`."""
@@ -170,14 +169,15 @@ class TorchLayer(keras.layers.Layer):
       if safe_mode is not False:
         raise ValueError(_UNSAFE_LOAD.format(name=config.get("name")))
       config["module"] = torch.load(
-          io.BytesIO(base64.b64decode(config["module"])), weights_only=False)
+        io.BytesIO(base64.b64decode(config["module"])), weights_only=False
+      )
     return cls(**config)
 
 
 _KERAS_AGGREGATION = {
-    tf.VariableAggregation.NONE: "none",
-    tf.VariableAggregation.MEAN: "mean",
-    tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
+  tf.VariableAggregation.NONE: "none",
+  tf.VariableAggregation.MEAN: "mean",
+  tf.VariableAggregation.ONLY_FIRST_REPLICA: "only_first_replica",
 }
 
 
@@ -189,17 +189,19 @@ def _check_dtype(layer, module_dtype):
   if module_dtype is None or layer.compute_dtype == module_dtype:
     return
   raise ValueError(
-      f"TorchLayer {layer.name!r} got dtype={layer.dtype_policy.name!r}, but "
-      f"the torch module's floating parameters and buffers are "
-      f"{module_dtype}. Keras casts floating inputs to the layer's compute "
-      f"dtype ({layer.compute_dtype}), and torch does not convert them "
-      f"again. Leave dtype out (it defaults to {module_dtype}), or convert "
-      "the torch module first, e.g. `module.float()` / `module.double()`.")
+    f"TorchLayer {layer.name!r} got dtype={layer.dtype_policy.name!r}, but "
+    f"the torch module's floating parameters and buffers are "
+    f"{module_dtype}. Keras casts floating inputs to the layer's compute "
+    f"dtype ({layer.compute_dtype}), and torch does not convert them "
+    f"again. Leave dtype out (it defaults to {module_dtype}), or convert "
+    "the torch module first, e.g. `module.float()` / `module.double()`."
+  )
 
 
 def _floating_dtype(module):
-  dtypes = {t.dtype for t in list(module.parameters()) + list(module.buffers())
-            if t.is_floating_point()}
+  dtypes = {
+    t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()
+  }
   if len(dtypes) == 1:
     return tf.as_dtype(str(dtypes.pop()).replace("torch.", "")).name
   return None

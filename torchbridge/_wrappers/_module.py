@@ -15,6 +15,7 @@ from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _torch_state
 
+
 class TorchModule(tf.Module):
   """A torch `nn.Module` as a `tf.Module`, its state held by TF variables.
 
@@ -66,23 +67,23 @@ class TorchModule(tf.Module):
     True
   """
 
-  def __init__(self, module: torch.nn.Module, name: str | None = None,
-               output_signature: Any = None) -> None:
+  def __init__(
+    self, module: torch.nn.Module, name: str | None = None, output_signature: Any = None
+  ) -> None:
     _module_checks.check_is_module(module, "TorchModule(module)")
     _call.check_output_signature(output_signature, "TorchModule()")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
-      state = _torch_state.TorchState(
-          module, f"TorchModule {self.name!r}", _make_variable)
+      state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable)
     self._init_untracked(state, output_signature)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
-  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
-      ("_state", "_output_signature")).union(
-          tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state", "_output_signature")).union(
+    tf.Module._TF_MODULE_IGNORED_PROPERTIES
+  )
 
   @_compat.no_dependency_tracking
   def _init_untracked(self, state, output_signature):
@@ -124,14 +125,16 @@ class TorchModule(tf.Module):
     """An independent TorchModule around a deep copy of the torch module,
     starting from this one's current values (as a tf.Module copies)."""
     import copy  # pylint: disable=import-outside-toplevel
+
     module_copy = copy.deepcopy(self.torch_module, memo)
-    return _rebuild_torch_module(type(self), module_copy, self.name,
-                                 self._output_signature)
+    return _rebuild_torch_module(type(self), module_copy, self.name, self._output_signature)
 
   def __reduce__(self):
     # Pickled as its torch module (holding the current values) and name.
-    return (_rebuild_torch_module, (type(self), self.torch_module, self.name,
-                                    self._output_signature))
+    return (
+      _rebuild_torch_module,
+      (type(self), self.torch_module, self.name, self._output_signature),
+    )
 
   def get_weights(self) -> dict[str, np.ndarray]:
     """The state as `{torch state_dict name: np.ndarray}`.
@@ -167,14 +170,12 @@ class TorchModule(tf.Module):
 
 def _rebuild_torch_module(cls, module, name, output_signature=None):
   wrapper = cls.__new__(cls)
-  TorchModule.__init__(wrapper, module, name=name,
-                       output_signature=output_signature)
+  TorchModule.__init__(wrapper, module, name=name, output_signature=output_signature)
   return wrapper
 
 
 def _make_variable(name, value_tf, trainable, aggregation):
-  return tf.Variable(value_tf, name=name, trainable=trainable,
-                     aggregation=aggregation)
+  return tf.Variable(value_tf, name=name, trainable=trainable, aggregation=aggregation)
 
 
 def _snake_case(class_name):

@@ -11,9 +11,9 @@ from torchbridge.ray._weights import put_weights
 from torchbridge.ray._worker import TorchModuleWorker
 
 __all__ = [
-    "DataParallelTrainer",
-    "TorchModuleWorker",
-    "broadcast_weights",
-    "pull_weights",
-    "put_weights",
+  "DataParallelTrainer",
+  "TorchModuleWorker",
+  "broadcast_weights",
+  "pull_weights",
+  "put_weights",
 ]

@@ -12,8 +12,7 @@ def named_variables(module, trainable_only=False):
   tensor by.
   """
   # pylint: disable=protected-access  (the TorchModule's own name mapping)
-  return [(n, v) for n, v in module._state.variables.items()
-          if v.trainable or not trainable_only]
+  return [(n, v) for n, v in module._state.variables.items() if v.trainable or not trainable_only]
 
 
 def named_buffers(module, module_torch):
@@ -38,8 +37,9 @@ def average_buffers(results, num_samples):
   merged = {}
   for name, first in results[0].items():
     values = [r[name] for r in results]
-    if (all(np.array_equal(first, v) for v in values[1:]) or
-        not np.issubdtype(first.dtype, np.floating)):
+    if all(np.array_equal(first, v) for v in values[1:]) or not np.issubdtype(
+      first.dtype, np.floating
+    ):
       merged[name] = first
     else:
       merged[name] = sum(v * (n / total) for v, n in zip(values, num_samples))
@@ -64,8 +64,11 @@ class Gradients:
     named = named_variables(module, trainable_only=True)
     self.names = [n for n, _ in named]
     self._variables = [v for _, v in named]
-    self._run = (tf.function(self._loss_and_grads, reduce_retracing=True)
-                 if tf_function else self._loss_and_grads)
+    self._run = (
+      tf.function(self._loss_and_grads, reduce_retracing=True)
+      if tf_function
+      else self._loss_and_grads
+    )
 
   def _loss_and_grads(self, batch_tf):
     with tf.GradientTape() as tape:
@@ -73,12 +76,13 @@ class Gradients:
     loss_tf = tf.convert_to_tensor(loss_tf)
     if loss_tf.shape.rank != 0 or not loss_tf.dtype.is_floating:
       raise ValueError(
-          f"loss_fn must return a scalar floating loss (the mean over the "
-          f"batch), got a {loss_tf.dtype.name} tensor of shape "
-          f"{loss_tf.shape}. Reduce it, e.g. tf.reduce_mean(...).")
+        f"loss_fn must return a scalar floating loss (the mean over the "
+        f"batch), got a {loss_tf.dtype.name} tensor of shape "
+        f"{loss_tf.shape}. Reduce it, e.g. tf.reduce_mean(...)."
+      )
     grads_tf = tape.gradient(
-        loss_tf, self._variables,
-        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      loss_tf, self._variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+    )
     return loss_tf, [tf.convert_to_tensor(g) for g in grads_tf]
 
   def __call__(self, batch_tf):

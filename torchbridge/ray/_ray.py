@@ -4,8 +4,9 @@ try:
   import ray
 except ImportError as err:
   raise ImportError(
-      "torchbridge.ray needs Ray, which is not installed in this environment "
-      f"({err}). Install the extra: `pip install torchbridge[ray]` (or "
-      "`pip install ray`). The rest of torchbridge works without it.") from err
+    "torchbridge.ray needs Ray, which is not installed in this environment "
+    f"({err}). Install the extra: `pip install torchbridge[ray]` (or "
+    "`pip install ray`). The rest of torchbridge works without it."
+  ) from err
 
 __all__ = ["ray"]

@@ -30,10 +30,12 @@ The worker's traceback is in the exception this one was raised from. \
 {consequence}"""
 
 _CONSEQUENCE = {
-    "compute_gradients": ("Nothing was applied: the driver's module and "
-                          "optimizer are as they were before this step."),
-    "set_weights": ("The driver's module holds the weights that were being "
-                    "sent; this worker may not."),
+  "compute_gradients": (
+    "Nothing was applied: the driver's module and optimizer are as they were before this step."
+  ),
+  "set_weights": (
+    "The driver's module holds the weights that were being sent; this worker may not."
+  ),
 }
 
 
@@ -45,8 +47,7 @@ class _DataParallelWorker(_worker.TorchModuleWorker):
     self._shard_tf = tuple(tf.constant(a) for a in shard_np)
     self._num_samples = _num_samples(shard_np)
     self._gradients = _gradients.Gradients(self.module, loss_fn, tf_function)
-    self._buffers = _gradients.named_buffers(self.module,
-                                            self.module.torch_module)
+    self._buffers = _gradients.named_buffers(self.module, self.module.torch_module)
 
   def compute_gradients(self, batch_np=None):
     """`{"loss", "num_samples", "grads", "buffers"}` on the held shard or on
@@ -58,8 +59,7 @@ class _DataParallelWorker(_worker.TorchModuleWorker):
       num_samples = _num_samples(batch_np)
     loss, grads_np = self._gradients(batch_tf)
     buffers_np = {n: v.numpy() for n, v in self._buffers}
-    return {"loss": loss, "num_samples": num_samples, "grads": grads_np,
-            "buffers": buffers_np}
+    return {"loss": loss, "num_samples": num_samples, "grads": grads_np, "buffers": buffers_np}
 
 
 class DataParallelTrainer:
@@ -130,30 +130,37 @@ class DataParallelTrainer:
     >>> trainer.shutdown()
   """
 
-  def __init__(self, module_fn: Callable[[], torch.nn.Module],
-               loss_fn: Callable[..., Any], optimizer: Any,
-               shards: Sequence[Any], *, num_workers: int | None = None,
-               name: str | None = None,
-               worker_options: Mapping[str, Any] | None = None,
-               tf_function: bool = True) -> None:
+  def __init__(
+    self,
+    module_fn: Callable[[], torch.nn.Module],
+    loss_fn: Callable[..., Any],
+    optimizer: Any,
+    shards: Sequence[Any],
+    *,
+    num_workers: int | None = None,
+    name: str | None = None,
+    worker_options: Mapping[str, Any] | None = None,
+    tf_function: bool = True,
+  ) -> None:
     _check_callable(module_fn, "module_fn", "lambda: MyNet()")
-    _check_callable(loss_fn, "loss_fn",
-                    "def loss_fn(module, x, y): "
-                    "return tf.reduce_mean((module(x) - y) ** 2)")
+    _check_callable(
+      loss_fn, "loss_fn", "def loss_fn(module, x, y): return tf.reduce_mean((module(x) - y) ** 2)"
+    )
     if not callable(getattr(optimizer, "apply_gradients", None)):
       raise TypeError(
-          f"DataParallelTrainer(optimizer=...) expects a TF optimizer (an "
-          f"object with apply_gradients), got {type(optimizer).__name__}. "
-          "Pass e.g. tf.keras.optimizers.Adam(1e-3).")
+        f"DataParallelTrainer(optimizer=...) expects a TF optimizer (an "
+        f"object with apply_gradients), got {type(optimizer).__name__}. "
+        "Pass e.g. tf.keras.optimizers.Adam(1e-3)."
+      )
     shards_np = _check_shards(shards, "(shards=...)")
     if num_workers is not None and num_workers != len(shards_np):
       raise ValueError(
-          f"DataParallelTrainer(num_workers={num_workers!r}) does not match "
-          f"the {len(shards_np)} shards given: each worker holds exactly one "
-          f"shard. Pass {num_workers} shards (e.g. np.array_split(x, "
-          f"{num_workers})), or leave num_workers out.")
-    module_torch = _worker.build_module(
-        module_fn, "DataParallelTrainer(module_fn)")
+        f"DataParallelTrainer(num_workers={num_workers!r}) does not match "
+        f"the {len(shards_np)} shards given: each worker holds exactly one "
+        f"shard. Pass {num_workers} shards (e.g. np.array_split(x, "
+        f"{num_workers})), or leave num_workers out."
+      )
+    module_torch = _worker.build_module(module_fn, "DataParallelTrainer(module_fn)")
     self.module = _module.TorchModule(module_torch, name=name)
     self.optimizer = optimizer
     named = _gradients.named_variables(self.module, trainable_only=True)
@@ -167,14 +174,13 @@ class DataParallelTrainer:
     remote_cls = ray.remote(_DataParallelWorker).options(**options)
     # Ray actor handles (Ray types them loosely: their methods gain .remote).
     self.workers: list[Any] = [
-        remote_cls.remote(module_fn, loss_fn, shard_np, self.module.name,
-                          tf_function)
-        for shard_np in shards_np]
+      remote_cls.remote(module_fn, loss_fn, shard_np, self.module.name, tf_function)
+      for shard_np in shards_np
+    ]
     try:
       # Every worker starts from the driver's weights; waiting for them
       # also surfaces a worker that failed to start.
-      self._get_all(_weights.broadcast_weights(self.module, self.workers),
-                    "set_weights")
+      self._get_all(_weights.broadcast_weights(self.module, self.workers), "set_weights")
     except BaseException:
       self.shutdown()
       raise
@@ -201,25 +207,25 @@ class DataParallelTrainer:
     """
     if not self.workers:
       raise RuntimeError(
-          "DataParallelTrainer.step() after shutdown(): the workers are "
-          "gone. Create a new DataParallelTrainer.")
+        "DataParallelTrainer.step() after shutdown(): the workers are "
+        "gone. Create a new DataParallelTrainer."
+      )
     if batches is None:
       refs = [w.compute_gradients.remote() for w in self.workers]
     else:
       batches_np = _check_shards(batches, ".step(batches=...)")
       if len(batches_np) != self.num_workers:
         raise ValueError(
-            f"DataParallelTrainer.step(batches=...) got {len(batches_np)} "
-            f"batches for {self.num_workers} workers. Pass one batch per "
-            "worker, or no batches to use the shards the workers hold.")
-      refs = [w.compute_gradients.remote(b)
-              for w, b in zip(self.workers, batches_np)]
+          f"DataParallelTrainer.step(batches=...) got {len(batches_np)} "
+          f"batches for {self.num_workers} workers. Pass one batch per "
+          "worker, or no batches to use the shards the workers hold."
+        )
+      refs = [w.compute_gradients.remote(b) for w, b in zip(self.workers, batches_np)]
     results = self._get_all(refs, "compute_gradients")
     total = sum(r["num_samples"] for r in results)
     grads_tf = []
     for name, var in zip(self._names, self._variables):
-      grad_np = sum(r["grads"][name] * (r["num_samples"] / total)
-                    for r in results)
+      grad_np = sum(r["grads"][name] * (r["num_samples"] / total) for r in results)
       grads_tf.append(tf.constant(grad_np, dtype=var.dtype))
     # The first update runs eagerly: it creates the optimizer's slots, which
     # a tf.function may only do on its first trace.
@@ -230,12 +236,12 @@ class DataParallelTrainer:
     if self._buffers:
       # What the workers' forwards wrote (BatchNorm running statistics).
       buffers_np = _gradients.average_buffers(
-          [r["buffers"] for r in results], [r["num_samples"] for r in results])
+        [r["buffers"] for r in results], [r["num_samples"] for r in results]
+      )
       for name, var in self._buffers:
         var.assign(buffers_np[name])
     self.steps += 1
-    self._get_all(_weights.broadcast_weights(self.module, self.workers),
-                  "set_weights")
+    self._get_all(_weights.broadcast_weights(self.module, self.workers), "set_weights")
     return sum(r["loss"] * r["num_samples"] for r in results) / total
 
   def shutdown(self) -> None:
@@ -260,18 +266,24 @@ class DataParallelTrainer:
       try:
         results.append(ray.get(ref))
       except ray.exceptions.RayError as err:
-        raise RuntimeError(_WORKER_FAILED.format(
-            index=index, count=len(refs), method=method,
+        raise RuntimeError(
+          _WORKER_FAILED.format(
+            index=index,
+            count=len(refs),
+            method=method,
             message=_short_message(err),
-            consequence=_CONSEQUENCE[method])) from err
+            consequence=_CONSEQUENCE[method],
+          )
+        ) from err
     if method == "compute_gradients":
       for index, result in enumerate(results):
         if sorted(result["grads"]) != sorted(self._names):
           raise RuntimeError(
-              f"DataParallelTrainer: worker {index} returned gradients for "
-              f"{sorted(result['grads'])}, the driver's module has "
-              f"{sorted(self._names)}. module_fn must build the same module "
-              "in every process.")
+            f"DataParallelTrainer: worker {index} returned gradients for "
+            f"{sorted(result['grads'])}, the driver's module has "
+            f"{sorted(self._names)}. module_fn must build the same module "
+            "in every process."
+          )
     return results
 
 
@@ -279,8 +291,9 @@ def _check_callable(value, arg, example):
   # A torch module is callable too, but calling it runs its forward.
   if isinstance(value, torch.nn.Module) or not callable(value):
     raise TypeError(
-        f"DataParallelTrainer({arg}=...) expects a callable, got "
-        f"{type(value).__name__}. Pass a function, e.g. {example}")
+      f"DataParallelTrainer({arg}=...) expects a callable, got "
+      f"{type(value).__name__}. Pass a function, e.g. {example}"
+    )
 
 
 def _check_shards(shards, where):
@@ -290,13 +303,10 @@ def _check_shards(shards, where):
   ".step(batches=...)", for the error messages.
   """
   kind = "shard" if "shards" in where else "batch"
-  is_list = (isinstance(shards, collections.abc.Sequence) and
-             not isinstance(shards, (str, bytes)))
+  is_list = isinstance(shards, collections.abc.Sequence) and not isinstance(shards, (str, bytes))
   if not is_list or not shards:
-    received = (f"an empty {type(shards).__name__}" if is_list
-                else f"a {type(shards).__name__}")
-    raise ValueError(_NO_SHARDS.format(where=where, kind=kind,
-                                       received=received))
+    received = f"an empty {type(shards).__name__}" if is_list else f"a {type(shards).__name__}"
+    raise ValueError(_NO_SHARDS.format(where=where, kind=kind, received=received))
   shards_np = []
   for index, shard in enumerate(shards):
     arrays = shard if isinstance(shard, (tuple, list)) else (shard,)
@@ -304,15 +314,17 @@ def _check_shards(shards, where):
       arrays_np = tuple(np.asarray(a) for a in arrays)
     except Exception as err:
       raise TypeError(
-          f"DataParallelTrainer{where}: {kind} {index} holds a value numpy "
-          f"cannot read ({err}). Expected a tuple of arrays.") from err
+        f"DataParallelTrainer{where}: {kind} {index} holds a value numpy "
+        f"cannot read ({err}). Expected a tuple of arrays."
+      ) from err
     sizes = [a.shape[0] if a.ndim else None for a in arrays_np]
     if not arrays_np or None in sizes or len(set(sizes)) != 1 or sizes[0] == 0:
       raise ValueError(
-          f"DataParallelTrainer{where}: {kind} {index} must be a tuple of "
-          f"arrays sharing a non-zero leading (sample) dimension, got shapes "
-          f"{[a.shape for a in arrays_np]}. Split every array of the data "
-          "set along axis 0, the same way.")
+        f"DataParallelTrainer{where}: {kind} {index} must be a tuple of "
+        f"arrays sharing a non-zero leading (sample) dimension, got shapes "
+        f"{[a.shape for a in arrays_np]}. Split every array of the data "
+        "set along axis 0, the same way."
+      )
     shards_np.append(arrays_np)
   return shards_np
 
@@ -324,7 +336,6 @@ def _num_samples(arrays):
 def _short_message(err):
   """The remote exception's type and message, without Ray's wrapping."""
   cause = getattr(err, "cause", None)
-  if isinstance(cause, BaseException) and not isinstance(
-      cause, ray.exceptions.RayError):
+  if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
     return f"{type(cause).__name__}: {cause}"
   return f"{type(err).__name__}: {err}"

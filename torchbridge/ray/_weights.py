@@ -123,15 +123,17 @@ def _weights_np(module, where):
   if callable(getattr(module, "get_weights", None)):
     return module.get_weights()
   raise TypeError(
-      f"{where} expects a tb.TorchModule (anything with get_weights()) or a "
-      f"mapping {{torch state_dict name: array}}, got "
-      f"{type(module).__name__}. Pass the TorchModule whose weights the "
-      "actors should hold.")
+    f"{where} expects a tb.TorchModule (anything with get_weights()) or a "
+    f"mapping {{torch state_dict name: array}}, got "
+    f"{type(module).__name__}. Pass the TorchModule whose weights the "
+    "actors should hold."
+  )
 
 
 def _check_actor(actor, index, method, fn):
   if hasattr(actor, method):
     return
   which = "actor" if index is None else f"actors[{index}]"
-  raise TypeError(_NOT_A_WORKER.format(
-      fn=fn, which=which, received=type(actor).__name__, method=method))
+  raise TypeError(
+    _NOT_A_WORKER.format(fn=fn, which=which, received=type(actor).__name__, method=method)
+  )

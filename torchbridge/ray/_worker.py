@@ -56,17 +56,18 @@ class TorchModuleWorker:
         ...  # self.module(obs_tf) acts with the latest weights
   """
 
-  def __init__(self, module_fn: Callable[[], torch.nn.Module],
-               name: str | None = None) -> None:
+  def __init__(self, module_fn: Callable[[], torch.nn.Module], name: str | None = None) -> None:
     # A module is callable too, but calling it runs its forward.
     if isinstance(module_fn, torch.nn.Module) or not callable(module_fn):
       raise TypeError(
-          f"TorchModuleWorker(module_fn) expects a callable that builds the "
-          f"torch module, got {type(module_fn).__name__}. Pass the function "
-          "or class, not the module: TorchModuleWorker(lambda: MyNet()), so "
-          "that each actor builds its own copy.")
+        f"TorchModuleWorker(module_fn) expects a callable that builds the "
+        f"torch module, got {type(module_fn).__name__}. Pass the function "
+        "or class, not the module: TorchModuleWorker(lambda: MyNet()), so "
+        "that each actor builds its own copy."
+      )
     self.module = _module.TorchModule(
-        build_module(module_fn, "TorchModuleWorker(module_fn)"), name=name)
+      build_module(module_fn, "TorchModuleWorker(module_fn)"), name=name
+    )
 
   def get_weights(self) -> dict[str, np.ndarray]:
     """The module's weights, `{torch state_dict name: np.ndarray}` (copies)."""
@@ -89,7 +90,8 @@ def build_module(module_fn, where):
   module_torch = module_fn()
   if not isinstance(module_torch, torch.nn.Module):
     raise TypeError(
-        f"{where}: module_fn() returned a {type(module_torch).__name__}, "
-        "expected a torch.nn.Module. Make module_fn return the module it "
-        "builds.")
+      f"{where}: module_fn() returned a {type(module_torch).__name__}, "
+      "expected a torch.nn.Module. Make module_fn return the module it "
+      "builds."
+    )
   return module_torch

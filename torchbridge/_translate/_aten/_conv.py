@@ -19,13 +19,12 @@ def _refuse_convolution(node):
   return None
 
 
-@translates("aten.convolution.default", channels_last=True,
-            refuse=_refuse_convolution)
-def _convolution(out, x, weight, bias, stride, padding, dilation, transposed,
-                 output_padding, groups):
+@translates("aten.convolution.default", channels_last=True, refuse=_refuse_convolution)
+def _convolution(
+  out, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+):
   if transposed:
-    return _transposed_convolution(x, weight, bias, stride, padding,
-                                   output_padding)
+    return _transposed_convolution(x, weight, bias, stride, padding, output_padding)
   x_tf = to_channels_last(x)
   spatial = len(stride)
   if any(padding):
@@ -38,14 +37,20 @@ def _convolution(out, x, weight, bias, stride, padding, dilation, transposed,
   strides = [1] * spatial if both else list(stride)
 
   def conv(x_part, w_part):
-    return tf.nn.convolution(x_part, w_part, strides=strides, padding="VALID",
-                             dilations=list(dilation))
+    return tf.nn.convolution(
+      x_part, w_part, strides=strides, padding="VALID", dilations=list(dilation)
+    )
+
   if groups == 1:
     y_tf = conv(x_tf, w_tf)
   else:  # split and concatenate: correct on every TF backend and in TFLite
-    y_tf = tf.concat([conv(xg, wg) for xg, wg in zip(
-        tf.split(x_tf, groups, axis=-1), tf.split(w_tf, groups, axis=-1))],
-                     axis=-1)
+    y_tf = tf.concat(
+      [
+        conv(xg, wg)
+        for xg, wg in zip(tf.split(x_tf, groups, axis=-1), tf.split(w_tf, groups, axis=-1))
+      ],
+      axis=-1,
+    )
   if both:
     y_tf = y_tf[(slice(None),) + tuple(slice(None, None, s) for s in stride)]
   if bias is not None:
@@ -53,8 +58,7 @@ def _convolution(out, x, weight, bias, stride, padding, dilation, transposed,
   return ChannelsLast(y_tf)
 
 
-def _transposed_convolution(x, weight, bias, stride, padding,
-                            output_padding):
+def _transposed_convolution(x, weight, bias, stride, padding, output_padding):
   """torch's ConvTranspose (groups 1, no dilation): TF's full (VALID)
   transposed convolution, cropped by `padding`, `output_padding` kept."""
   x_tf = to_channels_last(x)
@@ -62,18 +66,18 @@ def _transposed_convolution(x, weight, bias, stride, padding,
   kernel = weight.shape[2:]
   # torch (I, O, *K) -> TF (*K, O, I)
   w_tf = tf.transpose(weight, [*range(2, 2 + spatial), 1, 0])
-  full = [(_table.dim_size(x_tf, 1 + k) - 1) * stride[k] + kernel[k]
-          for k in range(spatial)]
-  shape = _table.shape_arg([_table.dim_size(x_tf, 0), *full,
-                                 weight.shape[1]])
+  full = [(_table.dim_size(x_tf, 1 + k) - 1) * stride[k] + kernel[k] for k in range(spatial)]
+  shape = _table.shape_arg([_table.dim_size(x_tf, 0), *full, weight.shape[1]])
   y_tf = tf.nn.conv_transpose(x_tf, w_tf, shape, list(stride), "VALID")
   if any(p < o for p, o in zip(padding, output_padding)):
-    y_tf = tf.pad(y_tf, [[0, 0]] + [[0, max(0, o - p)] for p, o in
-                                    zip(padding, output_padding)] + [[0, 0]])
+    y_tf = tf.pad(
+      y_tf, [[0, 0]] + [[0, max(0, o - p)] for p, o in zip(padding, output_padding)] + [[0, 0]]
+    )
   # torch's size: full - 2 * padding + output_padding, from `padding` on.
-  y_tf = y_tf[(slice(None),) + tuple(
-      slice(p, -(p - o) if p > o else None)
-      for p, o in zip(padding, output_padding))]
+  y_tf = y_tf[
+    (slice(None),)
+    + tuple(slice(p, -(p - o) if p > o else None) for p, o in zip(padding, output_padding))
+  ]
   return ChannelsLast(y_tf if bias is None else y_tf + bias)
 
 
@@ -97,6 +101,7 @@ def _per_axis(values, spatial):
 def _pooling(pool):
   """`pool(x_tf, kernel, stride, padding, *rest)` on channels-last
   (N, *spatial, C), for torch's batched and unbatched (C, *spatial) inputs."""
+
   def translate_pool(out, x, kernel, stride=(), padding=(0,), *rest):
     spatial = len(kernel)
     stride = _per_axis(stride or kernel, spatial)
@@ -110,13 +115,19 @@ def _pooling(pool):
     else:
       y = ChannelsLast(y_tf)
     return (y, None) if isinstance(out, (tuple, list)) else y
+
   return translate_pool
 
 
 def _pads(x_tf, kernel, stride, padding, ceil_mode):
-  return [[0, 0]] + [list(_pool_padding(x_tf.shape[1 + k], kernel[k],
-                                        stride[k], padding[k], ceil_mode))
-                     for k in range(len(kernel))] + [[0, 0]]
+  return (
+    [[0, 0]]
+    + [
+      list(_pool_padding(x_tf.shape[1 + k], kernel[k], stride[k], padding[k], ceil_mode))
+      for k in range(len(kernel))
+    ]
+    + [[0, 0]]
+  )
 
 
 def _refuse_dilated_pool(node):
@@ -124,10 +135,14 @@ def _refuse_dilated_pool(node):
   return "dilated max pooling" if any(d != 1 for d in dilation) else None
 
 
-@translates("aten.max_pool2d_with_indices.default",
-            "aten.max_pool1d_with_indices.default",
-            "aten.max_pool3d_with_indices.default", "aten.max_pool2d.default",
-            channels_last=True, refuse=_refuse_dilated_pool)
+@translates(
+  "aten.max_pool2d_with_indices.default",
+  "aten.max_pool1d_with_indices.default",
+  "aten.max_pool3d_with_indices.default",
+  "aten.max_pool2d.default",
+  channels_last=True,
+  refuse=_refuse_dilated_pool,
+)
 @_pooling
 def _max_pool(x_tf, kernel, stride, padding, dilation=(1,), ceil_mode=False):
   del dilation  # refused above
@@ -137,15 +152,19 @@ def _max_pool(x_tf, kernel, stride, padding, dilation=(1,), ceil_mode=False):
   return tf.nn.max_pool(x_tf, kernel, stride, "VALID")
 
 
-@translates("aten.avg_pool2d.default", "aten.avg_pool1d.default",
-            "aten.avg_pool3d.default", channels_last=True)
+@translates(
+  "aten.avg_pool2d.default",
+  "aten.avg_pool1d.default",
+  "aten.avg_pool3d.default",
+  channels_last=True,
+)
 @_pooling
-def _avg_pool(x_tf, kernel, stride, padding, ceil_mode=False,
-              count_include_pad=True, divisor_override=None):
+def _avg_pool(
+  x_tf, kernel, stride, padding, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
   pads = _pads(x_tf, kernel, stride, padding, ceil_mode)
   padded = any(p != 0 for pair in pads for p in pair)
-  y_tf = tf.nn.avg_pool(tf.pad(x_tf, pads) if padded else x_tf, kernel,
-                        stride, "VALID")
+  y_tf = tf.nn.avg_pool(tf.pad(x_tf, pads) if padded else x_tf, kernel, stride, "VALID")
   if divisor_override:
     return y_tf * (math.prod(kernel) / divisor_override)
   extra = any(pair[1] != pair[0] for pair in pads)
@@ -154,8 +173,9 @@ def _avg_pool(x_tf, kernel, stride, padding, ceil_mode=False,
     # real and symmetric-padding) positions; ceil_mode's extra never counts.
     ones = tf.ones_like(x_tf[..., :1])
     if count_include_pad:
-      ones = tf.pad(ones, [[0, 0]] + [[p[0], p[0]] for p in pads[1:-1]] +
-                    [[0, 0]], constant_values=1.0)
+      ones = tf.pad(
+        ones, [[0, 0]] + [[p[0], p[0]] for p in pads[1:-1]] + [[0, 0]], constant_values=1.0
+      )
       pads = [[0, 0]] + [[0, p[1] - p[0]] for p in pads[1:-1]] + [[0, 0]]
     y_tf = y_tf / tf.nn.avg_pool(tf.pad(ones, pads), kernel, stride, "VALID")
   return y_tf
@@ -164,6 +184,7 @@ def _avg_pool(x_tf, kernel, stride, padding, ceil_mode=False,
 def _adaptive(reduce_fn):
   """torch's adaptive pooling: output cell i of an axis of size L pools
   [floor(i * L / n), ceil((i + 1) * L / n)); static sizes only."""
+
   def translate_adaptive(out, x, output_size):
     spatial = len(output_size)
     unbatched = not isinstance(x, ChannelsLast) and x.shape.rank == spatial + 1
@@ -174,22 +195,26 @@ def _adaptive(reduce_fn):
         raise _table.Refused("adaptive pooling over a dynamic dimension")
       if n == size:
         continue
-      cells = [y_tf[(slice(None),) * axis + (slice(
-          i * size // n, -(-(i + 1) * size // n)),)] for i in range(n)]
-      y_tf = tf.concat([reduce_fn(c, axis, keepdims=True) for c in cells],
-                       axis)
+      cells = [
+        y_tf[(slice(None),) * axis + (slice(i * size // n, -(-(i + 1) * size // n)),)]
+        for i in range(n)
+      ]
+      y_tf = tf.concat([reduce_fn(c, axis, keepdims=True) for c in cells], axis)
     if unbatched:
       y = _channels_last.to_torch_layout(ChannelsLast(y_tf))[0]
     else:
       y = ChannelsLast(y_tf)
     return (y, None) if isinstance(out, (tuple, list)) else y
+
   return translate_adaptive
 
 
-translates("aten._adaptive_avg_pool2d.default",
-           "aten.adaptive_avg_pool2d.default",
-           "aten._adaptive_avg_pool3d.default",
-           channels_last=True)(_adaptive(tf.reduce_mean))
-translates("aten.adaptive_max_pool2d.default",
-           "aten.adaptive_max_pool3d.default",
-           channels_last=True)(_adaptive(tf.reduce_max))
+translates(
+  "aten._adaptive_avg_pool2d.default",
+  "aten.adaptive_avg_pool2d.default",
+  "aten._adaptive_avg_pool3d.default",
+  channels_last=True,
+)(_adaptive(tf.reduce_mean))
+translates(
+  "aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool3d.default", channels_last=True
+)(_adaptive(tf.reduce_max))

@@ -16,6 +16,7 @@ def _unary(fn):
     if isinstance(x, ChannelsLast):
       return ChannelsLast(fn(out, x.tensor_tf, *args, **kwargs))
     return fn(out, x, *args, **kwargs)
+
   return translate_unary
 
 
@@ -24,7 +25,8 @@ def _unaries(table):
     translates(*names.split(), channels_last=True)(_unary(fn))
 
 
-_unaries({
+_unaries(
+  {
     "aten.relu.default": lambda out, x: tf.nn.relu(x),
     "aten.tanh.default": lambda out, x: tf.tanh(x),
     "aten.sigmoid.default": lambda out, x: tf.sigmoid(x),
@@ -43,33 +45,31 @@ _unaries({
     "aten.sign.default": lambda out, x: tf.sign(x),
     "aten.floor.default": lambda out, x: tf.floor(x),
     "aten.ceil.default": lambda out, x: tf.math.ceil(x),
-    "aten.logical_not.default aten.bitwise_not.default":
-        lambda out, x: tf.logical_not(tf.cast(x, tf.bool)),
+    "aten.logical_not.default aten.bitwise_not.default": lambda out, x: tf.logical_not(
+      tf.cast(x, tf.bool)
+    ),
     "aten.silu.default": lambda out, x: x * tf.sigmoid(x),
     "aten.softplus.default": lambda out, x, beta=1, threshold=20: tf.where(
-        x * beta > threshold, x, tf.math.softplus(x * beta) / beta),
-    "aten.elu.default": lambda out, x, alpha=1.0, scale=1.0, input_scale=1.0:
-        scale * tf.where(x > 0, x, alpha * tf.math.expm1(x * input_scale)),
-    "aten.leaky_relu.default":
-        lambda out, x, slope=0.01: tf.where(x > 0, x, x * slope),
-    "aten.hardtanh.default":
-        lambda out, x, lo=-1.0, hi=1.0: tf.clip_by_value(x, lo, hi),
-    "aten.hardsigmoid.default":
-        lambda out, x: tf.clip_by_value(x / 6 + 0.5, 0.0, 1.0),
-    "aten.hardswish.default":
-        lambda out, x: x * tf.clip_by_value(x / 6 + 0.5, 0.0, 1.0),
+      x * beta > threshold, x, tf.math.softplus(x * beta) / beta
+    ),
+    "aten.elu.default": lambda out, x, alpha=1.0, scale=1.0, input_scale=1.0: (
+      scale * tf.where(x > 0, x, alpha * tf.math.expm1(x * input_scale))
+    ),
+    "aten.leaky_relu.default": lambda out, x, slope=0.01: tf.where(x > 0, x, x * slope),
+    "aten.hardtanh.default": lambda out, x, lo=-1.0, hi=1.0: tf.clip_by_value(x, lo, hi),
+    "aten.hardsigmoid.default": lambda out, x: tf.clip_by_value(x / 6 + 0.5, 0.0, 1.0),
+    "aten.hardswish.default": lambda out, x: x * tf.clip_by_value(x / 6 + 0.5, 0.0, 1.0),
     "aten.clone.default aten.alias.default aten.detach.default "
-    "aten.lift_fresh_copy.default aten.contiguous.default":
-        lambda out, x, **unused: tf.identity(x),
-    "aten._to_copy.default aten.to.dtype":
-        lambda out, x, *unused, **unused_kw:
-            tf.cast(x, _table.out_dtype(out)),
-    "aten.clamp.default aten.clamp.Tensor": lambda out, x, lo=None, hi=None:
-        _clamp(x, lo, hi),
+    "aten.lift_fresh_copy.default aten.contiguous.default": lambda out, x, **unused: tf.identity(x),
+    "aten._to_copy.default aten.to.dtype": lambda out, x, *unused, **unused_kw: tf.cast(
+      x, _table.out_dtype(out)
+    ),
+    "aten.clamp.default aten.clamp.Tensor": lambda out, x, lo=None, hi=None: _clamp(x, lo, hi),
     "aten.clamp_min.default": lambda out, x, lo: _clamp(x, lo, None),
     "aten.clamp_max.default": lambda out, x, hi: _clamp(x, None, hi),
     "aten.pow.Tensor_Scalar": lambda out, x, p: _pow(out, x, p),
-})
+  }
+)
 
 
 def _clamp(x, lo, hi):
@@ -97,24 +97,26 @@ def _is_scalar(v):
 def _binary(fn, compare=False):
   """`fn(a_tf, b_tf)` after torch's type promotion; keeps channels-last
   when both sides are, or the other side is a scalar."""
+
   def translate_binary(out, a, b, alpha=1, **unused):
     layout = ChannelsLast
     if isinstance(a, layout) or isinstance(b, layout):
-      if (isinstance(a, layout) or _is_scalar(a)) and (
-          isinstance(b, layout) or _is_scalar(b)) and not (
-              isinstance(a, layout) and isinstance(b, layout) and
-              a.rank != b.rank):
+      if (
+        (isinstance(a, layout) or _is_scalar(a))
+        and (isinstance(b, layout) or _is_scalar(b))
+        and not (isinstance(a, layout) and isinstance(b, layout) and a.rank != b.rank)
+      ):
         a = a.tensor_tf if isinstance(a, layout) else a
         b = b.tensor_tf if isinstance(b, layout) else b
         return layout(translate_binary(out, a, b, alpha))
       a = _channels_last.to_torch_layout(a)
       b = _channels_last.to_torch_layout(b)
-    dtype = (_table.promoted(a, b) if compare else
-             _table.out_dtype(out))
+    dtype = _table.promoted(a, b) if compare else _table.out_dtype(out)
     a, b = _table.as_tensor(a, dtype), _table.as_tensor(b, dtype)
     if alpha != 1:
       b = b * _table.as_tensor(alpha, dtype)
     return fn(a, b)
+
   return translate_binary
 
 
@@ -123,7 +125,8 @@ def _binaries(table, compare=False):
     translates(*names.split(), channels_last=True)(_binary(fn, compare))
 
 
-_binaries({
+_binaries(
+  {
     "aten.add.Tensor aten.add.Scalar": tf.add,
     "aten.sub.Tensor aten.sub.Scalar": tf.subtract,
     "aten.rsub.Scalar aten.rsub.Tensor": lambda a, b: b - a,
@@ -135,19 +138,25 @@ _binaries({
     "aten.remainder.Tensor aten.remainder.Scalar": tf.math.floormod,
     "aten.fmod.Tensor aten.fmod.Scalar": tf.truncatemod,
     "aten.atan2.default": tf.atan2,
-})
-_binaries({
+  }
+)
+_binaries(
+  {
     "aten.eq.Tensor aten.eq.Scalar": tf.equal,
     "aten.ne.Tensor aten.ne.Scalar": tf.not_equal,
     "aten.lt.Tensor aten.lt.Scalar": tf.less,
     "aten.le.Tensor aten.le.Scalar": tf.less_equal,
     "aten.gt.Tensor aten.gt.Scalar": tf.greater,
     "aten.ge.Tensor aten.ge.Scalar": tf.greater_equal,
-    "aten.logical_and.default aten.bitwise_and.Tensor":
-        lambda a, b: tf.logical_and(tf.cast(a, tf.bool), tf.cast(b, tf.bool)),
-    "aten.logical_or.default aten.bitwise_or.Tensor":
-        lambda a, b: tf.logical_or(tf.cast(a, tf.bool), tf.cast(b, tf.bool)),
-}, compare=True)
+    "aten.logical_and.default aten.bitwise_and.Tensor": lambda a, b: tf.logical_and(
+      tf.cast(a, tf.bool), tf.cast(b, tf.bool)
+    ),
+    "aten.logical_or.default aten.bitwise_or.Tensor": lambda a, b: tf.logical_or(
+      tf.cast(a, tf.bool), tf.cast(b, tf.bool)
+    ),
+  },
+  compare=True,
+)
 
 
 @translates("aten.div.Tensor_mode", "aten.div.Scalar_mode")
@@ -157,26 +166,27 @@ def _div_mode(out, a, b, rounding_mode=None):
   if rounding_mode == "floor":
     return tf.math.floordiv(a, b)
   if rounding_mode == "trunc":
-    return tf.truncatediv(a, b) if dtype.is_integer else (
-        tf.sign(a / b) * tf.floor(tf.abs(a / b)))
+    return tf.truncatediv(a, b) if dtype.is_integer else (tf.sign(a / b) * tf.floor(tf.abs(a / b)))
   return tf.divide(a, b)
 
 
-@translates("aten.where.self", "aten.where.ScalarOther",
-            "aten.where.ScalarSelf", "aten.where.Scalar")
+@translates(
+  "aten.where.self", "aten.where.ScalarOther", "aten.where.ScalarSelf", "aten.where.Scalar"
+)
 def _where(out, condition, a, b):
   dtype = _table.out_dtype(out)
-  return tf.where(tf.cast(condition, tf.bool), _table.as_tensor(a, dtype),
-                  _table.as_tensor(b, dtype))
+  return tf.where(
+    tf.cast(condition, tf.bool), _table.as_tensor(a, dtype), _table.as_tensor(b, dtype)
+  )
 
 
 @translates("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
 def _masked_fill(out, x, mask, value):
-  return tf.where(tf.cast(mask, tf.bool), _table.as_tensor(value, x.dtype),
-                  x)
+  return tf.where(tf.cast(mask, tf.bool), _table.as_tensor(value, x.dtype), x)
 
 
 # --- reductions -------------------------------------------------------------
+
 
 def _axes(dims, rank):
   if dims is None or len(dims) == 0:
@@ -190,31 +200,34 @@ def _reduction(fn):
       dims = [dims]
     if isinstance(x, ChannelsLast):
       if not keepdim:
-          return translate_reduction(out, _channels_last.to_torch_layout(x),
-                                   dims, keepdim)
+        return translate_reduction(out, _channels_last.to_torch_layout(x), dims, keepdim)
       axes = [tf_axis(a, x.rank) for a in _axes(dims, x.rank)]
       return ChannelsLast(fn(out, x.tensor_tf, axes, True))
     return fn(out, x, _axes(dims, x.shape.rank), keepdim)
+
   return translate_reduction
 
 
 def _cast_to_out(fn):
-  return lambda out, x, axes, keep: fn(
-      tf.cast(x, _table.out_dtype(out)), axes, keepdims=keep)
+  return lambda out, x, axes, keep: fn(tf.cast(x, _table.out_dtype(out)), axes, keepdims=keep)
 
 
 for _names, _fn in {
-    "aten.sum.dim_IntList aten.sum.default": _cast_to_out(tf.reduce_sum),
-    "aten.mean.dim aten.mean.default": _cast_to_out(tf.reduce_mean),
-    "aten.prod.default aten.prod.dim_int": _cast_to_out(tf.reduce_prod),
-    "aten.amax.default aten.max.default":
-        lambda out, x, axes, keep: tf.reduce_max(x, axes, keepdims=keep),
-    "aten.amin.default aten.min.default":
-        lambda out, x, axes, keep: tf.reduce_min(x, axes, keepdims=keep),
-    "aten.any.dim aten.any.default aten.any.dims": lambda out, x, axes, keep:
-        tf.reduce_any(tf.cast(x, tf.bool), axes, keepdims=keep),
-    "aten.all.dim aten.all.default aten.all.dims": lambda out, x, axes, keep:
-        tf.reduce_all(tf.cast(x, tf.bool), axes, keepdims=keep),
+  "aten.sum.dim_IntList aten.sum.default": _cast_to_out(tf.reduce_sum),
+  "aten.mean.dim aten.mean.default": _cast_to_out(tf.reduce_mean),
+  "aten.prod.default aten.prod.dim_int": _cast_to_out(tf.reduce_prod),
+  "aten.amax.default aten.max.default": lambda out, x, axes, keep: tf.reduce_max(
+    x, axes, keepdims=keep
+  ),
+  "aten.amin.default aten.min.default": lambda out, x, axes, keep: tf.reduce_min(
+    x, axes, keepdims=keep
+  ),
+  "aten.any.dim aten.any.default aten.any.dims": lambda out, x, axes, keep: tf.reduce_any(
+    tf.cast(x, tf.bool), axes, keepdims=keep
+  ),
+  "aten.all.dim aten.all.default aten.all.dims": lambda out, x, axes, keep: tf.reduce_all(
+    tf.cast(x, tf.bool), axes, keepdims=keep
+  ),
 }.items():
   translates(*_names.split(), channels_last=True)(_reduction(_fn))
 
@@ -226,8 +239,7 @@ def _var(out, x, dims=None, unbiased=None, keepdim=False, correction=None):
     correction = 0 if unbiased is False else 1
   mean = tf.reduce_mean(x, axes, keepdims=True)
   n = tf.cast(tf.reduce_prod([dim_size(x, a) for a in axes]), x.dtype)
-  return tf.reduce_sum(tf.square(x - mean), axes, keepdims=keepdim) / (
-      n - correction)
+  return tf.reduce_sum(tf.square(x - mean), axes, keepdims=keepdim) / (n - correction)
 
 
 def _arg_reduction(reduce_fn, arg_fn):
@@ -237,15 +249,18 @@ def _arg_reduction(reduce_fn, arg_fn):
     if keepdim:
       indices = tf.expand_dims(indices, dim)
     return values, indices
+
   def translate_arg(out, x, dim=None, keepdim=False):
     if dim is None:
       x, dim = tf.reshape(x, [-1]), 0
     return translate_with_indices(out, x, dim, keepdim)[1]
+
   return translate_with_indices, translate_arg
 
 
 for _name, (_reduce, _arg) in {
-    "max": (tf.reduce_max, tf.argmax), "min": (tf.reduce_min, tf.argmin)
+  "max": (tf.reduce_max, tf.argmax),
+  "min": (tf.reduce_min, tf.argmin),
 }.items():
   _with_indices, _only_indices = _arg_reduction(_reduce, _arg)
   translates(f"aten.{_name}.dim")(_with_indices)

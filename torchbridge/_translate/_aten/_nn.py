@@ -55,15 +55,14 @@ def _baddbmm(out, bias, a, b, beta=1, alpha=1):
 
 
 def _refuse_attention_dropout(node):
-  dropout = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4
-                            else 0.0)
+  dropout = node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0)
   return "attention dropout (dropout_p > 0)" if dropout else None
 
 
-@translates("aten.scaled_dot_product_attention.default",
-            refuse=_refuse_attention_dropout)
-def _attention(out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
-               scale=None, enable_gqa=False):
+@translates("aten.scaled_dot_product_attention.default", refuse=_refuse_attention_dropout)
+def _attention(
+  out, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
   del dropout_p  # refused above
   if enable_gqa and k.shape[-3] != q.shape[-3]:
     repeats = q.shape[-3] // k.shape[-3]
@@ -107,8 +106,8 @@ def _gelu(out, x, approximate="none"):
 
 # --- normalization and embeddings ---------------------------------------------
 
-@translates("aten._native_batch_norm_legit_no_training.default",
-            channels_last=True)
+
+@translates("aten._native_batch_norm_legit_no_training.default", channels_last=True)
 def _batch_norm(out, x, weight, bias, mean, var, momentum, eps):
   del momentum  # eval mode: the running statistics are read, not updated
   if isinstance(x, ChannelsLast):
@@ -146,8 +145,7 @@ def _batch_norm_batch_stats(out, x, weight, bias, *args):
 
 
 @translates("aten.layer_norm.default", "aten.native_layer_norm.default")
-def _layer_norm(out, x, normalized_shape, weight=None, bias=None, eps=1e-5,
-                *unused):
+def _layer_norm(out, x, normalized_shape, weight=None, bias=None, eps=1e-5, *unused):
   axes = list(range(x.shape.rank - len(normalized_shape), x.shape.rank))
   mean, var = tf.nn.moments(x, axes, keepdims=True)
   rstd = tf.math.rsqrt(var + eps)
@@ -178,4 +176,3 @@ def _group_norm(out, x, weight, bias, n, c, hw, groups, eps):
 @translates("aten.embedding.default")
 def _embedding(out, weight, indices, *unused):
   return tf.gather(weight, indices)
-

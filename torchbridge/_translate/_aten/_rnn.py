@@ -12,8 +12,10 @@ import tensorflow as tf
 from torchbridge._translate._aten import _table
 from torchbridge._translate._aten._table import translates
 
-_NEEDS_LENGTH = ("a recurrent layer over a sequence of unknown length: give "
-                 "the time dimension a fixed size in input_signature")
+_NEEDS_LENGTH = (
+  "a recurrent layer over a sequence of unknown length: give "
+  "the time dimension a fixed size in input_signature"
+)
 
 
 def _lstm_cell(gates_x, h, c, w_hh, b_hh):
@@ -41,6 +43,7 @@ def _simple_cell(activation):
   def cell(gates_x, h, unused_c, w_hh, b_hh):
     pre = gates_x + tf.matmul(h, w_hh, transpose_b=True)
     return activation(pre if b_hh is None else pre + b_hh), None
+
   return cell
 
 
@@ -51,21 +54,21 @@ def _run_direction(cell, x_tf, h, c, weights, reverse):
   steps = x_tf.shape[1]
   if steps is None:
     raise _table.Refused(_NEEDS_LENGTH)
-  gates_x = tf.matmul(tf.reshape(x_tf, [-1, x_tf.shape[-1]]), w_ih,
-                      transpose_b=True)
+  gates_x = tf.matmul(tf.reshape(x_tf, [-1, x_tf.shape[-1]]), w_ih, transpose_b=True)
   gates_x = tf.reshape(gates_x, [-1, steps, w_ih.shape[0]])
   if b_ih is not None:
     gates_x = gates_x + b_ih
   outputs = [None] * steps
-  for t in (reversed(range(steps)) if reverse else range(steps)):
+  for t in reversed(range(steps)) if reverse else range(steps):
     h, c = cell(gates_x[:, t], h, c, w_hh, b_hh)
     outputs[t] = h
   return tf.stack(outputs, axis=1), h, c
 
 
 def _recurrent(cell, has_cell_state):
-  def translate_recurrent(out, x, hx, params, has_biases, num_layers, dropout,
-                          train, bidirectional, batch_first):
+  def translate_recurrent(
+    out, x, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first
+  ):
     del dropout  # train is False (refused otherwise): no dropout
     if train:
       raise _table.Refused("a recurrent layer in training mode")
@@ -80,9 +83,14 @@ def _recurrent(cell, has_cell_state):
       outputs = []
       for direction in range(directions):
         k = layer * directions + direction
-        y, h, c = _run_direction(cell, layer_in, h0[k],
-                                 None if c0 is None else c0[k],
-                                 params[k * per:(k + 1) * per], direction == 1)
+        y, h, c = _run_direction(
+          cell,
+          layer_in,
+          h0[k],
+          None if c0 is None else c0[k],
+          params[k * per : (k + 1) * per],
+          direction == 1,
+        )
         outputs.append(y)
         hs.append(h)
         cs.append(c)
@@ -91,6 +99,7 @@ def _recurrent(cell, has_cell_state):
     if has_cell_state:
       return output, tf.stack(hs), tf.stack(cs)
     return output, tf.stack(hs)
+
   return translate_recurrent
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from torchbridge._translate._aten import _table
 from torchbridge._translate._aten._table import translates, dim_size, shape_arg
 
-_BIG = 2 ** 31 - 1  # torch's "to the end" slice bound is INT64_MAX
+_BIG = 2**31 - 1  # torch's "to the end" slice bound is INT64_MAX
 
 
 @translates("aten.sym_size.int")
@@ -26,20 +26,33 @@ def _numel(out, x):
 def _getitem(out, sequence, index):
   value = sequence[index]
   if value is None:
-    raise _table.Refused("an op result TF does not compute (such as "
-                              "max_pool2d's indices) is used")
+    raise _table.Refused("an op result TF does not compute (such as max_pool2d's indices) is used")
   return value
 
 
-for _name in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg", "eq",
-              "ne", "lt", "le", "gt", "ge", "pow"):
+for _name in (
+  "add",
+  "sub",
+  "mul",
+  "floordiv",
+  "truediv",
+  "mod",
+  "neg",
+  "eq",
+  "ne",
+  "lt",
+  "le",
+  "gt",
+  "ge",
+  "pow",
+):
   translates(f"operator.{_name}")(
-      # The default binds this iteration's operator (a closure would see the last).
-      lambda out, *args, _fn=getattr(operator, _name): _fn(*args))  # noqa: B008
+    # The default binds this iteration's operator (a closure would see the last).
+    lambda out, *args, _fn=getattr(operator, _name): _fn(*args)  # noqa: B008
+  )
 
 
-@translates("aten.view.default", "aten._unsafe_view.default",
-            "aten.reshape.default")
+@translates("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 def _view(out, x, sizes):
   return tf.reshape(x, shape_arg(sizes))
 
@@ -64,8 +77,9 @@ def _t(out, x):
 @translates("aten.expand.default")
 def _expand(out, x, sizes, implicit=False):
   lead = len(sizes) - x.shape.rank
-  shape = [dim_size(x, i - lead) if isinstance(s, int) and s == -1 else s
-           for i, s in enumerate(sizes)]
+  shape = [
+    dim_size(x, i - lead) if isinstance(s, int) and s == -1 else s for i, s in enumerate(sizes)
+  ]
   return tf.broadcast_to(x, shape_arg(shape))
 
 
@@ -108,8 +122,7 @@ def _select(out, x, dim, index):
 @translates("aten.cat.default", "aten.concat.default")
 def _cat(out, tensors, dim=0):
   dtype = _table.out_dtype(out)
-  tensors = [tf.cast(t, dtype) for t in tensors if t.shape.rank != 1 or
-             t.shape[0] != 0]
+  tensors = [tf.cast(t, dtype) for t in tensors if t.shape.rank != 1 or t.shape[0] != 0]
   return tf.concat(tensors, dim % tensors[0].shape.rank)
 
 
@@ -118,13 +131,11 @@ def _stack(out, tensors, dim=0):
   return tf.stack(tensors, dim % (tensors[0].shape.rank + 1))
 
 
-@translates("aten.split_with_sizes.default", "aten.split.Tensor",
-            "aten.split.sizes")
+@translates("aten.split_with_sizes.default", "aten.split.Tensor", "aten.split.sizes")
 def _split(out, x, sizes, dim=0):
   dim %= x.shape.rank
   if isinstance(sizes, int):
-    return [x[(slice(None),) * dim + (slice(i, i + sizes),)]
-            for i in range(0, x.shape[dim], sizes)]
+    return [x[(slice(None),) * dim + (slice(i, i + sizes),)] for i in range(0, x.shape[dim], sizes)]
   return tf.split(x, list(sizes), dim)
 
 
@@ -141,8 +152,7 @@ def _flip(out, x, dims):
 @translates("aten.repeat.default")
 def _repeat(out, x, repeats):
   lead = len(repeats) - x.shape.rank
-  x = tf.reshape(x, shape_arg([1] * lead + [dim_size(x, i) for i in
-                                             range(x.shape.rank)]))
+  x = tf.reshape(x, shape_arg([1] * lead + [dim_size(x, i) for i in range(x.shape.rank)]))
   return tf.tile(x, shape_arg(repeats))
 
 
@@ -154,28 +164,30 @@ def _index(out, x, indices):
   if any(indices[a].dtype == tf.bool for a in axes):
     raise _table.Refused("boolean mask indexing (data-dependent shape)")
   # torch counts negative indices from the end; TF's gathers refuse them.
-  index = [tf.where(indices[a] < 0, indices[a] + tf.cast(
-      dim_size(x, a), indices[a].dtype), indices[a]) for a in axes]
+  index = [
+    tf.where(indices[a] < 0, indices[a] + tf.cast(dim_size(x, a), indices[a].dtype), indices[a])
+    for a in axes
+  ]
   if len(axes) == 1:
     return tf.gather(x, index[0], axis=axes[0])
   rest = [a for a in range(rank) if a not in axes]
   shape = tf.shape(index[0])
   for i in index[1:]:
     shape = tf.broadcast_dynamic_shape(shape, tf.shape(i))
-  stacked = tf.stack([tf.broadcast_to(tf.cast(i, tf.int64), shape)
-                      for i in index], axis=-1)
+  stacked = tf.stack([tf.broadcast_to(tf.cast(i, tf.int64), shape) for i in index], axis=-1)
   y = tf.gather_nd(tf.transpose(x, axes + rest), stacked)  # (*B, *rest)
   if axes == list(range(axes[0], axes[-1] + 1)) and axes[0] > 0:
     # Adjacent index tensors: torch puts B where the indexed axes were.
     nb, p = max(i.shape.rank for i in index), axes[0]
-    y = tf.transpose(y, [*range(nb, nb + p), *range(nb),
-                         *range(nb + p, nb + len(rest))])
+    y = tf.transpose(y, [*range(nb, nb + p), *range(nb), *range(nb + p, nb + len(rest))])
   return y
 
 
-@translates("aten._assert_tensor_metadata.default",
-            "aten._assert_scalar.default",
-            "aten.sym_constrain_range_for_size.default")
+@translates(
+  "aten._assert_tensor_metadata.default",
+  "aten._assert_scalar.default",
+  "aten.sym_constrain_range_for_size.default",
+)
 def _no_op(out, *unused, **unused_kw):
   return None
 
@@ -187,22 +199,28 @@ def _index_select(out, x, dim, index):
 
 @translates("aten.gather.default")
 def _gather(out, x, dim, index, sparse_grad=False):
-  return tf.gather(x, index, axis=dim % x.shape.rank,
-                   batch_dims=dim % x.shape.rank) if index.shape.rank == 1 \
-      else _gather_nd(x, dim % x.shape.rank, index)
+  return (
+    tf.gather(x, index, axis=dim % x.shape.rank, batch_dims=dim % x.shape.rank)
+    if index.shape.rank == 1
+    else _gather_nd(x, dim % x.shape.rank, index)
+  )
 
 
 def _gather_nd(x, dim, index):
   # torch.gather: out[i][j][k] = x[i][index[i][j][k]][k] (for dim=1).
-  grids = tf.meshgrid(*[tf.range(dim_size(index, a)) for a in
-                        range(index.shape.rank)], indexing="ij")
+  grids = tf.meshgrid(
+    *[tf.range(dim_size(index, a)) for a in range(index.shape.rank)], indexing="ij"
+  )
   grids[dim] = tf.cast(index, grids[0].dtype)
   return tf.gather_nd(x, tf.stack(grids, axis=-1))
 
 
-@translates("aten.constant_pad_nd.default",
-            refuse=lambda node: "negative padding" if any(
-                isinstance(p, int) and p < 0 for p in node.args[1]) else None)
+@translates(
+  "aten.constant_pad_nd.default",
+  refuse=lambda node: (
+    "negative padding" if any(isinstance(p, int) and p < 0 for p in node.args[1]) else None
+  ),
+)
 def _constant_pad(out, x, pad, value=0):
   pairs = [[0, 0]] * x.shape.rank
   for k in range(len(pad) // 2):
@@ -216,6 +234,7 @@ def _triangle(lower):
     cols = tf.range(dim_size(x, -1))[None, :]
     keep = (cols - rows <= diagonal) if lower else (cols - rows >= diagonal)
     return tf.where(keep, x, tf.zeros_like(x))
+
   return translate_triangle
 
 
@@ -226,30 +245,30 @@ translates("aten.triu.default")(_triangle(lower=False))
 @translates("aten.copy.default")
 def _copy(out, destination, source, non_blocking=False):
   del non_blocking
-  return tf.broadcast_to(tf.cast(source, destination.dtype),
-                         tf.shape(destination))
+  return tf.broadcast_to(tf.cast(source, destination.dtype), tf.shape(destination))
 
 
-@translates("aten.slice_scatter.default",
-            refuse=lambda node: "slice_scatter with a step" if (
-                node.args[5] if len(node.args) > 5 else
-                node.kwargs.get("step", 1)) != 1 else None)
+@translates(
+  "aten.slice_scatter.default",
+  refuse=lambda node: (
+    "slice_scatter with a step"
+    if (node.args[5] if len(node.args) > 5 else node.kwargs.get("step", 1)) != 1
+    else None
+  ),
+)
 def _slice_scatter(out, x, source, dim=0, start=None, end=None, step=1):
   del step  # refused above
   dim %= x.shape.rank
   start, end = _bound(start), _bound(end)
   before = x[(slice(None),) * dim + (slice(None, start),)] if start else None
-  after = x[(slice(None),) * dim + (slice(end, None),)] if end is not None \
-      else None
-  parts = [p for p in (before, tf.cast(source, x.dtype), after)
-           if p is not None]
+  after = x[(slice(None),) * dim + (slice(end, None),)] if end is not None else None
+  parts = [p for p in (before, tf.cast(source, x.dtype), after) if p is not None]
   return tf.concat(parts, dim)
 
 
 @translates("aten.isnan.default")
 def _isnan(out, x):
-  return tf.math.is_nan(x) if x.dtype.is_floating else tf.zeros_like(
-      x, tf.bool)
+  return tf.math.is_nan(x) if x.dtype.is_floating else tf.zeros_like(x, tf.bool)
 
 
 @translates("aten.full.default", "aten.new_full.default")
@@ -261,26 +280,31 @@ def _full(out, *args, **unused):
 
 def _filled(value):
   def translate_filled(out, *args, **unused):
-    return tf.fill(shape_arg(args[-1]),
-                   tf.constant(value, _table.out_dtype(out)))
+    return tf.fill(shape_arg(args[-1]), tf.constant(value, _table.out_dtype(out)))
+
   return translate_filled
 
 
-translates("aten.zeros.default", "aten.new_zeros.default",
-           "aten.empty.memory_format", "aten.new_empty.default")(_filled(0))
+translates(
+  "aten.zeros.default",
+  "aten.new_zeros.default",
+  "aten.empty.memory_format",
+  "aten.new_empty.default",
+)(_filled(0))
 
 
 @translates("aten.empty_permuted.default")
 def _empty_permuted(out, sizes, physical_layout, **unused):
   del physical_layout  # a memory layout: TF has one
   return tf.zeros(shape_arg(sizes), _table.out_dtype(out))
+
+
 translates("aten.ones.default", "aten.new_ones.default")(_filled(1))
 
 
 @translates("aten.full_like.default")
 def _full_like(out, x, value, **unused):
-  return tf.fill(tf.shape(x), _table.as_tensor(value,
-                                                    _table.out_dtype(out)))
+  return tf.fill(tf.shape(x), _table.as_tensor(value, _table.out_dtype(out)))
 
 
 @translates("aten.zeros_like.default", "aten.empty_like.default")
@@ -293,16 +317,14 @@ def _ones_like(out, x, **unused):
   return tf.ones_like(x, _table.out_dtype(out))
 
 
-@translates("aten.arange.start_step", "aten.arange.default",
-            "aten.arange.start")
+@translates("aten.arange.start_step", "aten.arange.default", "aten.arange.start")
 def _arange(out, *args, **unused):
   bounds = [a for a in args if not isinstance(a, (tuple, list))]
-  start, end, step = ([0] + bounds + [1])[:3] if len(bounds) == 1 else (
-      bounds + [1])[:3]
+  start, end, step = ([0] + bounds + [1])[:3] if len(bounds) == 1 else (bounds + [1])[:3]
   dtype = _table.out_dtype(out)
-  return tf.range(_table.as_tensor(start, dtype),
-                  _table.as_tensor(end, dtype),
-                  _table.as_tensor(step, dtype))
+  return tf.range(
+    _table.as_tensor(start, dtype), _table.as_tensor(end, dtype), _table.as_tensor(step, dtype)
+  )
 
 
 @translates("aten.scalar_tensor.default")

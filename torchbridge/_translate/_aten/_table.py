@@ -20,11 +20,18 @@ from typing import Any
 OPS: dict[str, tuple[Any, Any, Any]] = {}
 
 _TORCH_TO_TF_DTYPES = {
-    torch.float16: tf.float16, torch.bfloat16: tf.bfloat16,
-    torch.float32: tf.float32, torch.float64: tf.float64,
-    torch.int8: tf.int8, torch.int16: tf.int16, torch.int32: tf.int32,
-    torch.int64: tf.int64, torch.uint8: tf.uint8, torch.bool: tf.bool,
-    torch.complex64: tf.complex64, torch.complex128: tf.complex128,
+  torch.float16: tf.float16,
+  torch.bfloat16: tf.bfloat16,
+  torch.float32: tf.float32,
+  torch.float64: tf.float64,
+  torch.int8: tf.int8,
+  torch.int16: tf.int16,
+  torch.int32: tf.int32,
+  torch.int64: tf.int64,
+  torch.uint8: tf.uint8,
+  torch.bool: tf.bool,
+  torch.complex64: tf.complex64,
+  torch.complex128: tf.complex128,
 }
 
 
@@ -38,10 +45,12 @@ class Failed(RuntimeError):
 
 def translates(*names, channels_last=False, refuse=None):
   """Registers the decorated function as the translation of `names`."""
+
   def register(fn):
     for name in names:
       OPS[name] = (fn, channels_last, refuse)
     return fn
+
   return register
 
 
@@ -109,8 +118,7 @@ def promoted(a, b):
   scalar = b if isinstance(a, (tf.Tensor, tf.Variable)) else a
   if isinstance(scalar, float) and not is_floating(dtype):
     return tf.float32
-  if (isinstance(scalar, int) and not isinstance(scalar, bool) and
-      dtype == tf.bool):
+  if isinstance(scalar, int) and not isinstance(scalar, bool) and dtype == tf.bool:
     return tf.int64
   return dtype
 
