@@ -70,7 +70,12 @@ def test_files_named_in_the_docs_exist(document):
   names = [n for n in re.findall(r"`([A-Za-z_]+\.(?:py|cc|h))`", text)]
   assert names
   for name in names:
-    found = list(PACKAGE.rglob(name)) + list(CSRC.glob(name)) + list((ROOT / "examples").glob(name))
+    found = (
+      list(PACKAGE.rglob(name))
+      + list(CSRC.glob(name))
+      + list((ROOT / "examples").glob(name))
+      + list((ROOT / "tests").glob(name))
+    )
     assert found, f"{document} names {name}, which does not exist"
 
 
@@ -129,3 +134,15 @@ def test_the_native_constants_are_defined_once_per_language():
       assert len(defines) == 1, path
     else:
       assert not defines, f"{path.name} defines the alignment again"
+
+
+def test_every_test_file_is_placed_in_a_layer():
+  """The layout page's table says which layer each test file covers."""
+  layout = _layout_section()
+  missing = [
+    p.name for p in sorted((ROOT / "tests").glob("test_*.py")) if f"tests/{p.name}" not in layout
+  ]
+  named = re.findall(r"tests/(test_[a-z_]+\.py)", layout)
+  gone = [name for name in named if not (ROOT / "tests" / name).exists()]
+  assert not gone, f"{LAYOUT} names test files that do not exist: {gone}"
+  assert not missing, f"test files missing from {LAYOUT}'s table: {missing}"
