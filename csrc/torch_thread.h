@@ -41,6 +41,8 @@
 #include <mutex>
 #include <thread>
 
+#include "tensorflow/core/platform/denormal.h"
+
 namespace torchbridge {
 
 class TorchThread {
@@ -158,6 +160,12 @@ class TorchThread {
   void Loop() {
     id_.store(std::this_thread::get_id(), std::memory_order_release);
     pthread_setname_np(pthread_self(), "torchbridge-tor");
+    // Created from one of TF's threads, which flush subnormal floats to zero
+    // (TF's thread pools set FTZ/DAZ), this thread would inherit the flag,
+    // and so would the OpenMP team it starts: torch code would then give
+    // other bits than the same code outside the bridge. Torch's own default
+    // (subnormals kept) holds here for the thread's life.
+    tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
     while (true) {
       // A short spin catches the next call of a burst without a wake-up.
       const auto spin_end = std::chrono::steady_clock::now() +

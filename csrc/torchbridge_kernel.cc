@@ -28,6 +28,7 @@
 #include "timeline.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/denormal.h"
 #include "torch_thread.h"
 
 #if TORCHBRIDGE_GPU
@@ -166,6 +167,9 @@ class TorchbridgeCallOp : public OpKernel {
           if (m) m->deleter(m);
         }
       } else {
+        // Torch's default, not TF's: subnormal floats are kept (TF's threads
+        // flush them to zero; on the torch thread this is already so).
+        tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
         status = CallPython(call, &inputs, &outputs);
       }
     }

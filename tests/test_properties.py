@@ -352,14 +352,6 @@ def test_numpy_arrays(worker, spec):
   worker.run("numpy", spec)
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "to_torch/to_tf refuse a numpy bfloat16 array (ml_dtypes.bfloat16, what "
-    "`x_tf.numpy()` gives for a bfloat16 tensor) with a TypeError, although "
-    "bfloat16 crosses as a TF or torch tensor (see the report on issue 28)"
-  ),
-)
 def test_numpy_bfloat16_arrays_cross(worker):
   worker.run(
     "numpy",
@@ -406,9 +398,9 @@ def function_calls(draw, mode):
   name = draw(st.sampled_from(dtypes))
   shape = draw(shapes(max_rank=4, min_rank=max(min_rank, 1 if mode == "function_none" else 0)))
   grad = draw(st.booleans())
-  # Inside tf.function, inputs whose results stay normal numbers: subnormal
-  # ones are flushed to zero there (test_graph_mode_keeps_subnormals).
-  fill = draw(fills if mode == "eager" else st.sampled_from(["normal", "zeros"]))
+  # Subnormal values too, in every mode: TF's threads flush them to zero, and
+  # the bridge keeps them there as torch does (test_graph_mode_keeps_subnormals).
+  fill = draw(fills)
   spec = {
     "op": op,
     "dtype": name,
@@ -433,31 +425,19 @@ def test_torch_function(worker, mode, n):
   check()
 
 
-NATIVE_DISABLED = os.environ.get("TORCHBRIDGE_DISABLE_NATIVE") == "1"
-
-
 @pytest.mark.parametrize("mode,n", [("eager", 150), ("function", 60)])
 def test_torch_function_counts_each_crossing(worker, mode, n):
   @examples(n)
   @given(spec=function_calls(mode))
   def check(spec):
-    # The tf.py_function path counts its internal handle as a crossing too
-    # (test_graph_call_counts_only_user_tensors); copies are exact there.
-    spec["count_zero_copy"] = mode == "eager" or not NATIVE_DISABLED
+    # Both paths count exactly the user's tensors (the tf.py_function path
+    # leaves its internal handle out: test_graph_call_counts_only_user_tensors).
+    spec["count_zero_copy"] = True
     worker.run("function_stats", spec)
 
   check()
 
 
-@pytest.mark.xfail(
-  NATIVE_DISABLED,
-  strict=True,
-  reason=(
-    "on the tf.py_function path a graph call counts its one-byte autograd "
-    "handle as a zero-copy crossing: exchange_stats() differs between the "
-    "two paths (see the report on issue 28)"
-  ),
-)
 def test_graph_call_counts_only_user_tensors(worker):
   worker.run(
     "function_stats",
@@ -473,14 +453,6 @@ def test_graph_call_counts_only_user_tensors(worker):
   )
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "torch code inside tf.function runs on TF's threads with denormals "
-    "flushed to zero (FTZ/DAZ), so subnormal values become 0 there but not "
-    "eagerly or in torch alone, on both paths (see the report on issue 28)"
-  ),
-)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_graph_mode_keeps_subnormals(worker, dtype):
   worker.run("subnormals", {"dtype": dtype})
@@ -572,14 +544,6 @@ def test_to_torch_refuses_symbolic_tensors(worker, spec):
   worker.run("symbolic", spec)
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason=(
-    "refusals name the function and the kind but not which argument: "
-    "to_torch() / torch_function do not say where in the nest the refused "
-    "leaf is (see the report on issue 28)"
-  ),
-)
 @pytest.mark.parametrize("side", ["to_torch", "torch_function"])
 def test_refusal_names_the_refused_argument(worker, side):
   worker.run("refusal_names_argument", {"side": side, "path": "['obs'][1]"})

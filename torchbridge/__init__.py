@@ -17,6 +17,14 @@ from torchbridge._wrappers._module import TorchModule
 from torchbridge._native._loader import native_available
 from torchbridge._runtime._timeline import timeline
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # at run time, imported on first use (see __getattr__)
+  from torchbridge._translate._translated import ParityError
+  from torchbridge._translate._translated import Translated
+  from torchbridge._translate._translated import UntranslatedOpsError
+  from torchbridge._translate._translated import translate
+
 __all__ = [
   "ParityError",
   "TorchModule",
@@ -39,7 +47,7 @@ __version__ = "0.1.0"
 _TRANSLATE_NAMES = ("ParityError", "Translated", "UntranslatedOpsError", "translate")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
   # `tb.keras` and `tb.ray` import Keras / Ray only when first used.
   import importlib
 

@@ -1,6 +1,11 @@
 """A call's arguments: the TF tensors found in them, the static values kept,
 and the checks every wrapper makes before a call (output signatures, XLA)."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
@@ -22,7 +27,13 @@ input_signature)` (docs/guides/translate.md, "Serving without torch")."""
 class _BoundCall:
   """A call's arguments, split into TF tensors and static values."""
 
-  def __init__(self, structure, flat, positions, args_tf):
+  def __init__(
+    self,
+    structure: tuple[Sequence[Any], dict[str, Any]],
+    flat: list[Any],
+    positions: list[int],
+    args_tf: list[tf.Tensor],
+  ) -> None:
     self._structure = structure
     self._flat = flat
     self._positions = positions
@@ -31,7 +42,7 @@ class _BoundCall:
     args, kwargs = structure
     self.only_tensors = not kwargs and len(args) == len(flat) == len(positions)
 
-  def substitute(self, args_torch):
+  def substitute(self, args_torch: Sequence[torch.Tensor]) -> tuple[Sequence[Any], dict[str, Any]]:
     """The original arguments with torch tensors in the TF tensors' places."""
     if self.only_tensors:
       return tuple(args_torch), {}
@@ -41,27 +52,33 @@ class _BoundCall:
     return tf.nest.pack_sequence_as(self._structure, flat)
 
 
-def bind_arguments(name, structure):
+def bind_arguments(name: str, structure: tuple[Sequence[Any], dict[str, Any]]) -> _BoundCall:
   """Finds the TF tensors in a nest of call arguments."""
   flat = tf.nest.flatten(structure)
   positions, args_tf = [], []
-  for pos, leaf in enumerate(flat):
-    _exchange.check_tf_leaf(leaf, f"{name}()")
-    if _exchange.is_tf_tensor(leaf):
-      arg_tf = tf.convert_to_tensor(leaf)
-      if not _adopt.has_torch_dtype(arg_tf.dtype):
-        raise TypeError(
-          f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
-          f"{arg_tf.shape}), which torch has no dtype for. Convert it "
-          "first, e.g. `tf.cast(x, tf.float32)`, or `tf.strings.to_number` "
-          "for strings."
-        )
-      positions.append(pos)
-      args_tf.append(arg_tf)
+  leaf = None
+  try:
+    for pos, leaf in enumerate(flat):
+      _exchange.check_tf_leaf(leaf, f"{name}()")
+      if _exchange.is_tf_tensor(leaf):
+        arg_tf = tf.convert_to_tensor(leaf)
+        if not _adopt.has_torch_dtype(arg_tf.dtype):
+          raise TypeError(
+            f"{name}() received a tensor of dtype {arg_tf.dtype.name} (shape "
+            f"{arg_tf.shape}), which torch has no dtype for. Convert it "
+            "first, e.g. `tf.cast(x, tf.float32)`, or `tf.strings.to_number` "
+            "for strings."
+          )
+        positions.append(pos)
+        args_tf.append(arg_tf)
+  except TypeError as err:
+    args, kwargs = structure
+    where = _exchange.nest_path(args, leaf, "args") or _exchange.nest_path(kwargs, leaf, "kwargs")
+    raise TypeError(_exchange.received_at(str(err), f"{name}()", where)) from err
   return _BoundCall(structure, flat, positions, args_tf)
 
 
-def check_output_signature(output_signature, owner):
+def check_output_signature(output_signature: Any, owner: str) -> Any:
   """Returns `output_signature` if it is None or a nest of tf.TensorSpec;
   raises a TypeError that shows the form otherwise."""
   if output_signature is not None:
@@ -75,7 +92,7 @@ def check_output_signature(output_signature, owner):
   return output_signature
 
 
-def check_not_xla(name):
+def check_not_xla(name: str) -> None:
   """Raises if the graph being traced is compiled by XLA."""
   if _compat.in_xla_context():
     raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))

@@ -63,6 +63,7 @@ def call(
   if tf.executing_eagerly():
     return _eager.call_eager(forward, args_tf, differentiable)
   _placement.graph_call_traced()
+  assert out_specs is not None  # a graph's op declares its outputs: callers pass them
   return _graph.call_graph(
     forward, args_tf, args_tf, out_specs, True, name, differentiable, specs_found
   )

@@ -11,6 +11,8 @@ the TF outputs back into the result's structure.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
@@ -25,14 +27,14 @@ from torchbridge._call._protocol import Outputs
 
 @tf.autograph.experimental.do_not_convert
 def call_bridged(
-  run,
-  args_tf,
-  name,
-  output_signature=None,
-  differentiable=None,
-  extra_signature=None,
-  stand_ins=None,
-):
+  run: Callable[[list[torch.Tensor]], Any],
+  args_tf: Sequence[tf.Tensor],
+  name: str,
+  output_signature: Any = None,
+  differentiable: Sequence[bool] | None = None,
+  extra_signature: Mapping[str, tf.TensorSpec] | None = None,
+  stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None = None,
+) -> Any:
   """Calls `run(args_torch) -> result` through the bridge, as a `Forward`.
 
   Args:
@@ -56,9 +58,9 @@ def call_bridged(
     The result of `run` as a nest of TF tensors (None leaves stay None), or,
     when `run` returns an `Outputs`, an `Outputs` of TF tensors.
   """
-  layout = {}  # set by the first run: where the tensors sit in the result
+  layout: dict[str, Any] = {}  # set by the first run: where the tensors sit in the result
 
-  def flat_outputs(args_torch):
+  def flat_outputs(args_torch: list[torch.Tensor]) -> list[torch.Tensor]:
     result = run(args_torch)
     extra = None
     if isinstance(result, Outputs):
@@ -90,7 +92,9 @@ def call_bridged(
   # zeros from a graph).
   refused = set()
 
-  def forward(args_torch, *, record, unused=None):  # the core's `Forward`
+  def forward(
+    args_torch: list[torch.Tensor], *, record: bool, unused: Collection[int] | None = None
+  ) -> _saved.Saved:  # the core's `Forward`
     del unused  # every output is computed; the op drops what it need not
     if not record:
       return _saved.Saved(outputs_of(args_torch), no_leaves, has_graph=False)
@@ -105,13 +109,16 @@ def call_bridged(
         # The message names the argument, not its position: take the
         # differentiable arguments out from the last (targets come last)
         # until torch accepts the call.
-        left = [k for k, leaf in enumerate(leaves) if leaf is not None and leaf.requires_grad]
+        left = [
+          (k, leaf) for k, leaf in enumerate(leaves) if leaf is not None and leaf.requires_grad
+        ]
         if "is not differentiable with respect to" not in str(err) or not left:
           raise
-        refused.add(left[-1])
-        leaves[left[-1]].requires_grad_(False)
+        k, leaf = left[-1]
+        refused.add(k)
+        leaf.requires_grad_(False)
 
-  def outputs_of(args_torch):
+  def outputs_of(args_torch: list[torch.Tensor]) -> list[torch.Tensor]:
     outs_torch = flat_outputs(args_torch)
     _check_unmodified(args_torch, name)
     return outs_torch
@@ -140,7 +147,7 @@ def call_bridged(
   return result
 
 
-def _check_unmodified(args_torch, name):
+def _check_unmodified(args_torch: Sequence[torch.Tensor], name: str) -> None:
   """Raises if the torch code wrote into an argument (a view of TF memory)."""
   for k, arg_torch in enumerate(args_torch):
     if arg_torch._version:  # fresh views start at 0; in-place ops count up
@@ -154,7 +161,7 @@ def _check_unmodified(args_torch, name):
       )
 
 
-def _output_tensor(leaf, name):
+def _output_tensor(leaf: Any, name: str) -> torch.Tensor | None:
   """One leaf of a torch result as the torch tensor that crosses (None for
   None): the one place that says what a torch callable may return."""
   if isinstance(leaf, torch.Tensor) or leaf is None:
@@ -170,7 +177,7 @@ def _output_tensor(leaf, name):
   )
 
 
-def _flatten_result(result, name, layout):
+def _flatten_result(result: Any, name: str, layout: dict[str, Any]) -> list[torch.Tensor]:
   flat = [_output_tensor(leaf, name) for leaf in tf.nest.flatten(result)]
   tensors = [leaf for leaf in flat if leaf is not None]
   layout.setdefault("structure", result)
@@ -180,7 +187,7 @@ def _flatten_result(result, name, layout):
   return tensors
 
 
-def _flatten_signature(output_signature, layout):
+def _flatten_signature(output_signature: Any, layout: dict[str, Any]) -> list[tf.TensorSpec]:
   flat = tf.nest.flatten(output_signature)
   layout.update(
     structure=output_signature,
@@ -191,12 +198,12 @@ def _flatten_signature(output_signature, layout):
   return flat
 
 
-def _pack_result(layout, outs_tf):
+def _pack_result(layout: dict[str, Any], outs_tf: Sequence[tf.Tensor | None]) -> Any:
   outs = iter(outs_tf)
   flat = [next(outs) if is_tensor else None for is_tensor in layout["is_tensor"]]
   return tf.nest.pack_sequence_as(layout["structure"], flat)
 
 
-def _op_name(name):
+def _op_name(name: str) -> str:
   cleaned = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name).lstrip("_-/") or "torch"
   return cleaned

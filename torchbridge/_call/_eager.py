@@ -5,17 +5,28 @@ The `_saved.Saved` record lives in the closure of the gradient function that
 is recording, no graph is built at all.
 """
 
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge._call import _gradients
+from torchbridge._call import _protocol
 from torchbridge._call import _saved
 from torchbridge._crossing import _exchange
 from torchbridge._frameworks import _compat
 from torchbridge._runtime import _timeline
 
 
-def call_eager(forward, args_tf, differentiable, n_used=None):
+def call_eager(
+  forward: _protocol.Forward,
+  args_tf: Sequence[tf.Tensor],
+  differentiable: Sequence[bool],
+  n_used: int | None = None,
+) -> list[tf.Tensor | None]:
   """Eagerly: `forward` sees torch views of the first `n_used` arguments."""
   if n_used is None:
     n_used = len(args_tf)
@@ -28,21 +39,25 @@ def call_eager(forward, args_tf, differentiable, n_used=None):
     return [_to_tf_or_none(o) for o in saved.outs_torch]
 
   @tf.custom_gradient
-  def bridged(*args):
+  def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor | None], Any]:
     with torch.enable_grad(), _timeline.span(_timeline.CALL):
       saved = forward(_views(args[:n_used]), record=True)
     outs_tf = [_to_tf_or_none(o) for o in saved.outs_torch]
 
-    def grad(*dys_tf):
+    def grad(*dys_tf: tf.Tensor | None) -> list[tf.Tensor | None]:
       # Gradients are themselves bridged calls, so an outer tape that
       # records this backward can differentiate it again.
-      specs = [tf.TensorSpec(o.shape, o.dtype) for o in outs_tf]
+      # A recorded forward's outputs are tensors (a None comes only from a
+      # backward's none_ok gradients), as before these hints: not narrowed.
+      specs = [tf.TensorSpec(o.shape, o.dtype) for o in outs_tf]  # type: ignore[union-attr]
       sel_out, diff_args = _gradients.grad_positions(specs, differentiable, dys_tf)
 
       # Its arguments: the upstream gradients, which torch reads, and the
       # forward's arguments, which only connect the tape (their torch leaves
       # live in `saved`).
-      def backward(dys_torch, *, record, unused=None):  # a `Forward` too
+      def backward(
+        dys_torch: list[torch.Tensor], *, record: bool, unused: Collection[int] | None = None
+      ) -> _saved.Saved:  # a `Forward` too
         del unused
         return _saved.backward(saved, sel_out, diff_args, dys_torch, record, none_ok=True)
 
@@ -59,10 +74,10 @@ def call_eager(forward, args_tf, differentiable, n_used=None):
   return list(bridged(*args_tf))
 
 
-def _to_tf_or_none(out_torch):
+def _to_tf_or_none(out_torch: torch.Tensor | None) -> tf.Tensor | None:
   # None: a gradient torch cannot give (see _saved.backward).
   return None if out_torch is None else _exchange.tensor_to_tf(out_torch)
 
 
-def _views(tensors_tf):
+def _views(tensors_tf: Sequence[tf.Tensor]) -> list[torch.Tensor]:
   return [_exchange.tensor_to_torch(t) for t in tensors_tf]

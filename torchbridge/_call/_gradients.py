@@ -1,12 +1,16 @@
 """Which arguments of a call get gradients, and where gradients go."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
 from torchbridge._frameworks import _compat
 
 
-def is_differentiable(dtype):
+def is_differentiable(dtype: tf.DType) -> bool:
   """Whether gradients flow through values of this TF dtype."""
   return tf.as_dtype(dtype).is_floating
 
@@ -15,7 +19,7 @@ def is_differentiable(dtype):
 _GRADIENT_STOPPERS = frozenset(("StopGradient", "PreventGradient"))
 
 
-def can_get_gradients(args_tf, differentiable):
+def can_get_gradients(args_tf: Sequence[tf.Tensor], differentiable: Sequence[bool]) -> list[bool]:
   """`differentiable`, narrowed to the arguments a gradient can be asked for.
 
   Eagerly, the ones a tape watches (when no tape records, none: the call
@@ -31,7 +35,11 @@ def can_get_gradients(args_tf, differentiable):
   return [diff and a.op.type not in _GRADIENT_STOPPERS for a, diff in zip(args_tf, differentiable)]
 
 
-def grad_positions(out_specs, differentiable, dys_tf):
+def grad_positions(
+  out_specs: Sequence[tf.TensorSpec],
+  differentiable: Sequence[bool],
+  dys_tf: Sequence[tf.Tensor | None],
+) -> tuple[list[int], list[int]]:
   """Which outputs send gradient back, and which arguments receive it."""
   sel_out = [
     i
@@ -42,7 +50,9 @@ def grad_positions(out_specs, differentiable, dys_tf):
   return sel_out, diff_args
 
 
-def scatter(grads_tf, positions, n):
+def scatter(
+  grads_tf: Sequence[tf.Tensor | None], positions: Sequence[int], n: int
+) -> list[tf.Tensor | None]:
   result = [None] * n
   for pos, g in zip(positions, grads_tf):
     result[pos] = g

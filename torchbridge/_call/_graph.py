@@ -10,11 +10,17 @@ running graph consumes the handle; when nothing does (an inference call), no
 autograd graph is recorded and no handle is made at all.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, cast
+
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge._call import _gradients
 from torchbridge._call import _output_check
+from torchbridge._call import _protocol
 from torchbridge._call import _saved
 from torchbridge._call import _signature
 from torchbridge._crossing import _exchange
@@ -27,15 +33,15 @@ from torchbridge._runtime import _timeline
 
 
 def call_graph(
-  forward,
-  grad_args_tf,
-  py_args_tf,
-  out_specs,
-  record,
-  name,
-  differentiable,
-  specs_found=_signature.DECLARED,
-):
+  forward: _protocol.Forward,
+  grad_args_tf: Sequence[tf.Tensor],
+  py_args_tf: Sequence[tf.Tensor],
+  out_specs: Sequence[tf.TensorSpec],
+  record: bool,
+  name: str,
+  differentiable: Sequence[bool],
+  specs_found: str = _signature.DECLARED,
+) -> list[tf.Tensor]:
   """`forward` inside a graph, as one stateful op returning a handle too.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
@@ -46,25 +52,33 @@ def call_graph(
 
   check_outputs = _output_check.OutputCheck(out_specs, name, specs_found)
 
-  def run(py_args_torch, unused=None):
+  def run(
+    py_args_torch: list[torch.Tensor], unused: Collection[int] | None = None
+  ) -> list[torch.Tensor | None]:
     # The tf.py_function path: handed to the torch thread from here.
     with _timeline.span(_timeline.HAND_OFF):
       return _placement.run_graph_call(run_here, py_args_torch, unused)
 
-  def run_native(py_args_torch, unused=None):
+  def run_native(
+    py_args_torch: list[torch.Tensor], unused: Collection[int] | None = None
+  ) -> list[torch.Tensor | None]:
     # On the native op's torch thread already (CPU), or on TF's thread with
     # TF's CUDA stream as torch's (GPU: no OpenMP teams there).
     _placement.prepare_native_call()
     return run_here(py_args_torch, unused)
 
-  def run_here(py_args_torch, unused=None):
+  def run_here(
+    py_args_torch: list[torch.Tensor], unused: Collection[int] | None = None
+  ) -> list[torch.Tensor | None]:
     # `unused`: the outputs nothing in the running graph consumes (None: not
     # known). In an inference call nothing consumes the handle (output 0):
     # then no autograd graph is recorded and no handle is made.
     with _timeline.span(_timeline.CALL):
       return _run_here(py_args_torch, unused)
 
-  def _run_here(py_args_torch, unused):
+  def _run_here(
+    py_args_torch: list[torch.Tensor], unused: Collection[int] | None
+  ) -> list[torch.Tensor | None]:
     inference = unused is not None and 0 in unused
     grad_mode = torch.is_grad_enabled()
     torch.set_grad_enabled(record and not inference)
@@ -80,14 +94,14 @@ def call_graph(
     with _timeline.span(_timeline.CHECK):
       check_outputs(outs_torch)
     if saved is None:
-      return [None] + outs_torch
+      return [None, *outs_torch]
     with _timeline.span(_timeline.SAVE):
       handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(outs_torch))
       _saved.own(handle_torch, saved)
-    return [handle_torch] + outs_torch
+    return [handle_torch, *outs_torch]
 
   @tf.custom_gradient
-  def bridged(*grad_args):
+  def bridged(*grad_args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
     results = _stateful_op(
       run,
       run_native,
@@ -98,10 +112,15 @@ def call_graph(
     )
     handle_tf, outs_tf = results[0], results[1:]
 
-    def grad(*dys_tf):
+    def grad(*dys_tf: tf.Tensor | None) -> list[tf.Tensor | None]:
       sel_out, diff_args = _gradients.grad_positions(out_specs, differentiable, dys_tf)
 
-      def backward(py_args_torch, *, record, unused=None):  # a `Forward`
+      def backward(
+        py_args_torch: list[torch.Tensor],
+        *,
+        record: bool,
+        unused: Collection[int] | None = None,
+      ) -> _saved.Saved:  # a `Forward`
         saved = _saved.lookup(py_args_torch[0])
         # Output k + 1 of this op is the gradient of argument diff_args[k];
         # the native op says which ones nothing consumes (e.g. those of
@@ -136,7 +155,14 @@ def call_graph(
   return list(bridged(*grad_args_tf))
 
 
-def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
+def _stateful_op(
+  run: Callable[[list[torch.Tensor]], Sequence[torch.Tensor | None]],
+  run_native: Callable[..., Sequence[torch.Tensor | None]],
+  inputs_tf: Sequence[tf.Tensor],
+  out_dtypes: Sequence[tf.DType],
+  out_shapes: Sequence[Any],
+  name: str,
+) -> list[tf.Tensor]:
   """One stateful graph op running `run(list of torch views) -> tensors`.
 
   The native op of `csrc/` when it is available (it hands torch tensors to
@@ -157,13 +183,17 @@ def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
       whole_tensor_outputs=[0],
     )
 
-  def body(*inputs_eager):
+  def body(*inputs_eager: tf.Tensor) -> list[tf.Tensor]:
     _thread_state.keep_for_this_thread()
     with _timeline.span(_timeline.TO_TORCH):
       inputs_torch = _views(inputs_eager)
-    outs_torch = run(inputs_torch)
+    # No output is None here: only the native op passes `unused`.
+    outs_torch = cast("list[torch.Tensor]", run(inputs_torch))
     with _timeline.span(_timeline.TO_TF):
-      return [_exchange.tensor_to_tf(o) for o in outs_torch]
+      handle_torch, *results_torch = outs_torch
+      return [_exchange.handle_to_tf(handle_torch)] + [
+        _exchange.tensor_to_tf(o) for o in results_torch
+      ]
 
   outs_tf = tf.py_function(body, inputs_tf, Tout=out_dtypes, name=name)
   for out_tf, shape in zip(outs_tf, out_shapes):
@@ -171,11 +201,11 @@ def _stateful_op(run, run_native, inputs_tf, out_dtypes, out_shapes, name):
   return outs_tf
 
 
-def _views(tensors_tf):
+def _views(tensors_tf: Sequence[tf.Tensor]) -> list[torch.Tensor]:
   return [_exchange.tensor_to_torch(t) for t in tensors_tf]
 
 
-def _handle_device(outs_torch):
+def _handle_device(outs_torch: Sequence[torch.Tensor | None]) -> torch.device:
   """Where the handle lives: on the op's device, so TF never moves it."""
   gpu = _placement.current_gpu()
   if gpu is not None:
@@ -183,7 +213,7 @@ def _handle_device(outs_torch):
   return next((o.device for o in outs_torch if o is not None and o.is_cuda), torch.device("cpu"))
 
 
-def _in_current_graph(tensor_tf):
+def _in_current_graph(tensor_tf: tf.Tensor) -> tf.Tensor:
   if tensor_tf.graph is tf.compat.v1.get_default_graph():
     return tensor_tf
   return tf.identity(tensor_tf)  # captures it into this graph

@@ -1,8 +1,17 @@
 """Checks a call's torch outputs against the specs declared at trace time,
 and says how to fix a mismatch."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from torchbridge._call import _signature
 from torchbridge._crossing import _adopt
+
+if TYPE_CHECKING:
+  import torch
+  import tensorflow as tf
 
 
 class OutputCheck:
@@ -12,7 +21,7 @@ class OutputCheck:
   every run.
   """
 
-  def __init__(self, out_specs, name, specs_found):
+  def __init__(self, out_specs: Sequence[tf.TensorSpec], name: str, specs_found: str) -> None:
     self._specs = out_specs
     self._name = name
     self._found = specs_found
@@ -31,7 +40,7 @@ class OutputCheck:
     if len(self._expected) == 1 and self._expected[0][1]:
       self._single = (self._expected[0][0], self._expected[0][2])
 
-  def __call__(self, outs_torch):
+  def __call__(self, outs_torch: Sequence[torch.Tensor | None]) -> None:
     if self._single is not None and len(outs_torch) == 1:
       out = outs_torch[0]
       if out is not None and out.dtype == self._single[0] and out.shape == self._single[1]:
@@ -47,13 +56,18 @@ class OutputCheck:
     _check_outputs(outs_torch, self._specs, self._name, self._found)
 
 
-def _dims_match(dims, shape):
+def _dims_match(dims: tuple[int | None, ...] | None, shape: torch.Size) -> bool:
   if dims is None:
     return True
   return len(dims) == len(shape) and all(d is None or d == n for d, n in zip(dims, shape))
 
 
-def _check_outputs(outs_torch, out_specs, name, found):
+def _check_outputs(
+  outs_torch: Sequence[torch.Tensor | None],
+  out_specs: Sequence[tf.TensorSpec],
+  name: str,
+  found: str,
+) -> None:
   """Raises the error that says how the outputs differ from the specs."""
   if len(outs_torch) != len(out_specs):
     raise ValueError(

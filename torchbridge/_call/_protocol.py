@@ -13,7 +13,7 @@ wrapper's `run(args_torch) -> result` (a nest of torch tensors, or an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import Any, Protocol
 
 import torch
@@ -39,7 +39,7 @@ class Forward(Protocol):
   """
 
   def __call__(
-    self, args_torch: Sequence[torch.Tensor], *, record: bool, unused: Collection[int] | None = None
+    self, args_torch: list[torch.Tensor], /, *, record: bool, unused: Collection[int] | None = None
   ) -> _saved.Saved: ...
 
 

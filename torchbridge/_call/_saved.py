@@ -9,9 +9,12 @@ the record is owned by a one-byte handle tensor that TF holds as long as a
 gradient may need it (`own`, `lookup`).
 """
 
+from __future__ import annotations
+
 import functools
 import weakref
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import cast
 
 import torch
 
@@ -21,7 +24,7 @@ from torchbridge._call import _vjp
 # Handle data pointer -> (`Saved`, weak reference to the handle): the record
 # lives as long as the handle's Python object, which TF keeps alive while it
 # holds the handle (see `_own`).
-_SAVED_BY_HANDLE: dict[Any, tuple[Any, weakref.ref]] = {}
+_SAVED_BY_HANDLE: dict[int, tuple[Saved, weakref.ref[torch.Tensor]]] = {}
 
 
 class Saved:
@@ -29,7 +32,13 @@ class Saved:
 
   __slots__ = ("outs_torch", "leaves_torch", "has_graph", "regraph", "__weakref__")
 
-  def __init__(self, outs_torch, leaves_torch, has_graph, regraph=None):
+  def __init__(
+    self,
+    outs_torch: Sequence[torch.Tensor | None],
+    leaves_torch: Sequence[torch.Tensor | None],
+    has_graph: bool,
+    regraph: Callable[[], Saved] | None = None,
+  ) -> None:
     # Flat torch outputs, and for each TF argument of the call the torch leaf
     # that stands for it (None where the argument gets no gradient).
     self.outs_torch = outs_torch
@@ -40,7 +49,15 @@ class Saved:
     self.regraph = regraph
 
 
-def backward(saved, sel_out, diff_args, dys_torch, record, skip=(), none_ok=False):
+def backward(
+  saved: Saved,
+  sel_out: Sequence[int],
+  diff_args: Sequence[int],
+  dys_torch: list[torch.Tensor],
+  record: bool,
+  skip: Collection[int] = (),
+  none_ok: bool = False,
+) -> Saved:
   """The vector-Jacobian product of a saved call, as a new `Saved`.
 
   `dys_torch` are torch views of the upstream gradients of the outputs
@@ -48,10 +65,12 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(), none_ok=Fals
   None at the positions `skip` (gradients nothing consumes).
   """
   if not saved.has_graph:
+    assert saved.regraph is not None  # a record made without a graph can remake itself
     saved = saved.regraph()
   if record:
     dys_torch = [dy.requires_grad_() for dy in dys_torch]
-  leaves = [saved.leaves_torch[j] for j in diff_args]
+  # The leaves of the arguments that get gradients: never None.
+  leaves = cast("list[torch.Tensor]", [saved.leaves_torch[j] for j in diff_args])
   # Leaves that do not require grad: arguments torch refused to
   # differentiate (see `_call_bridged.call_bridged`).
   refused = [k for k, leaf in enumerate(leaves) if k not in skip and not leaf.requires_grad]
@@ -59,11 +78,11 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(), none_ok=Fals
   # Outputs torch computed without a graph (detached, integer-valued paths)
   # contribute nothing, nor do outputs a backward left out (None).
   pairs = [
-    (saved.outs_torch[i], dy)
+    (out, dy)
     for i, dy in zip(sel_out, dys_torch)
-    if saved.outs_torch[i] is not None and saved.outs_torch[i].requires_grad
+    if (out := saved.outs_torch[i]) is not None and out.requires_grad
   ]
-  grads_torch = [None] * len(leaves)
+  grads_torch: list[torch.Tensor | None] = [None] * len(leaves)
   grad_mode = torch.is_grad_enabled()
   torch.set_grad_enabled(True)
   try:
@@ -88,7 +107,12 @@ def backward(saved, sel_out, diff_args, dys_torch, record, skip=(), none_ok=Fals
   return Saved(grads_torch, dys_torch + leaves, has_graph=record, regraph=regraph)
 
 
-def _vjp_or_none(pairs, leaves, record, none_ok):
+def _vjp_or_none(
+  pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+  leaves: Sequence[torch.Tensor],
+  record: bool,
+  none_ok: bool,
+) -> Sequence[torch.Tensor | None]:
   """The vector-Jacobian product for `leaves`; for a leaf that torch
   declares non-differentiable (a loss's target), None (`none_ok`: eagerly,
   where TF takes a None gradient) or zeros (a graph's op cannot leave out
@@ -99,7 +123,7 @@ def _vjp_or_none(pairs, leaves, record, none_ok):
   except RuntimeError as err:
     if not _is_not_differentiable(err):
       raise
-  grads = []
+  grads: list[torch.Tensor | None] = []
   for leaf in leaves:
     try:
       grads.append(_vjp.vjp(outs, [leaf], dys, create_graph=record)[0])
@@ -110,14 +134,14 @@ def _vjp_or_none(pairs, leaves, record, none_ok):
   return grads
 
 
-def _is_not_differentiable(err):
+def _is_not_differentiable(err: BaseException) -> bool:
   text = str(err)
   return "is not differentiable with respect to" in text or (
     "derivative for" in text and "is not implemented" in text
   )
 
 
-def own(handle_torch, saved):
+def own(handle_torch: torch.Tensor, saved: Saved) -> None:
   """Makes `handle_torch` own `saved`.
 
   TF holds the handle's torch tensor whole (the native op's
@@ -127,7 +151,7 @@ def own(handle_torch, saved):
   """
   key = handle_torch.data_ptr()
 
-  def forget(ref):
+  def forget(ref: weakref.ref[torch.Tensor]) -> None:
     # Only this handle's own entry (a later handle may reuse the address).
     if _SAVED_BY_HANDLE.get(key, (None, None))[1] is ref:
       _SAVED_BY_HANDLE.pop(key, None)
@@ -135,7 +159,7 @@ def own(handle_torch, saved):
   _SAVED_BY_HANDLE[key] = (saved, weakref.ref(handle_torch, forget))
 
 
-def lookup(handle_torch):
+def lookup(handle_torch: torch.Tensor) -> Saved:
   saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
   if saved is None:
     raise RuntimeError(

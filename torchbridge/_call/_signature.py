@@ -20,6 +20,10 @@ mismatch at run time fails the call with an error that names the way out
 (`output_signature`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
@@ -53,12 +57,12 @@ _TRACE_FAILED = """\
   {error_type}: {error}"""
 
 
-def _is_meta_limitation(err):
+def _is_meta_limitation(err: BaseException) -> bool:
   """Whether `err` comes from the meta device itself, not from the inputs."""
   return isinstance(err, NotImplementedError) or "meta" in str(err).lower()
 
 
-def _same_type(err, message):
+def _same_type(err: BaseException, message: str) -> BaseException:
   try:
     return type(err)(message)
   except Exception:  # an exception type whose constructor wants more
@@ -74,7 +78,12 @@ class ResultError(TypeError):
   __init__ = Exception.__init__
 
 
-def infer(run, args_specs, name, stand_ins=None):
+def infer(
+  run: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+  args_specs: Sequence[tf.TensorSpec],
+  name: str,
+  stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None = None,
+) -> tuple[list[tf.TensorSpec], str]:
   """Runs `run` on stand-ins of `args_specs`; its outputs' TensorSpecs.
 
   Args:
@@ -133,11 +142,15 @@ def infer(run, args_specs, name, stand_ins=None):
   return _specs(outs, name), how
 
 
-def _shape(spec, size):
+def _shape(spec: tf.TensorSpec, size: int) -> list[int]:
   return [size if d is None else d for d in spec.shape.as_list()]
 
 
-def _run_meta(run, args_specs, size):
+def _run_meta(
+  run: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+  args_specs: Sequence[tf.TensorSpec],
+  size: int,
+) -> list[torch.Tensor]:
   args_meta = [
     torch.empty(_shape(s, size), dtype=_adopt.torch_dtype(s.dtype), device="meta")
     for s in args_specs
@@ -146,7 +159,13 @@ def _run_meta(run, args_specs, size):
     return run(args_meta)
 
 
-def _run_real(run, args_specs, size, stand_ins, random_floats=False):
+def _run_real(
+  run: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+  args_specs: Sequence[tf.TensorSpec],
+  size: int,
+  stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None,
+  random_floats: bool = False,
+) -> list[torch.Tensor]:
   args = []
   generator = torch.Generator().manual_seed(0)
   for k, spec in enumerate(args_specs):
@@ -164,7 +183,9 @@ def _run_real(run, args_specs, size, stand_ins, random_floats=False):
     return run(args)
 
 
-def _trace_error(err, name, args_specs, how):
+def _trace_error(
+  err: BaseException, name: str, args_specs: Sequence[tf.TensorSpec], how: str
+) -> BaseException:
   # An error the inputs would cause on real tensors too (a wrong shape or
   # dtype): the user's error, in its own type, said to come from tracing.
   return _same_type(
@@ -179,12 +200,12 @@ def _trace_error(err, name, args_specs, how):
   )
 
 
-def _one_line(err):
+def _one_line(err: BaseException) -> str:
   text = " ".join(str(err).split())
   return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _specs(outs_by_probe, name):
+def _specs(outs_by_probe: Sequence[Sequence[torch.Tensor]], name: str) -> list[tf.TensorSpec]:
   specs = []
   for k, outs in enumerate(zip(*outs_by_probe)):
     if not _adopt.has_tf_dtype(outs[0].dtype):

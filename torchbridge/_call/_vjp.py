@@ -12,7 +12,10 @@ engine entry point) goes through `torch.autograd.grad` itself, so the
 results and errors are always torch's own.
 """
 
+from __future__ import annotations
+
 import contextvars
+from collections.abc import Sequence
 
 import torch
 from torch.overrides import has_torch_function
@@ -28,7 +31,12 @@ _STASH = _compat.stash_obj_in_tls
 _UNSTASH = _compat.remove_obj_from_tls
 
 
-def vjp(outputs, inputs, grad_outputs, create_graph):
+def vjp(
+  outputs: Sequence[torch.Tensor],
+  inputs: Sequence[torch.Tensor],
+  grad_outputs: Sequence[torch.Tensor],
+  create_graph: bool,
+) -> tuple[torch.Tensor, ...]:
   """`torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True,
   create_graph=create_graph, allow_unused=True, materialize_grads=True)`.
 
@@ -50,7 +58,8 @@ def vjp(outputs, inputs, grad_outputs, create_graph):
   """
   outputs, inputs = tuple(outputs), tuple(inputs)
   grad_outputs = tuple(grad_outputs)
-  if not _fast_path_applies(outputs, inputs, grad_outputs):
+  engine = _ENGINE
+  if engine is None or not _fast_path_applies(outputs, inputs, grad_outputs):
     return torch.autograd.grad(
       outputs,
       inputs,
@@ -60,22 +69,27 @@ def vjp(outputs, inputs, grad_outputs, create_graph):
       allow_unused=True,
       materialize_grads=True,
     )
-  stashed = _STASH is not None and _UNSTASH is not None
-  if stashed:
-    _STASH("context", contextvars.copy_context())
-  try:
-    grads = _ENGINE.run_backward(outputs, grad_outputs, True, create_graph, inputs, True, False)
-  finally:
-    if stashed:
-      _UNSTASH("context")
+  stash, unstash = _STASH, _UNSTASH
+  if stash is None or unstash is None:
+    grads = engine.run_backward(outputs, grad_outputs, True, create_graph, inputs, True, False)
+  else:
+    stash("context", contextvars.copy_context())
+    try:
+      grads = engine.run_backward(outputs, grad_outputs, True, create_graph, inputs, True, False)
+    finally:
+      unstash("context")
   return tuple(
     g if g is not None else torch.zeros_like(x, requires_grad=create_graph)
     for g, x in zip(grads, inputs)
   )
 
 
-def _fast_path_applies(outputs, inputs, grad_outputs):
-  if _ENGINE is None or len(outputs) != len(grad_outputs):
+def _fast_path_applies(
+  outputs: tuple[torch.Tensor, ...],
+  inputs: tuple[torch.Tensor, ...],
+  grad_outputs: tuple[torch.Tensor, ...],
+) -> bool:
+  if len(outputs) != len(grad_outputs):
     return False
   if has_torch_function(outputs) or has_torch_function(inputs) or has_torch_function(grad_outputs):
     return False

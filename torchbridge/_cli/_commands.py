@@ -18,13 +18,16 @@ Examples:
   0
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command line with `argv` (default: sys.argv[1:]); the exit
   status."""
   parser = argparse.ArgumentParser(
@@ -55,7 +58,7 @@ def main(argv=None):
   return _build(args)
 
 
-def _info(args):
+def _info(args: argparse.Namespace) -> int:
   # Imported here: the parser answers --help without loading TF and torch.
   from torchbridge._cli import _report  # pylint: disable=import-outside-toplevel
 
@@ -64,7 +67,7 @@ def _info(args):
   return 0
 
 
-def _build(args):
+def _build(args: argparse.Namespace) -> int:
   # pylint: disable=import-outside-toplevel
   from torchbridge._native import _loader
   from torchbridge._native import _build

@@ -16,11 +16,14 @@ Examples:
   True
 """
 
+from __future__ import annotations
+
 import importlib.metadata
 import os
 import platform
 import sys
 import warnings
+from typing import Any
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
@@ -32,7 +35,7 @@ from torchbridge._native import _compiler
 from torchbridge._runtime import _torch_thread
 
 
-def report(load_native=True):
+def report(load_native: bool = True) -> dict[str, dict[str, Any]]:
   """The set-up as a dict (see the module docstring).
 
   Args:
@@ -49,7 +52,7 @@ def report(load_native=True):
   }
 
 
-def format_text(info):
+def format_text(info: dict[str, dict[str, Any]]) -> str:
   """`report()` as aligned `key: value` lines under section headings."""
   lines = []
   for section, values in info.items():
@@ -60,7 +63,7 @@ def format_text(info):
   return "\n".join(lines)
 
 
-def _plain(value):
+def _plain(value: object) -> str:
   if value is None:
     return "-"
   if isinstance(value, bool):
@@ -70,7 +73,7 @@ def _plain(value):
   return str(value)
 
 
-def _distribution_version(*names):
+def _distribution_version(*names: str) -> str | None:
   for name in names:
     try:
       return importlib.metadata.version(name)
@@ -79,7 +82,7 @@ def _distribution_version(*names):
   return None
 
 
-def _versions():
+def _versions() -> dict[str, Any]:
   package = sys.modules["torchbridge"]
   try:
     import keras  # pylint: disable=import-outside-toplevel
@@ -102,7 +105,7 @@ def _versions():
   }
 
 
-def _native_op(load):
+def _native_op(load: bool) -> dict[str, Any]:
   disabled = os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0")
   try:
     cached = _build.library_path()
@@ -145,7 +148,7 @@ def _native_op(load):
   }
 
 
-def _import_order():
+def _import_order() -> dict[str, Any]:
   path = _load_order.triton_library_path()
   preload_off = os.environ.get(_load_order.PRELOAD_ENV, "1") == "0"
   if path is None:
@@ -159,7 +162,7 @@ def _import_order():
   return {"triton_library": path, "preload": state}
 
 
-def _threads():
+def _threads() -> dict[str, Any]:
   return {
     "torch_intra_op": torch.get_num_threads(),
     "torch_inter_op": torch.get_num_interop_threads(),
@@ -172,7 +175,7 @@ def _threads():
   }
 
 
-def _gpus():
+def _gpus() -> dict[str, Any]:
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     try:

@@ -9,6 +9,11 @@ making one aligned copy (counted in `torchbridge.exchange_stats()`) when a
 tensor fails it; `viewable_capsule` does the same for the native op.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 import torch  # before TensorFlow, as everywhere in torchbridge
 import torch.utils.dlpack as torch_dlpack
 import tensorflow as tf
@@ -42,37 +47,37 @@ _TORCH_DTYPE_FROM_TF = {
 _TF_DTYPE_FROM_TORCH = {v: k for k, v in _TORCH_DTYPE_FROM_TF.items()}
 
 
-def torch_dtype(dtype_tf):
+def torch_dtype(dtype_tf: tf.DType) -> torch.dtype:
   """The torch dtype of a TF dtype (KeyError where torch has none)."""
   return _TORCH_DTYPE_FROM_TF[tf.as_dtype(dtype_tf)]
 
 
-def tf_dtype(dtype_torch):
+def tf_dtype(dtype_torch: torch.dtype) -> tf.DType:
   """The TF dtype of a torch dtype (KeyError where TF has none)."""
   return _TF_DTYPE_FROM_TORCH[dtype_torch]
 
 
-def torch_dtype_or_none(dtype_tf):
+def torch_dtype_or_none(dtype_tf: tf.DType) -> torch.dtype | None:
   """The torch dtype of a TF dtype, or None where torch has none."""
   return _TORCH_DTYPE_FROM_TF.get(tf.as_dtype(dtype_tf))
 
 
-def tf_dtype_names():
+def tf_dtype_names() -> str:
   """The TF dtypes that cross, as text for error messages."""
   return _dtype_names(_TORCH_DTYPE_FROM_TF)
 
 
-def has_torch_dtype(dtype_tf):
+def has_torch_dtype(dtype_tf: tf.DType) -> bool:
   """Whether torch has a dtype for this TF dtype."""
   return tf.as_dtype(dtype_tf) in _TORCH_DTYPE_FROM_TF
 
 
-def has_tf_dtype(dtype_torch):
+def has_tf_dtype(dtype_torch: torch.dtype) -> bool:
   """Whether TF has a dtype for this torch dtype."""
   return dtype_torch in _TF_DTYPE_FROM_TORCH
 
 
-def can_adopt_as_is(x_torch):
+def can_adopt_as_is(x_torch: torch.Tensor) -> bool:
   """Whether TF can use `x_torch`'s memory as it is (no copy).
 
   A plain strided tensor of a dtype TF has, with no lazy conjugation or
@@ -92,7 +97,9 @@ def can_adopt_as_is(x_torch):
   return x_torch.numel() == 0 or x_torch.data_ptr() % TF_ALIGNMENT == 0
 
 
-def tf_viewable(x_torch, copied=False, device=None):
+def tf_viewable(
+  x_torch: torch.Tensor, copied: bool = False, device: torch.device | None = None
+) -> torch.Tensor:
   """`x_torch` as TF can adopt it through DLPack, counted in the stats.
 
   Detached, with lazy conjugation or negation resolved, dense row-major and
@@ -121,7 +128,7 @@ def tf_viewable(x_torch, copied=False, device=None):
   return x_torch
 
 
-def _check_torch_kind(x_torch):
+def _check_torch_kind(x_torch: torch.Tensor) -> None:
   problem = None
   if x_torch.layout != torch.strided:
     problem = (
@@ -158,13 +165,13 @@ def _check_torch_kind(x_torch):
     )
 
 
-def _dtype_names(dtype_map):
+def _dtype_names(dtype_map: Iterable[Any]) -> str:
   return ", ".join(
     str(d).replace("torch.", "").replace("<dtype: ", "").strip(">'") for d in dtype_map
   )
 
 
-def export_output(out_torch, index, gpu):
+def export_output(out_torch: object, index: int | None, gpu: int | None) -> Any:
   """Output `index` of a native op's torch callback as a DLPack capsule TF
   can adopt (see `viewable_capsule`); the C++ kernel calls it for outputs it
   cannot adopt as they are. Raises the error that says what is wrong."""
@@ -179,7 +186,7 @@ def export_output(out_torch, index, gpu):
   return viewable_capsule(out_torch, gpu)
 
 
-def viewable_capsule(x_torch, gpu):
+def viewable_capsule(x_torch: torch.Tensor, gpu: int | None) -> Any:
   """A DLPack capsule of `x_torch` as TF can adopt it (one counted copy if
   need be), for the native op's kernel on CUDA device `gpu` (None: the CPU
   kernel)."""
@@ -195,7 +202,7 @@ def viewable_capsule(x_torch, gpu):
 _DLPACK_CODE = {"int": 0, "uint": 1, "float": 2, "bfloat": 4, "complex": 5, "bool": 6}
 
 
-def _dlpack_code(dtype_torch):
+def _dlpack_code(dtype_torch: torch.dtype) -> int:
   if dtype_torch is torch.bool:
     return _DLPACK_CODE["bool"]
   if dtype_torch is torch.bfloat16:
@@ -207,7 +214,7 @@ def _dlpack_code(dtype_torch):
   return _DLPACK_CODE["int" if dtype_torch.is_signed else "uint"]
 
 
-def native_dtype_table():
+def native_dtype_table() -> str:
   """This side's dtype table as the native library writes it
   ("name:code:bits,..." in TF's names)."""
   return ",".join(
@@ -216,7 +223,7 @@ def native_dtype_table():
   )
 
 
-def check_native_constants(alignment, dtype_table):
+def check_native_constants(alignment: int, dtype_table: str) -> None:
   """Raises if the native library's alignment or dtype table (what
   csrc/adopt_rules.h says) differs from this module's."""
   if alignment != TF_ALIGNMENT:

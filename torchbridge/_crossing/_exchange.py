@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,7 +63,7 @@ def to_torch(structure: Any) -> Any:
     >>> out["obs"].shape, out["step"]
     (torch.Size([2, 3]), 7)
   """
-  return tf.nest.map_structure(_leaf_to_torch, structure)
+  return tf.nest.map_structure(functools.partial(_located, _leaf_to_torch, structure), structure)
 
 
 def to_tf(structure: Any) -> Any:
@@ -93,15 +95,54 @@ def to_tf(structure: Any) -> Any:
     >>> tb.to_tf((torch.zeros(2), torch.ones(3, dtype=torch.int64)))[1].dtype
     tf.int64
   """
-  return tf.nest.map_structure(_leaf_to_tf, structure)
+  return tf.nest.map_structure(functools.partial(_located, _leaf_to_tf, structure), structure)
 
 
-def is_tf_tensor(value):
+def _located(convert: Callable[[Any], Any], structure: Any, value: Any) -> Any:
+  """`convert(value)`; a refusal says where in `structure` the value is."""
+  try:
+    return convert(value)
+  except TypeError as err:
+    message = str(err)
+    func_name = message.split(" received", 1)[0]  # "to_torch()", "to_tf()"
+    where = nest_path(structure, value, "structure")
+    raise TypeError(received_at(message, func_name, where)) from err
+
+
+def nest_path(structure: Any, leaf: Any, root: str) -> str | None:
+  """Where `leaf` (this very object) sits in `structure`, written as Python
+  indexes it (`structure['obs'][1]`); None at the root or if absent."""
+  stack = [(structure, root)]
+  while stack:
+    node, path = stack.pop()
+    if node is leaf:
+      return None if path == root else path
+    if isinstance(node, Mapping):
+      items = [(f"[{key!r}]", value) for key, value in node.items()]
+    elif isinstance(node, tuple) and hasattr(node, "_fields"):
+      items = [(f".{field}", getattr(node, field)) for field in node._fields]
+    elif isinstance(node, (list, tuple)):
+      items = [(f"[{k}]", value) for k, value in enumerate(node)]
+    else:
+      continue
+    stack.extend((value, path + key) for key, value in reversed(items))
+  return None
+
+
+def received_at(message: str, func_name: str, where: str | None) -> str:
+  """`message` ("f() received a ...") saying where: "f() received, at
+  args[0]['obs'][1], a ..."."""
+  if where is None:
+    return message
+  return message.replace(f"{func_name} received", f"{func_name} received, at {where},", 1)
+
+
+def is_tf_tensor(value: object) -> bool:
   """True for values that `to_torch` turns into torch tensors."""
   return isinstance(value, (tf.Tensor, tf.Variable, np.ndarray))
 
 
-def check_tf_leaf(value, func_name):
+def check_tf_leaf(value: object, func_name: str) -> None:
   """Raises a `TypeError` for TF tensor kinds that cannot cross."""
   for kind, kind_name, fix in _UNSUPPORTED_TF_KINDS:
     if isinstance(value, kind):
@@ -112,7 +153,7 @@ def check_tf_leaf(value, func_name):
       )
 
 
-def _leaf_to_torch(value):
+def _leaf_to_torch(value: Any) -> Any:
   check_tf_leaf(value, "to_torch()")
   if isinstance(value, np.ndarray):
     return _numpy_to_torch(value, "to_torch()")[0]
@@ -123,7 +164,7 @@ def _leaf_to_torch(value):
   return tensor_to_torch(value)
 
 
-def tensor_to_torch(x_tf):
+def tensor_to_torch(x_tf: tf.Tensor) -> torch.Tensor:
   """One dense eager TF tensor to a torch view of its buffer."""
   if tf.is_symbolic_tensor(x_tf):
     raise TypeError(
@@ -150,7 +191,12 @@ def tensor_to_torch(x_tf):
   return x_torch
 
 
-def _numpy_to_torch(x_np, func_name, count=True):
+_NUMPY_BFLOAT16 = np.dtype(tf.bfloat16.as_numpy_dtype)
+
+
+def _numpy_to_torch(
+  x_np: np.ndarray, func_name: str, count: bool = True
+) -> tuple[torch.Tensor, bool]:
   """A numpy array to torch, sharing memory where torch can.
 
   Returns the torch tensor and whether it is a copy.
@@ -159,8 +205,14 @@ def _numpy_to_torch(x_np, func_name, count=True):
   # torch cannot view negative strides, and a read-only buffer must not
   # become a writable torch tensor: those are copied.
   shareable = x_np.flags.writeable and not has_negative_stride
+  source = x_np if shareable else np.array(x_np, copy=True, order="C")
   try:
-    x_torch = torch.from_numpy(x_np if shareable else np.array(x_np, copy=True, order="C"))
+    if x_np.dtype == _NUMPY_BFLOAT16:
+      # What `x_tf.numpy()` gives for bfloat16 (ml_dtypes), which
+      # torch.from_numpy does not know: the same bits, viewed.
+      x_torch = torch.from_numpy(source.view(np.uint16)).view(torch.bfloat16)
+    else:
+      x_torch = torch.from_numpy(source)
   except TypeError as err:
     raise TypeError(
       f"{func_name} received a numpy array of dtype {x_np.dtype} "
@@ -172,7 +224,7 @@ def _numpy_to_torch(x_np, func_name, count=True):
   return x_torch, not shareable
 
 
-def _leaf_to_tf(value):
+def _leaf_to_tf(value: Any) -> Any:
   if isinstance(value, np.ndarray):
     value, copied = _numpy_to_torch(value, "to_tf()", count=False)
     return tensor_to_tf(value, copied=copied)
@@ -181,7 +233,7 @@ def _leaf_to_tf(value):
   return tensor_to_tf(value)
 
 
-def tensor_to_tf(x_torch, copied=False):
+def tensor_to_tf(x_torch: torch.Tensor, copied: bool = False) -> tf.Tensor:
   """One torch tensor to a TF tensor sharing its buffer (or an aligned copy).
 
   `copied` says that `x_torch` is already a private copy made on the way
@@ -190,3 +242,11 @@ def tensor_to_tf(x_torch, copied=False):
   x_torch = _adopt.tf_viewable(x_torch, copied)
   _placement.ready_for_tf(x_torch)  # TF's DLPack import does not wait
   return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(x_torch))
+
+
+def handle_to_tf(handle_torch: torch.Tensor) -> tf.Tensor:
+  """A bridged call's one-byte handle (`_call._graph`) as a TF tensor on the
+  `tf.py_function` path: the bridge's own bookkeeping, not a tensor of the
+  user's, so not counted in `exchange_stats()` (the native op does not
+  count it either)."""
+  return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(handle_torch))

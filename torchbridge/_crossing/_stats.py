@@ -54,7 +54,7 @@ def reset_exchange_stats() -> None:
     _zero_copy_baseline += _external_zero_copy()
 
 
-def add_zero_copy_source(count):
+def add_zero_copy_source(count: Callable[[], int]) -> None:
   """Adds `count() -> int`, a running count of zero-copy crossings made
   outside Python, to `exchange_stats()` from now on."""
   global _zero_copy_baseline
@@ -63,17 +63,17 @@ def add_zero_copy_source(count):
     _zero_copy_baseline += count()
 
 
-def _external_zero_copy():
+def _external_zero_copy() -> int:
   return sum(count() for count in _zero_copy_sources) - _zero_copy_baseline
 
 
-def count_zero_copy(n):
+def count_zero_copy(n: int) -> None:
   """Counts `n` tensors that crossed without a copy (made outside this file)."""
   with _stats_lock:
     _stats["zero_copy"] += n
 
 
-def count(copied_bytes=None):
+def count(copied_bytes: int | None = None) -> None:
   """Counts one tensor crossing: a copy of `copied_bytes`, or (None) none."""
   with _stats_lock:
     if copied_bytes is None:

@@ -12,18 +12,25 @@ tested on the pinned set (TF 2.21, torch 2.13) and the user-install set of
 `make test-user` (torch 2.14 from the package index).
 """
 
+from __future__ import annotations
+
 import functools
 import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
+
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class MissingAPIError(RuntimeError):
   """A private framework API torchbridge relies on is gone or moved."""
 
 
-def _missing(what, framework, detail=""):
+def _missing(what: str, framework: str, detail: str = "") -> MissingAPIError:
   versions = f"TensorFlow {tf.__version__}, torch {torch.__version__}"
   return MissingAPIError(
     f"torchbridge needs {what} from {framework}, which this installation "
@@ -34,7 +41,7 @@ def _missing(what, framework, detail=""):
   )
 
 
-def _attribute(module_name, name, framework):
+def _attribute(module_name: str, name: str, framework: str) -> Any:
   try:
     return getattr(importlib.import_module(module_name), name)
   except (ImportError, AttributeError) as err:
@@ -46,11 +53,11 @@ def _attribute(module_name, name, framework):
 
 
 @functools.cache
-def _tf_record():
+def _tf_record() -> Callable[[], bool]:
   return _attribute("tensorflow.python.eager.record", "could_possibly_record", "TensorFlow")
 
 
-def tape_could_record():
+def tape_could_record() -> bool:
   """Whether a `tf.GradientTape` (or a backward function) may record now.
 
   TF's own test before recording a custom gradient; no public API answers
@@ -60,35 +67,35 @@ def tape_could_record():
 
 
 @functools.cache
-def _should_record():
+def _should_record() -> Callable[[list[Any]], bool]:
   return _attribute("tensorflow.python.eager.record", "should_record_backprop", "TensorFlow")
 
 
-def tape_watches(tensor_tf):
+def tape_watches(tensor_tf: tf.Tensor) -> bool:
   """Whether a recording tape watches `tensor_tf` (eagerly), so that a
   gradient with respect to it can be asked for."""
   return _should_record()([tensor_tf])
 
 
 @functools.cache
-def _xla_context_test():
+def _xla_context_test() -> Callable[[Any], bool]:
   return _attribute(
     "tensorflow.python.ops.control_flow_util", "GraphOrParentsInXlaContext", "TensorFlow"
   )
 
 
-def in_xla_context():
+def in_xla_context() -> bool:
   """Whether the graph being traced (or a parent) is compiled by XLA."""
   return _xla_context_test()(tf.compat.v1.get_default_graph())
 
 
 @functools.cache
-def weakref_trace_type():
+def weakref_trace_type() -> type:
   """TF's trace type that makes a tf.function argument trace by identity."""
   return _attribute("tensorflow.core.function.trace_type.default_types", "Weakref", "TensorFlow")
 
 
-def no_dependency_tracking(method):
+def no_dependency_tracking(method: F) -> F:
   """`tf.Module` method decorator: attributes set inside are not tracked
   (tf.__internal__, TF's semi-public name for it)."""
   try:
@@ -100,7 +107,7 @@ def no_dependency_tracking(method):
   return decorator(method)
 
 
-def wait_for_async_eager():
+def wait_for_async_eager() -> None:
   """Waits for TF's asynchronous eager executor, if it is on."""
   if tf.config.experimental.get_synchronous_execution():
     return
@@ -111,7 +118,7 @@ def wait_for_async_eager():
 # Keras
 
 
-def keras_in_safe_mode():
+def keras_in_safe_mode() -> bool | None:
   """Whether Keras deserializes in safe mode now (no public accessor)."""
   return _attribute("keras.src.saving.serialization_lib", "in_safe_mode", "Keras")()
 
@@ -121,12 +128,12 @@ def keras_in_safe_mode():
 
 
 @functools.cache
-def torch_dispatch_mode():
+def torch_dispatch_mode() -> type:
   """torch's `TorchDispatchMode` base class (torch.utils._python_dispatch)."""
   return _attribute("torch.utils._python_dispatch", "TorchDispatchMode", "torch")
 
 
-def disabled_torch_function_impl():
+def disabled_torch_function_impl() -> Callable[..., Any]:
   """What a torch.Tensor subclass sets as `__torch_function__` to behave as
   a plain tensor (torch's own subclasses do the same)."""
   impl = getattr(torch._C, "_disabled_torch_function_impl", None)  # pylint: disable=protected-access
@@ -135,16 +142,16 @@ def disabled_torch_function_impl():
   return impl
 
 
-def module_tensor_tables(module):
+def module_tensor_tables(module: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
   """The dicts in which `module` (not its children) holds its parameters and
   buffers, to swap tensors in place without `setattr`'s checks."""
-  tables = (getattr(module, "_parameters", None), getattr(module, "_buffers", None))
-  if not all(isinstance(t, dict) for t in tables):
+  params, buffers = getattr(module, "_parameters", None), getattr(module, "_buffers", None)
+  if not (isinstance(params, dict) and isinstance(buffers, dict)):
     raise _missing("torch.nn.Module._parameters / _buffers dicts", "torch")
-  return tables
+  return params, buffers
 
 
-def forward_pre_hook_table(module):
+def forward_pre_hook_table(module: torch.nn.Module) -> dict[int, Any]:
   """The dict of `module`'s forward pre-hooks, by handle id (to take a hook
   out and put it back without re-registering it)."""
   table = getattr(module, "_forward_pre_hooks", None)
@@ -156,11 +163,12 @@ def forward_pre_hook_table(module):
 # The capsule-level DLPack import; torch.utils.dlpack.from_dlpack is a Python
 # wrapper that first asks whether its argument is a capsule. Optional: the
 # public function serves where it is gone.
-torch_from_capsule = getattr(torch._C, "_from_dlpack", None)  # pylint: disable=protected-access
-if torch_from_capsule is None:
+_from_capsule = getattr(torch._C, "_from_dlpack", None)  # pylint: disable=protected-access
+if _from_capsule is None:
   import torch.utils.dlpack  # pylint: disable=g-import-not-at-top
 
-  torch_from_capsule = torch.utils.dlpack.from_dlpack
+  _from_capsule = torch.utils.dlpack.from_dlpack
+torch_from_capsule: Callable[[Any], torch.Tensor] = _from_capsule
 
 # What torch.autograd.grad does around the engine call, for _vjp's fast
 # path. Optional: without them _vjp calls torch.autograd.grad.

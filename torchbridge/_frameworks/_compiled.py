@@ -11,20 +11,24 @@ dynamo, on meeting a frame while a dispatch mode is active, marks that code
 is compiled on its next ordinary call.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 _lock = threading.Lock()
 _depth = 0
-_stance = None
+_stance: Any = None  # torch's stance context manager, while entered
 
 
 @contextlib.contextmanager
-def run_uncompiled():
+def run_uncompiled() -> Iterator[None]:
   """Runs `torch.compile`d code eagerly inside, without marking it skipped.
 
   Process-wide while any thread is inside (torch's stance is global): other
@@ -50,7 +54,7 @@ def run_uncompiled():
         stance.__exit__(None, None, None)
 
 
-def _reset_after_fork():
+def _reset_after_fork() -> None:
   global _lock, _depth, _stance  # pylint: disable=global-statement
   _lock, _depth, _stance = threading.Lock(), 0, None
 

@@ -59,7 +59,7 @@ or uninstall triton if you do not use torch.compile."""
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
-def triton_library_path():
+def triton_library_path() -> str | None:
   """Where triton's native library is, found without importing triton."""
   try:
     spec = importlib.util.find_spec("triton")
@@ -77,7 +77,7 @@ def triton_library_path():
   return None
 
 
-def _is_loaded(path):
+def _is_loaded(path: str) -> bool:
   """Whether the library at `path` is already mapped into this process."""
   try:
     ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -86,7 +86,7 @@ def _is_loaded(path):
   return True
 
 
-def load_before_tensorflow():
+def load_before_tensorflow() -> None:
   """Loads triton's library so that TensorFlow's symbols cannot capture it.
 
   Idempotent and cheap when there is nothing to do (no triton, not Linux,

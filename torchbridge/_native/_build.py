@@ -27,6 +27,8 @@ place, so concurrent processes build once. `torchbridge._native._loader.load()` 
 the command line call this; nothing here runs at import.
 """
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import hashlib
@@ -37,7 +39,9 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
@@ -59,7 +63,7 @@ BuildError = _compiler.BuildError
 build_count = 0
 
 
-def source_dir():
+def source_dir() -> Path:
   """csrc/: inside the package (installed) or beside it (a checkout)."""
   package = Path(__file__).resolve().parents[1]  # torchbridge/
   for candidate in (package / "csrc", package.parent / "csrc"):
@@ -68,7 +72,7 @@ def source_dir():
   raise BuildError(f"{_OP_SOURCE} not found next to the torchbridge package")
 
 
-def cache_dir():
+def cache_dir() -> Path:
   """Where built libraries are kept."""
   configured = os.environ.get(CACHE_ENV)
   if configured:
@@ -76,7 +80,7 @@ def cache_dir():
   return Path("~/.cache/torchbridge").expanduser()
 
 
-def library_path():
+def library_path() -> Path:
   """Where this set-up's library is (or would be) cached; no build."""
   sources = source_dir()
   interop = _compiler.torch_interop_flags(sources)
@@ -91,7 +95,7 @@ def library_path():
   return cache_dir() / f"{_LIB_STEM}-{digest.hexdigest()[:20]}.so"
 
 
-def build_record(path):
+def build_record(path: str | os.PathLike[str]) -> dict[str, Any]:
   """What the build of the library at `path` recorded beside it, as a dict:
   `complete` (whether it has torch_interop.cc), `reason` (why not), `log`
   (the failed attempt's log), `seconds`, `compiler`, `built` (a date);
@@ -102,7 +106,7 @@ def build_record(path):
     return {}
 
 
-def build_or_reuse(force=False):
+def build_or_reuse(force: bool = False) -> Path:
   """The path of a built library for this set-up, building it if needed.
 
   Args:
@@ -125,7 +129,7 @@ def build_or_reuse(force=False):
   return target
 
 
-def _build(compiler, target):
+def _build(compiler: str, target: Path) -> None:
   global build_count
   sources = source_dir()
   interop = _compiler.torch_interop_flags(sources)
@@ -145,7 +149,8 @@ def _build(compiler, target):
   )
   started = time.monotonic()
   build_count += 1
-  record = {"complete": bool(interop), "reason": None, "log": None, "compiler": compiler}
+  record: dict[str, Any] = {"complete": bool(interop), "reason": None, "log": None}
+  record["compiler"] = compiler
   if interop is None:
     record["reason"] = (
       "torch's C++ headers or libraries are not installed (looked for "
@@ -189,7 +194,13 @@ def _build(compiler, target):
   )
 
 
-def connect(path, *, dispatch, registry, export_output):
+def connect(
+  path: str | os.PathLike[str],
+  *,
+  dispatch: Callable[..., Any],
+  registry: dict[int, Callable[..., Any]],
+  export_output: Callable[..., Any],
+) -> bool:
   """Links the loaded library at `path` to Python; whether it has
   csrc/torch_interop.cc.
 
@@ -221,7 +232,7 @@ def connect(path, *, dispatch, registry, export_output):
   return bool(handle.torchbridge_has_torch_interop())
 
 
-def _versions():
+def _versions() -> str:
   package = sys.modules.get("torchbridge")
   return "\n".join(
     [
@@ -236,7 +247,7 @@ def _versions():
   )
 
 
-def _last_build_seconds(directory):
+def _last_build_seconds(directory: Path) -> float | None:
   """How long the newest recorded build in `directory` took, or None."""
   records = sorted(directory.glob(f"{_LIB_STEM}-*.json"), key=lambda p: p.stat().st_mtime)
   for path in reversed(records):
@@ -246,7 +257,7 @@ def _last_build_seconds(directory):
   return None
 
 
-def _write_atomically(path, text):
+def _write_atomically(path: Path, text: str) -> None:
   partial = path.with_name(f".{path.name}.{os.getpid()}")
   partial.write_text(text)
   os.replace(partial, path)
@@ -259,7 +270,7 @@ _STDERR = logging.StreamHandler(sys.stderr)
 _STDERR.setFormatter(logging.Formatter("%(message)s"))
 
 
-def _say(level, message, *args):
+def _say(level: int, message: str, *args: object) -> None:
   """Logs to "torchbridge"; to stderr where the configuration hides it."""
   if _LOG.isEnabledFor(level) and _LOG.hasHandlers():
     _LOG.log(level, message, *args)
@@ -269,7 +280,7 @@ def _say(level, message, *args):
 
 
 @contextlib.contextmanager
-def _file_lock(path):
+def _file_lock(path: Path) -> Iterator[None]:
   try:
     import fcntl  # pylint: disable=import-outside-toplevel
   except ImportError:  # not POSIX: os.replace still keeps builds atomic

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,10 +28,10 @@ registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
 _registry_lock = threading.Lock()
 _next_id = itertools.count(1)
 # graph -> the ids registered for it (weakly: the graph owns them).
-_ids_of_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ids_of_graph: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
 
-def register(callback, graph):
+def register(callback: Callable[..., Any], graph: tf.Graph | None) -> int:
   """Registers `callback`; with a graph, until that graph is collected."""
   with _registry_lock:
     callback_id = next(_next_id)
@@ -46,25 +46,25 @@ def register(callback, graph):
   return callback_id
 
 
-def release(ids):
+def release(ids: Sequence[int]) -> None:
   with _registry_lock:
     for callback_id in ids:
       registry.pop(callback_id, None)
 
 
-def registered_count():
+def registered_count() -> int:
   """How many callbacks are registered (tests read it)."""
   return len(registry)
 
 
 def dispatch(
-  callback_id,
-  capsules,
-  unused_outputs=None,
-  cuda_stream=None,
-  cuda_device=None,
-  torch_tensors=False,
-):
+  callback_id: int,
+  capsules: list[Any],
+  unused_outputs: tuple[int, ...] | None = None,
+  cuda_stream: int | None = None,
+  cuda_device: int | None = None,
+  torch_tensors: bool = False,
+) -> Any:
   """Called by the kernel, with the GIL: runs callback `callback_id`.
 
   `capsules` is a list of DLPack capsules, one per op input (torch tensors
@@ -106,7 +106,7 @@ def dispatch(
 _op_call = threading.local()
 
 
-def unused_outputs():
+def unused_outputs() -> tuple[int, ...]:
   """The indices of the running op's outputs that nothing consumes.
 
   For capsule callbacks (see `output_required`). An empty tuple outside a
@@ -115,7 +115,7 @@ def unused_outputs():
   return getattr(_op_call, "unused", None) or ()
 
 
-def output_required(index):
+def output_required(index: int) -> bool:
   """Whether the running op's output `index` is consumed in its graph.
 
   For capsule callbacks. True outside a native op's callback (the
@@ -134,7 +134,9 @@ _to_dlpack = torch_dlpack.to_dlpack
 
 
 @tf.autograph.experimental.do_not_convert  # else the callback runs converted
-def torch_callback(fn):
+def torch_callback(
+  fn: Callable[[list[torch.Tensor], tuple[int, ...] | None], Sequence[torch.Tensor | None]],
+) -> Callable[[Sequence[Any]], list[Any]]:
   """Wraps `fn(torch tensors, unused) -> torch tensors` for `call`.
 
   `fn` gets a list of torch tensors and the op's unused outputs (None, or a
@@ -149,7 +151,7 @@ def torch_callback(fn):
   `fn` may return None for an output that `output_required` says is unused.
   """
 
-  def callback(capsules):
+  def callback(capsules: Sequence[Any]) -> list[Any]:
     args = [_from_dlpack(c) for c in capsules]
     outs = fn(args, getattr(_op_call, "unused", None))
     if _placement.current_gpu() is not None:
@@ -177,7 +179,7 @@ def torch_callback(fn):
   return callback
 
 
-def _to_capsule(x_torch):
+def _to_capsule(x_torch: torch.Tensor | None) -> Any:
   if x_torch is None:
     return None  # the kernel accepts it only for an unused output
   return _adopt.export_output(x_torch, None, _placement.current_gpu())

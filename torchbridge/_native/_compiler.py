@@ -1,6 +1,8 @@
 """The compiler's side of a build: finding it, the flags of TF's and torch's
 sides, the plan (two units side by side, then one link) and running it."""
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import shutil
@@ -26,12 +28,12 @@ class BuildError(RuntimeError):
 class Plan:
   """What one build runs: generated files, compile commands, the link."""
 
-  files: dict  # path -> text, written before compiling
-  compiles: list  # argument lists, run side by side
-  link: list
+  files: dict[str, str]  # path -> text, written before compiling
+  compiles: list[list[str]]  # argument lists, run side by side
+  link: list[str]
 
 
-def compiler_version():
+def compiler_version() -> str:
   """The first line `$CXX --version` prints, or why there is none."""
   try:
     compiler = find_compiler()
@@ -46,7 +48,7 @@ def compiler_version():
   return f"{compiler}: {(out.splitlines() or ['?'])[0]}"
 
 
-def torch_interop_flags(sources):
+def torch_interop_flags(sources: Path) -> tuple[list[str], list[str]] | None:
   """(compile flags, link flags) of csrc/torch_interop.cc, or None.
 
   None when torch's C++ headers or libraries are missing; the op is then
@@ -77,7 +79,12 @@ def torch_interop_flags(sources):
   return compile_flags, link_flags
 
 
-def plan(compiler, sources, output, interop):
+def plan(
+  compiler: str,
+  sources: Path,
+  output: str | Path,
+  interop: tuple[list[str], list[str]] | None,
+) -> Plan:
   """The build of the library at `output`: TF's side as one generated unit,
   torch's side (with `interop`, its flags) as another, then the link."""
   interop_define = f"-DTORCHBRIDGE_TORCH_INTEROP={int(bool(interop))}"
@@ -113,7 +120,7 @@ def plan(compiler, sources, output, interop):
   return Plan(files={unit: unit_text}, compiles=compiles, link=link)
 
 
-def run(plan, log_path):
+def run(plan: Plan, log_path: Path) -> str | None:
   """Runs the compile commands side by side, then the link; None if all
   worked, else a one-line reason (the full output goes to `log_path`)."""
   try:
@@ -147,7 +154,7 @@ def run(plan, log_path):
   return f"compiling the native op (csrc/) failed: {first.strip()} (full log: {log_path})"
 
 
-def find_compiler():
+def find_compiler() -> str:
   for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
     if name:
       path = shutil.which(name)
@@ -156,7 +163,7 @@ def find_compiler():
   raise BuildError("no C++ compiler found (set CXX, or install g++)")
 
 
-def gpu_build():
+def gpu_build() -> bool:
   try:
     return bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
   except Exception:  # pylint: disable=broad-except

@@ -23,6 +23,9 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
@@ -37,18 +40,18 @@ _LOG = logging.getLogger("torchbridge")
 DISABLE_ENV = "TORCHBRIDGE_DISABLE_NATIVE"
 
 _load_lock = threading.Lock()
-_library = None  # the loaded op module, once loaded
+_library: Any = None  # the loaded op module, once loaded
 _tried = False  # whether load() has run (successfully or not)
 _status = "not loaded"  # one line: what load() did
 _interop = False  # whether the loaded library has csrc/torch_interop.cc
-_library_path = None  # the file it was loaded from
+_library_path: Path | None = None  # the file it was loaded from
 
 
 # ---------------------------------------------------------------------------
 # Loading
 
 
-def load():
+def load() -> Any:
   """Returns the loaded op library, building it on first use; None if not.
 
   Never raises: when the op cannot be had, logs one line to the
@@ -113,7 +116,7 @@ def load():
     return _library
 
 
-def has_torch_interop():
+def has_torch_interop() -> bool:
   """Whether the loaded op hands torch tensors over itself (C++)."""
   return load() is not None and _interop
 
@@ -133,7 +136,7 @@ _python_path = threading.local()
 
 
 @contextlib.contextmanager
-def python_path():
+def python_path() -> Iterator[None]:
   """Within it, calls traced on this thread use the tf.py_function path.
 
   For side-by-side measurements (the benchmarks); users choose the path for
@@ -150,16 +153,16 @@ def python_path():
 native_available = available
 
 
-def status():
+def status() -> str:
   """One line saying what `load()` did (or "not loaded")."""
   return _status
 
 
-def loaded_from():
+def loaded_from() -> Path | None:
   """The file the op was loaded from, or None (not loaded, or not had)."""
   return _library_path
 
 
-def _one_line(err):
+def _one_line(err: BaseException) -> str:
   text = " ".join(str(err).split())
   return text if len(text) <= 400 else text[:397] + "..."

@@ -1,6 +1,11 @@
 """Emitting the native op: `call` puts one `TorchbridgeCall` in the graph
 (or runs it eagerly) with a registered Python callable."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
@@ -11,14 +16,14 @@ from torchbridge._native import _loader
 
 @tf.autograph.experimental.do_not_convert
 def call(
-  callback,
-  inputs_tf,
-  out_dtypes,
-  out_shapes=None,
-  name=None,
-  torch_tensors=False,
-  whole_tensor_outputs=(),
-):
+  callback: Callable[..., Any],
+  inputs_tf: Sequence[tf.Tensor],
+  out_dtypes: Sequence[tf.DType],
+  out_shapes: Sequence[Any] | None = None,
+  name: str | None = None,
+  torch_tensors: bool = False,
+  whole_tensor_outputs: Sequence[int] = (),
+) -> list[tf.Tensor]:
   """Emits one `TorchbridgeCall` op that runs `callback` on `inputs_tf`.
 
   Args:

@@ -29,9 +29,13 @@ torch thread releases its own team after 5 ms without work (C++:
 Set `TORCHBRIDGE_RELEASE_USER_TEAM=0` to keep every team.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import threading
+
+from typing import Any
 
 import torch
 
@@ -39,11 +43,12 @@ ENV = "TORCHBRIDGE_RELEASE_USER_TEAM"
 _OMP_PAUSE_SOFT = 1
 
 _lock = threading.Lock()
-_pause = None  # omp_pause_resource_all of torch's OpenMP, or False if none
+# omp_pause_resource_all of torch's OpenMP (a ctypes function), or False if none.
+_pause: Any = None
 releases = 0  # how many times a team was released (tests read it)
 
 
-def _find_pause():
+def _find_pause() -> Any:
   """torch's `omp_pause_resource_all`, if torch loaded an OpenMP runtime
   that has it (libgomp, or LLVM's libomp / Intel's libiomp5)."""
   for name in ("libgomp.so.1", "libomp.so", "libiomp5.so"):
@@ -60,7 +65,7 @@ def _find_pause():
   return False
 
 
-def _pause_function():
+def _pause_function() -> Any:
   """omp_pause_resource_all, or False (none, or turned off)."""
   global _pause
   if os.environ.get(ENV, "1") == "0":
@@ -72,14 +77,14 @@ def _pause_function():
   return _pause
 
 
-def pause_address():
+def pause_address() -> int | None:
   """The address of torch's `omp_pause_resource_all` for the native op's
   torch thread, or None (no such runtime, or turned off)."""
   pause = _pause_function()
   return ctypes.cast(pause, ctypes.c_void_p).value if pause else None
 
 
-def release_this_threads_team():
+def release_this_threads_team() -> bool:
   """Releases the calling thread's OpenMP team; whether one was."""
   global releases
   pause = _pause_function()
@@ -89,7 +94,7 @@ def release_this_threads_team():
   return False
 
 
-def release_user_team():
+def release_user_team() -> None:
   """Releases the calling thread's idle OpenMP team (see the module
   docstring); a no-op where turned off or without such a runtime."""
   if torch.get_num_threads() >= 2:

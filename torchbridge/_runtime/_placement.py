@@ -30,8 +30,12 @@ Why the order is right (no synchronization is missing or extra):
   stream is synchronized before TF sees a torch buffer (`ready_for_tf`).
 """
 
+from __future__ import annotations
+
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,26 +45,28 @@ from torchbridge._runtime import _torch_thread
 # Set while a GPU kernel's callback runs on this thread: its CUDA device.
 _gpu_call = threading.local()
 
+T = TypeVar("T")
 
-def remember_user_threads():
+
+def remember_user_threads() -> None:
   """Records torch's thread count on the user's thread (the one that makes
   an eager call or traces a tf.function), for the torch threads to use."""
   _torch_thread.remember_threads()
 
 
-def graph_call_traced():
+def graph_call_traced() -> None:
   """On the user's thread, a bridged call was traced into a graph: its
   calls will run on the torch thread, whose OpenMP team must not be a
   second one beside the user's idle team (see `_omp_team`)."""
   _omp_team.release_user_team()
 
 
-def run_graph_call(fn, *args):
+def run_graph_call(fn: Callable[..., T], *args: Any) -> T:
   """Runs a graph call of the `tf.py_function` path on the torch thread."""
   return _torch_thread.run(fn, *args)
 
 
-def prepare_native_call():
+def prepare_native_call() -> None:
   """On the thread the native op runs its callback on: the C++ torch thread
   takes the user's torch thread count; a GPU kernel's thread is left as is."""
   if current_gpu() is None:
@@ -68,7 +74,7 @@ def prepare_native_call():
 
 
 @contextlib.contextmanager
-def on_tf_stream(cuda_stream, cuda_device):
+def on_tf_stream(cuda_stream: int, cuda_device: int | None) -> Iterator[None]:
   """Within it, TF's CUDA stream for the running op is torch's current
   stream on `cuda_device` (the GPU kernel's callback)."""
   stream = torch.cuda.ExternalStream(cuda_stream, device=cuda_device)
@@ -81,13 +87,13 @@ def on_tf_stream(cuda_stream, cuda_device):
     _gpu_call.device = outer
 
 
-def current_gpu():
+def current_gpu() -> int | None:
   """The CUDA device index of the GPU kernel calling back on this thread,
   or None."""
   return getattr(_gpu_call, "device", None)
 
 
-def ready_for_tf(x_torch):
+def ready_for_tf(x_torch: torch.Tensor) -> None:
   """Waits for the torch work that writes `x_torch` before TF reads it
   through DLPack (which does no synchronization); a no-op on the CPU."""
   if x_torch.is_cuda:

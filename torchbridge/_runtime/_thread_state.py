@@ -20,7 +20,7 @@ _kept = threading.local()
 _DUMMY_THREAD = getattr(threading, "_DummyThread", None)
 
 
-def keep_for_this_thread():
+def keep_for_this_thread() -> None:
   """Keeps the calling thread's Python thread state if Python did not make
   the thread. Needs the GIL (any Python code has it); cheap after the first
   call on a thread.

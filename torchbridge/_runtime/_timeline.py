@@ -40,6 +40,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
@@ -60,22 +61,22 @@ PHASES = (CALL, BIND, FORWARD, BACKWARD, CHECK, SAVE, HAND_OFF, TO_TORCH, TO_TF)
 
 # None: spans are off; "annotate": spans are TF's and torch's profiler
 # annotations too; "record": recorded only (cheapest, for measuring steps).
-_mode = "annotate" if os.environ.get(ENV, "").strip() not in ("", "0") else None
-_recording = None  # the Timeline being recorded, if any
+_mode: str | None = "annotate" if os.environ.get(ENV, "").strip() not in ("", "0") else None
+_recording: Timeline | None = None  # the Timeline being recorded, if any
 _lock = threading.Lock()
-_library = None  # ctypes handle of the native op, once connected
+_library: ctypes.CDLL | None = None  # ctypes handle of the native op, once connected
 
 
 class _Off:
   __slots__ = ()
 
-  def __enter__(self):
+  def __enter__(self) -> _Off:
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, *exc: object) -> Literal[False]:
     return False
 
-  def stop(self):
+  def stop(self) -> None:
     pass
 
 
@@ -87,9 +88,10 @@ class _Span:
 
   __slots__ = ("_name", "_tf", "_torch", "_begin", "_stopped")
 
-  def __init__(self, name, annotate):
+  def __init__(self, name: str, annotate: bool) -> None:
     self._name = name
-    self._tf = self._torch = None
+    self._tf: Any = None
+    self._torch: Any = None
     if annotate:
       self._tf = tf.profiler.experimental.Trace(name)
       self._torch = torch.profiler.record_function(name)
@@ -98,14 +100,14 @@ class _Span:
     self._stopped = False
     self._begin = time.perf_counter_ns()
 
-  def __enter__(self):
+  def __enter__(self) -> _Span:
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, *exc: object) -> Literal[False]:
     self.stop()
     return False
 
-  def stop(self):
+  def stop(self) -> None:
     if self._stopped:
       return
     self._stopped = True
@@ -118,7 +120,11 @@ class _Span:
       recording.add(self._name, threading.get_native_id(), self._begin, end, "python")
 
 
-def span(name):
+if TYPE_CHECKING:
+  Span: TypeAlias = _Off | _Span  # what `span` returns
+
+
+def span(name: str) -> Span:
   """A context manager (or `.stop()`) marking phase `name` on this thread."""
   mode = _mode
   if mode is None:
@@ -126,7 +132,7 @@ def span(name):
   return _Span(name, mode == "annotate")
 
 
-def connect(library_path):
+def connect(library_path: str | os.PathLike[str]) -> None:
   """Called by the loader: the native op's recorder, for `timeline()`."""
   global _library
   handle = ctypes.CDLL(str(library_path))
@@ -145,10 +151,10 @@ class Timeline:
   (`time.perf_counter_ns()`) and `source` ("python", or "kernel" for the
   native op's own phases)."""
 
-  def __init__(self):
-    self.events = []
+  def __init__(self) -> None:
+    self.events: list[dict[str, Any]] = []
 
-  def add(self, name, thread, begin_ns, end_ns, source):
+  def add(self, name: str, thread: int, begin_ns: int, end_ns: int, source: str) -> None:
     self.events.append(
       {"name": name, "thread": thread, "begin_ns": begin_ns, "end_ns": end_ns, "source": source}
     )
@@ -162,7 +168,7 @@ class Timeline:
       entry[1] += (e["end_ns"] - e["begin_ns"]) / 1e3
     return totals
 
-  def chrome_trace(self):
+  def chrome_trace(self) -> dict[str, Any]:
     """The events in Chrome's trace format (chrome://tracing, Perfetto)."""
     origin = min((e["begin_ns"] for e in self.events), default=0)
     return {
@@ -232,18 +238,18 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
     with _lock:
       if _library is not None:
         _library.torchbridge_timeline_set(0)
-        _drain_kernel(recording)
+        _drain_kernel(_library, recording)
       _recording = None
       _mode = outer_mode
 
 
-def _drain_kernel(recording):
+def _drain_kernel(library: ctypes.CDLL, recording: Timeline) -> None:
   buffer = (ctypes.c_int64 * (4 * 4096))()
   while True:
-    n = _library.torchbridge_timeline_drain(buffer, 4096)
+    n = library.torchbridge_timeline_drain(buffer, 4096)
     for k in range(n):
       phase, thread, begin, end = buffer[4 * k : 4 * k + 4]
-      name = _library.torchbridge_timeline_phase_name(phase).decode()
+      name = library.torchbridge_timeline_phase_name(phase).decode()
       recording.add(name, thread, begin, end, "kernel")
     if n < 4096:
       return

@@ -38,10 +38,15 @@ bridged call nested inside another one's torch code (which would wait for
 the busy thread forever) still completes.
 """
 
+from __future__ import annotations
+
 import collections
 import os
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from torchbridge._runtime import _omp_team
@@ -52,18 +57,21 @@ TEAM_IDLE_SECONDS = 0.005
 WAIT_SECONDS = 2.0
 ENABLED = os.environ.get("TORCHBRIDGE_TORCH_THREAD", "1") != "0"
 
+T = TypeVar("T")
+
 
 class _Task:
   __slots__ = ("fn", "args", "threads", "done", "result", "error", "taken")
 
-  def __init__(self, fn, args, threads):
-    self.fn = fn
-    self.args = args
+  def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], threads: int) -> None:
+    # The function and its arguments: None once run (nothing kept alive).
+    self.fn: Any = fn
+    self.args: Any = args
     self.threads = threads
     self.done = threading.Lock()
     self.done.acquire()  # released by the torch thread when finished
-    self.result = None
-    self.error = None
+    self.result: Any = None
+    self.error: BaseException | None = None
     self.taken = False
 
 
@@ -76,7 +84,9 @@ class TorchThread:
     3
   """
 
-  def __init__(self, idle_seconds=IDLE_SECONDS, wait_seconds=WAIT_SECONDS):
+  def __init__(
+    self, idle_seconds: float = IDLE_SECONDS, wait_seconds: float = WAIT_SECONDS
+  ) -> None:
     self._idle_seconds = idle_seconds
     self._wait_seconds = wait_seconds
     self._reset()
@@ -84,20 +94,20 @@ class TorchThread:
     self.inline_fallbacks = 0
     self.threads = torch.get_num_threads()  # see remember_threads
 
-  def _reset(self):
+  def _reset(self) -> None:
     """No thread, nothing queued: at creation, and in a forked child (which
     inherits this object but not the thread, and maybe a held lock)."""
     self._lock = threading.Lock()
     self._wakeup = threading.Condition(self._lock)
-    self._queue = collections.deque()
-    self._thread = None  # the live torch thread, or None
-    self._ident = None
+    self._queue: collections.deque[_Task] = collections.deque()
+    self._thread: threading.Thread | None = None  # the live torch thread, or None
+    self._ident: int | None = None
 
-  def remember_threads(self):
+  def remember_threads(self) -> None:
     """Records the calling thread's torch thread count for later calls."""
     self.threads = torch.get_num_threads()
 
-  def run(self, fn, *args, threads=None):
+  def run(self, fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:
     """Returns `fn(*args)`, computed on the torch thread.
 
     Args:
@@ -121,7 +131,7 @@ class TorchThread:
       if not started:  # no thread to be had (e.g. at interpreter exit)
         self._queue.remove(task)
     if not started:
-      return fn(*args)
+      return keeping_subnormals(fn, *args)
     if not task.done.acquire(timeout=self._wait_seconds):
       # Decided under the lock, run outside it: the function may itself
       # make bridged calls (the case this fallback exists for).
@@ -132,7 +142,7 @@ class TorchThread:
           task.taken = True
           self.inline_fallbacks += 1
       if fallback:
-        return fn(*args)
+        return keeping_subnormals(fn, *args)
       task.done.acquire()
     # Take the result out of the task: nothing else may keep it alive (a
     # torch view of a variable's buffer held anywhere makes TF copy the
@@ -149,7 +159,7 @@ class TorchThread:
       # their torch views of TF buffers) alive until the cyclic GC runs.
       del error
 
-  def _start(self):  # with self._lock held; whether a thread started
+  def _start(self) -> bool:  # with self._lock held; whether a thread started
     thread = threading.Thread(target=self._loop, name="torchbridge-torch", daemon=True)
     try:
       thread.start()
@@ -159,9 +169,12 @@ class TorchThread:
     self.started += 1
     return True
 
-  def _loop(self):
+  def _loop(self) -> None:
     self._ident = threading.get_ident()
-    my_threads = None
+    # Started from one of TF's threads, which flush subnormal floats to
+    # zero, this thread inherits the flag: torch's default (kept) instead.
+    torch.set_flush_denormal(False)
+    my_threads: int | None = None
     team = False  # a call ran since the team was last released
     while True:
       if team:
@@ -194,7 +207,7 @@ class TorchThread:
       task.done.release()
       del task  # hold nothing of it while waiting for the next one
 
-  def alive(self):
+  def alive(self) -> bool:
     """Whether a torch thread is running now."""
     return self._thread is not None
 
@@ -204,20 +217,36 @@ if hasattr(os, "register_at_fork"):
   os.register_at_fork(after_in_child=_THE_THREAD._reset)  # pylint: disable=protected-access
 
 
-def run(fn, *args, threads=None):
+def run(fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:
   """`fn(*args)` on the process's torch thread; see `TorchThread.run`.
 
   Here, on the calling thread, with `TORCHBRIDGE_TORCH_THREAD=0`.
   """
   if not ENABLED:
-    return fn(*args)
+    return keeping_subnormals(fn, *args)
   return _THE_THREAD.run(fn, *args, threads=threads)
+
+
+_SUBNORMAL = np.array([5e-324])  # the smallest float64 above zero
+
+
+def keeping_subnormals(fn: Callable[..., T], *args: Any) -> T:
+  """`fn(*args)` with subnormal floats kept, torch's default, on a thread
+  that flushes them to zero (TF's threads do); its flag is restored after."""
+  flushing = float(_SUBNORMAL[0] * 1.0) == 0.0  # FTZ/DAZ set here
+  if not flushing:
+    return fn(*args)
+  torch.set_flush_denormal(False)
+  try:
+    return fn(*args)
+  finally:
+    torch.set_flush_denormal(True)
 
 
 _applied = threading.local()
 
 
-def apply_threads():
+def apply_threads() -> None:
   """Gives the calling thread the user's torch intra-op thread count.
 
   For the native op's torch thread (csrc/torch_thread.h), which runs
@@ -233,11 +262,11 @@ def apply_threads():
     _applied.threads = wanted
 
 
-def remember_threads():
+def remember_threads() -> None:
   """Records the calling (user's) thread's torch intra-op thread count."""
   _THE_THREAD.remember_threads()
 
 
-def torch_thread():
+def torch_thread() -> TorchThread:
   """The process's `TorchThread` (tests and benchmarks read its counters)."""
   return _THE_THREAD

@@ -10,6 +10,11 @@ equal: floating buffers take the mean of the replicas' new values, other
 buffers the first replica's.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 import tensorflow as tf
 
 # Strategies that run every replica in this process's Python (or, for the
@@ -58,7 +63,7 @@ gradients. Create the module (and the optimizer) under the scope:
     optimizer = tf.keras.optimizers.Adam()"""
 
 
-def check_strategy(owner):
+def check_strategy(owner: str) -> None:
   """Raises for a current strategy the bridge cannot run under."""
   if not tf.distribute.has_strategy():
     return
@@ -75,7 +80,7 @@ def check_strategy(owner):
   )
 
 
-def check_call_context(owner, variables):
+def check_call_context(owner: str, variables: Iterable[Any]) -> None:
   """Raises for a call in a replica whose strategy did not make `variables`.
 
   Called at each call of a module: the strategy must be supported, and in a
@@ -95,7 +100,7 @@ def check_call_context(owner, variables):
     raise ValueError(_OUTSIDE_SCOPE.format(owner=owner, strategy=type(strategy).__name__))
 
 
-def _tf_variable(variable):
+def _tf_variable(variable: Any) -> tf.Variable:
   # A keras.Variable holds its tf.Variable in `.value` (on tf.Variable,
   # `value` is a method).
   if isinstance(variable, tf.Variable):
@@ -103,7 +108,7 @@ def _tf_variable(variable):
   return variable.value
 
 
-def buffer_aggregation(dtype_tf):
+def buffer_aggregation(dtype_tf: tf.DType) -> tf.VariableAggregation:
   """How replicas combine their writes to a torch buffer of this dtype."""
   if tf.as_dtype(dtype_tf).is_floating:
     return tf.VariableAggregation.MEAN

@@ -1,6 +1,12 @@
 """What a wrapper checks about the torch module and the values it is handed,
 and the errors that teach the fix; and the train/eval mode of one call."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Literal
+
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
@@ -13,7 +19,7 @@ tf.function the torch mode is fixed when tracing: pass a Python bool (Keras
 does), or call the module in two tf.functions, one per mode."""
 
 
-def check_is_module(module, owner_name):
+def check_is_module(module: object, owner_name: str) -> None:
   """Raises a TypeError, with the fix, for anything but a torch module."""
   if not isinstance(module, torch.nn.Module):
     raise TypeError(
@@ -23,11 +29,11 @@ def check_is_module(module, owner_name):
     )
 
 
-def check_module(module, owner_name):
+def check_module(module: torch.nn.Module, owner_name: str) -> None:
   """Raises for modules that cannot be wrapped (not a module, lazy, meta)."""
   check_is_module(module, owner_name)
   for n, t in list(module.named_parameters()) + list(module.named_buffers()):
-    if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+    if torch.nn.parameter.is_lazy(t):
       raise ValueError(
         f"{owner_name}: torch parameter or buffer {n!r} is not initialized "
         "yet (a lazy module such as nn.LazyLinear). Run the torch module "
@@ -54,15 +60,22 @@ class explain_dtype_errors:
   """Re-raises a torch error that inputs of the wrong dtype likely caused
   with a message naming the input and parameter dtypes and the fix."""
 
-  def __init__(self, name, module, inputs_torch):
+  def __init__(
+    self, name: str, module: torch.nn.Module, inputs_torch: Sequence[torch.Tensor]
+  ) -> None:
     self._name = name
     self._module = module
     self._inputs = inputs_torch
 
-  def __enter__(self):
+  def __enter__(self) -> explain_dtype_errors:
     return self
 
-  def __exit__(self, exc_type, err, tb):
+  def __exit__(
+    self,
+    exc_type: type[BaseException] | None,
+    err: BaseException | None,
+    tb: TracebackType | None,
+  ) -> Literal[False]:
     if not isinstance(err, (RuntimeError, TypeError)) or "type" not in str(err).lower():
       return False
     params = sorted(
@@ -111,13 +124,18 @@ class torch_mode:
   modes as they are) costs a comparison per submodule.
   """
 
-  def __init__(self, module, modules, training):
+  def __init__(
+    self,
+    module: torch.nn.Module,
+    modules: Sequence[torch.nn.Module],
+    training: bool | Sequence[bool] | None,
+  ) -> None:
     self._module = module
     self._modules = modules
     self._training = training
-    self._saved = None
+    self._saved: list[tuple[torch.nn.Module, bool]] | None = None
 
-  def __enter__(self):
+  def __enter__(self) -> None:
     training = self._training
     if training is None:
       return
@@ -132,13 +150,13 @@ class torch_mode:
           self._saved = [(m, m.training) for m in self._modules]
         m.training = mode
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, *exc_info: object) -> None:
     if self._saved is not None:
       for m, mode in self._saved:
         m.training = mode
 
 
-def as_python_bool(training, name):
+def as_python_bool(training: Any, name: str) -> bool:
   if isinstance(training, (bool, np.bool_)):
     return bool(training)
   if (
@@ -151,7 +169,7 @@ def as_python_bool(training, name):
   raise TypeError(_TRAINING_NOT_BOOL.format(name=name, received=training))
 
 
-def as_numpy(value, key, name):
+def as_numpy(value: Any, key: str, name: str) -> np.ndarray:
   if isinstance(value, torch.Tensor):
     value = value.detach().cpu()
     if value.dtype == torch.bfloat16:

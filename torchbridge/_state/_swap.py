@@ -7,8 +7,16 @@ dict entries in and out. functional_call finds them again on every call,
 which costs more than the forward of a small model.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from torchbridge._frameworks import _compat
 from torchbridge._runtime import _timeline
+
+if TYPE_CHECKING:
+  import torch
 
 
 class TensorSlots:
@@ -32,14 +40,14 @@ class TensorSlots:
     True
   """
 
-  def __init__(self, module, names):
-    by_id = {}
+  def __init__(self, module: torch.nn.Module, names: Sequence[str]) -> None:
+    by_id: dict[int, str] = {}
     for n, t in list(module.named_parameters()) + list(module.named_buffers()):
       by_id[id(t)] = n
     wanted = set(names)
     # (canonical name, the dict holding it, key): one per place, so a tied
     # tensor gets every one of its places.
-    self._slots = []
+    self._slots: list[tuple[str, dict[str, Any], str]] = []
     for _, sub in module.named_modules(remove_duplicate=False):
       for table in _compat.module_tensor_tables(sub):
         for key, t in table.items():
@@ -47,7 +55,9 @@ class TensorSlots:
             self._slots.append((by_id[id(t)], table, key))
     self._module = module
 
-  def call(self, tensors, args, kwargs):
+  def call(
+    self, tensors: Mapping[str, torch.Tensor], args: Sequence[Any], kwargs: Mapping[str, Any]
+  ) -> tuple[Any, dict[str, torch.Tensor]]:
     """Runs `module(*args, **kwargs)` with `tensors` in place of its own.
 
     Args:
@@ -66,7 +76,7 @@ class TensorSlots:
         table[key] = tensors[name]
       with _timeline.span(_timeline.FORWARD):
         result = self._module(*args, **kwargs)
-      reassigned = {}
+      reassigned: dict[str, torch.Tensor] = {}
       for name, table, key in slots:
         if table[key] is not tensors[name]:
           reassigned[name] = table[key]

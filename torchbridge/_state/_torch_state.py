@@ -5,9 +5,13 @@ Shared by `TorchModule` (plain `tf.Variable`s) and `keras.TorchLayer`
 the torch module on their current values.
 """
 
+from __future__ import annotations
+
 import collections.abc
 import functools
 import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
@@ -36,7 +40,9 @@ class TorchState:
       `tf.distribute` strategy combine their writes.
   """
 
-  def __init__(self, module, owner_name, make_variable):
+  def __init__(
+    self, module: torch.nn.Module, owner_name: str, make_variable: Callable[..., Any]
+  ) -> None:
     _module_checks.check_module(module, owner_name)
     _distribute.check_strategy(owner_name)
     self.module = module
@@ -52,13 +58,13 @@ class TorchState:
     self.state_names = {n: by_id[id(t)] for n, t in module.state_dict(keep_vars=True).items()}
     # torch modes -> names of the buffers the forward writes (learnt while
     # tracing or on the first eager call), so later calls copy only those.
-    self._mutated_buffers = {}
+    self._mutated_buffers: dict[str, frozenset[str]] = {}
     # One forward at a time: a call swaps tensors into the shared
     # torch module for the duration of a call.
     self._lock = threading.RLock()
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
     self._modules = list(module.modules())
-    self.variables = {}
+    self.variables: dict[str, Any] = {}  # tf.Variable or keras.Variable
     for n, t in list(params.items()) + list(buffers.items()):
       trainable = n in params and t.requires_grad
       value_tf = tf_owned_copy(t)
@@ -77,7 +83,7 @@ class TorchState:
       {n: (t, self.variables[n]) for n, t in list(params.items()) + list(buffers.items())},
     )
 
-  def sync_torch(self):
+  def sync_torch(self) -> torch.nn.Module:
     """Points the torch module's tensors at the variables; returns it.
 
     Zero-copy views of the current values, kept until the next bridged
@@ -88,7 +94,9 @@ class TorchState:
     return self.module
 
   @tf.autograph.experimental.do_not_convert
-  def call(self, args, kwargs, training, output_signature=None):
+  def call(
+    self, args: Sequence[Any], kwargs: dict[str, Any], training: Any, output_signature: Any = None
+  ) -> Any:
     """Runs the forward on TF tensors; see `TorchModule.__call__`.
 
     With `output_signature` (the result's `tf.TensorSpec`s), nothing is
@@ -111,7 +119,7 @@ class TorchState:
     n_params, n_vars = len(self.param_names), len(names)
     mode_key = self._mode_key(training)
 
-    def run(args_torch):
+    def run(args_torch: list[torch.Tensor]) -> _call.Outputs:
       with self._lock:
         bind = _timeline.span(_timeline.BIND)  # until the forward starts
         views = self._views
@@ -127,7 +135,7 @@ class TorchState:
           if not views.calls_running:
             views.resume_hooks()
 
-    def locked_run(args_torch, bind):
+    def locked_run(args_torch: list[torch.Tensor], bind: _timeline.Span) -> _call.Outputs:
       known_mutated = (
         frozenset(self.buffer_names)
         if output_signature is not None
@@ -206,22 +214,22 @@ class TorchState:
       self.variables[n].assign(value_tf)
     return outputs.result
 
-  def _current_value(self, name):
+  def _current_value(self, name: str) -> torch.Tensor:
     with tf.init_scope():
       return _exchange.tensor_to_torch(tf.convert_to_tensor(self.variables[name]))
 
-  def _mode_key(self, training):
+  def _mode_key(self, training: bool | list[bool] | None) -> str:
     if isinstance(training, list):
       return "".join("1" if mode else "0" for mode in training)
     if training is not None:
       return str(bool(training))
     return "".join("1" if m.training else "0" for m in self._modules)
 
-  def get_weights(self):
+  def get_weights(self) -> dict[str, np.ndarray]:
     """`{state_dict name: np.ndarray}`, copies of the current values."""
     return {n: np.array(self.variables[c].numpy(), copy=True) for n, c in self.state_names.items()}
 
-  def set_weights(self, weights):
+  def set_weights(self, weights: Mapping[str, Any]) -> None:
     """Sets every variable from `{state_dict name: array}`, all or nothing."""
     if not isinstance(weights, collections.abc.Mapping):
       raise TypeError(
@@ -237,8 +245,8 @@ class TorchState:
       problems.append(f"missing names: {missing}")
     if unexpected:
       problems.append(f"unexpected names: {unexpected}")
-    values = {}
-    first_name = {}  # canonical name -> the state_dict name that set it
+    values: dict[str, np.ndarray] = {}
+    first_name: dict[str, str] = {}  # canonical name -> the state_dict name that set it
     for n in sorted(expected & set(weights)):
       var = self.variables[self.state_names[n]]
       value = _module_checks.as_numpy(weights[n], n, self.name)
@@ -267,7 +275,7 @@ class TorchState:
       var.assign(_tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))
 
 
-def tf_owned_copy(tensor_torch):
+def tf_owned_copy(tensor_torch: torch.Tensor) -> tf.Tensor:
   """A TF tensor holding a copy of a torch tensor, in a TF-allocated buffer.
 
   A variable whose buffer came from DLPack or numpy cannot be updated in
@@ -282,7 +290,7 @@ def tf_owned_copy(tensor_torch):
     return _tf_owned(_exchange.tensor_to_tf(tensor_torch.detach()))
 
 
-def _tf_owned(value_tf):
+def _tf_owned(value_tf: tf.Tensor) -> tf.Tensor:
   try:
     return tf.raw_ops.DeepCopy(x=value_tf)
   except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):

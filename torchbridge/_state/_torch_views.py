@@ -1,20 +1,28 @@
 """The weights held once: a wrapped torch module's tensors as views of its
 TF variables between bridged calls (see `TorchViews`)."""
 
+from __future__ import annotations
+
 import copy
 import functools
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
+from torch.utils.hooks import RemovableHandle
 
 from torchbridge._frameworks import _compat
 from torchbridge._crossing import _exchange
 
 _HOLDERS: dict[
-  int, tuple[weakref.ref, weakref.ref]
+  int, tuple[weakref.ref[torch.Tensor], weakref.ref[TorchViews]]
 ] = {}  # id(torch tensor) -> (weakref to it, weakref to TorchViews)
+
+# A torch tensor and the variable (tf.Variable or keras.Variable) it views.
+_Pair = tuple[torch.Tensor, Any]
 
 
 class TorchViews:
@@ -42,7 +50,7 @@ class TorchViews:
   wrapper's current values (`lend_from_holders`).
   """
 
-  def __init__(self, state, module, pairs):
+  def __init__(self, state: object, module: torch.nn.Module, pairs: dict[str, _Pair]) -> None:
     # canonical name -> (torch tensor, variable)
     self._pairs = pairs
     self.lent = False
@@ -50,10 +58,10 @@ class TorchViews:
     ref = weakref.ref(self)
     for t, _ in pairs.values():
       _HOLDERS[id(t)] = (weakref.ref(t, _forget(id(t))), ref)
-    hooks = []
+    hooks: list[RemovableHandle] = []
     # (the module's forward pre-hook dict, key, hook): taken out during
     # bridged calls, where the hooks would only cost time.
-    self._forward_hooks = []
+    self._forward_hooks: list[tuple[dict[int, Any], int, Any]] = []
     for sub in module.modules():
       handle = sub.register_forward_pre_hook(_LendOnUse(ref, "forward"))
       hooks.append(handle)
@@ -64,7 +72,7 @@ class TorchViews:
     finalizer = weakref.finalize(state, _copy_back, list(pairs.values()), hooks)
     finalizer.atexit = False  # at exit nothing reads the torch module again
 
-  def lend(self):
+  def lend(self) -> None:
     """Points every torch tensor at a zero-copy view of its variable."""
     with tf.init_scope(), torch.no_grad():
       for t, var in self._pairs.values():
@@ -74,16 +82,16 @@ class TorchViews:
           t.__class__ = original
     self.lent = True
 
-  def suspend_hooks(self):
+  def suspend_hooks(self) -> None:
     """Takes the forward hooks out for a bridged call."""
     for table, key, _ in self._forward_hooks:
       table.pop(key, None)
 
-  def resume_hooks(self):
+  def resume_hooks(self) -> None:
     for table, key, hook in self._forward_hooks:
       table[key] = hook
 
-  def take_back(self):
+  def take_back(self) -> None:
     """Replaces the views with placeholders (no-op when none are lent)."""
     if not self.lent:
       return
@@ -103,16 +111,16 @@ class _LendOnUse:
   to load: the copy is a plain torch module.
   """
 
-  def __init__(self, views_ref, kind):
+  def __init__(self, views_ref: weakref.ref[TorchViews], kind: str) -> None:
     self._views_ref = views_ref
     self._kind = kind
 
-  def __call__(self, module, *unused):
+  def __call__(self, module: torch.nn.Module, *unused: object) -> None:
     views = self._views_ref()
     if views is not None and not views.lent and not views.calls_running:
       views.lend()
 
-  def __reduce__(self):
+  def __reduce__(self) -> tuple[Any, ...]:
     if self._kind == "forward":  # `{}.get(module, args)` returns args
       return getattr, ({}, "get")
     return functools.partial, (slice,)  # takes three arguments, unused
@@ -121,7 +129,7 @@ class _LendOnUse:
 _LENDING_CLASSES: dict[type, type] = {}
 
 
-def _lending_class(cls):
+def _lending_class(cls: type[torch.Tensor]) -> type[torch.Tensor]:
   """A subclass of a torch tensor class whose deepcopy and pickling first
   lend the views of the wrapper holding the tensor (see `TorchViews`)."""
   if "_torchbridge_original_class" in cls.__dict__:
@@ -144,24 +152,24 @@ def _lending_class(cls):
   return lending
 
 
-def _lend_or_restore(tensor_torch):
+def _lend_or_restore(tensor_torch: torch.Tensor) -> None:
   lend_from_holders([tensor_torch])
   original = getattr(type(tensor_torch), "_torchbridge_original_class", None)
   if original is not None:  # no live holder: nothing to lend
     tensor_torch.__class__ = original
 
 
-def _deepcopy_lent(self, memo):
+def _deepcopy_lent(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
   _lend_or_restore(self)
   return copy.deepcopy(self, memo)
 
 
-def _reduce_ex_lent(self, protocol):
+def _reduce_ex_lent(self: torch.Tensor, protocol: int) -> Any:
   _lend_or_restore(self)
   return self.__reduce_ex__(protocol)
 
 
-def lend_from_holders(tensors_torch):
+def lend_from_holders(tensors_torch: Iterable[torch.Tensor]) -> None:
   """Points tensors that another live wrapper holds at its values."""
   for t in tensors_torch:
     entry = _HOLDERS.get(id(t))
@@ -171,8 +179,8 @@ def lend_from_holders(tensors_torch):
         holder.lend()
 
 
-def _forget(key):
-  def callback(_):
+def _forget(key: int) -> Callable[[object], None]:
+  def callback(_: object) -> None:
     entry = _HOLDERS.get(key)
     if entry is not None and entry[0]() is None:
       del _HOLDERS[key]
@@ -180,7 +188,7 @@ def _forget(key):
   return callback
 
 
-def _copy_back(pairs, hooks):
+def _copy_back(pairs: Sequence[_Pair], hooks: Sequence[RemovableHandle]) -> None:
   """Gives torch tensors copies of their variables' last values."""
   for handle in hooks:
     handle.remove()
@@ -195,7 +203,7 @@ def _copy_back(pairs, hooks):
   copier.join()
 
 
-def _copy_values(pairs):
+def _copy_values(pairs: Sequence[_Pair]) -> None:
   with tf.init_scope(), torch.no_grad():
     for t, var in pairs:
       t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var)).clone()
@@ -204,7 +212,7 @@ def _copy_values(pairs):
         t.__class__ = original
 
 
-def _placeholder(tensor_torch):
+def _placeholder(tensor_torch: torch.Tensor) -> torch.Tensor:
   fill = float("nan") if tensor_torch.is_floating_point() or tensor_torch.is_complex() else 0
   one = torch.full((), fill, dtype=tensor_torch.dtype, device=tensor_torch.device)
   return one.expand(tensor_torch.shape)

@@ -1,5 +1,10 @@
 """Which buffers a torch forward writes, found by watching the ops it runs."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 
 from torchbridge._frameworks import _compat
@@ -18,19 +23,25 @@ class WriteRecorder(_compat.torch_dispatch_mode()):  # type: ignore[misc]
   (and leave the version counters alone).
   """
 
-  def __init__(self):
+  def __init__(self) -> None:
     super().__init__()
-    self._storages = set()
+    self._storages: set[int] = set()
 
-  def wrote(self, tensor_torch):
+  def wrote(self, tensor_torch: torch.Tensor) -> bool:
     return _storage_key(tensor_torch) in self._storages
 
-  def _record(self, value):
+  def _record(self, value: Any) -> None:
     for t in value if isinstance(value, (list, tuple)) else [value]:
       if isinstance(t, torch.Tensor):
         self._storages.add(_storage_key(t))
 
-  def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+  def __torch_dispatch__(
+    self,
+    func: torch._ops.OpOverload,
+    types: Sequence[type],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+  ) -> Any:
     kwargs = kwargs or {}
     schema = func._schema
     for k, arg in enumerate(schema.arguments):
@@ -41,6 +52,6 @@ class WriteRecorder(_compat.torch_dispatch_mode()):  # type: ignore[misc]
     return func(*args, **kwargs)
 
 
-def _storage_key(tensor_torch):
+def _storage_key(tensor_torch: torch.Tensor) -> int:
   # The storage's identity (not its address: empty storages share one).
   return tensor_torch.untyped_storage()._cdata  # pylint: disable=protected-access

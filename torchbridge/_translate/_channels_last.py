@@ -10,6 +10,10 @@ keep-dims reductions); the first op that needs torch's layout (a `view`, a
 relu -> pool -> conv thus costs one transpose in and one out.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import tensorflow as tf
 
 
@@ -28,15 +32,15 @@ class ChannelsLast:
 
   __slots__ = ("tensor_tf",)
 
-  def __init__(self, tensor_tf):
+  def __init__(self, tensor_tf: tf.Tensor) -> None:
     self.tensor_tf = tensor_tf
 
   @property
-  def rank(self):
+  def rank(self) -> int:
     return self.tensor_tf.shape.rank
 
 
-def to_channels_last(value):
+def to_channels_last(value: tf.Tensor | ChannelsLast) -> tf.Tensor:
   """The (N, *spatial, C) TF tensor of a torch-layout tensor or a
   `ChannelsLast`."""
   if isinstance(value, ChannelsLast):
@@ -45,7 +49,7 @@ def to_channels_last(value):
   return tf.transpose(value, [0, *range(2, rank), 1])
 
 
-def to_torch_layout(value):
+def to_torch_layout(value: Any) -> Any:
   """`value` in torch's layout: `ChannelsLast` values transposed back,
   anything else (also inside lists and tuples) as it is."""
   if isinstance(value, ChannelsLast):
@@ -58,7 +62,7 @@ def to_torch_layout(value):
   return value
 
 
-def tf_axis(torch_axis, rank):
+def tf_axis(torch_axis: int, rank: int) -> int:
   """The axis of a `ChannelsLast` tensor holding torch's `torch_axis`."""
   torch_axis %= rank
   if torch_axis == 0:

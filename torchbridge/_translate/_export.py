@@ -1,8 +1,12 @@
 """The torch side of `translate`: input signatures, example inputs, and
 `torch.export` down to the ATen ops `_table` translates."""
 
+from __future__ import annotations
+
 import collections
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
@@ -55,7 +59,7 @@ Program = collections.namedtuple(
 )
 
 
-def check_signature(input_signature):
+def check_signature(input_signature: Any) -> list[tf.TensorSpec]:
   """The specs as a list of `tf.TensorSpec`, or a precise error."""
   if isinstance(input_signature, tf.TensorSpec):
     input_signature = [input_signature]
@@ -77,7 +81,9 @@ def check_signature(input_signature):
   return list(input_signature)
 
 
-def example_inputs(specs, given):
+def example_inputs(
+  specs: Sequence[tf.TensorSpec], given: Sequence[Any] | None
+) -> list[torch.Tensor]:
   """torch tensors for export and the parity check: `given`, or random
   values with 2 for dynamic batch sizes and 3 for other dynamic sizes."""
   if given is not None:
@@ -112,7 +118,12 @@ def example_inputs(specs, given):
   return tensors
 
 
-def export(torch_module, specs, examples_torch, name):
+def export(
+  torch_module: torch.nn.Module,
+  specs: Sequence[tf.TensorSpec],
+  examples_torch: Sequence[torch.Tensor],
+  name: str,
+) -> Program:
   """`torch.export` of the module, decomposed; returns a `Program`."""
   dynamic = tuple(
     {a: _dynamic_dim(k, a) for a, d in enumerate(spec.shape.as_list()) if d is None} or None
@@ -145,12 +156,12 @@ def export(torch_module, specs, examples_torch, name):
   return _program(program, name)
 
 
-def _dynamic_dim(k, axis):
+def _dynamic_dim(k: int, axis: int) -> Any:
   auto = getattr(torch.export.Dim, "AUTO", None)
   return auto if auto is not None else torch.export.Dim(f"input{k}_dim{axis}")
 
 
-def _decompositions():
+def _decompositions() -> dict[Any, Any]:
   table = torch.export.default_decompositions()
   keep = {f"aten.{name}" for name in _KEEP_WHOLE}
   for op in list(table):
@@ -159,7 +170,9 @@ def _decompositions():
   return table
 
 
-def _check_dynamic_dims(program, specs, name):
+def _check_dynamic_dims(
+  program: torch.export.ExportedProgram, specs: Sequence[tf.TensorSpec], name: str
+) -> None:
   placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
   user = program.graph_signature.user_inputs
   for k, (input_name, spec) in enumerate(zip(user, specs)):
@@ -182,10 +195,11 @@ def _check_dynamic_dims(program, specs, name):
         )
 
 
-def _program(program, name):
+def _program(program: torch.export.ExportedProgram, name: str) -> Program:
   signature = program.graph_signature
   kinds = torch.export.graph_signature.InputKind
-  state_inputs, constants = {}, {}
+  state_inputs: dict[str, str] = {}
+  constants: dict[str, np.ndarray] = {}
   for spec in signature.input_specs:
     if spec.kind in (kinds.PARAMETER, kinds.BUFFER):
       state_inputs[spec.arg.name] = spec.target
@@ -211,7 +225,7 @@ def _program(program, name):
   )
 
 
-def _plain(structure):
+def _plain(structure: Any) -> Any:
   """Torch's output structure with indices as leaves, as TF nests it."""
   if isinstance(structure, tuple) and hasattr(structure, "_fields"):
     return type(structure)(*[_plain(s) for s in structure])
@@ -222,11 +236,11 @@ def _plain(structure):
   return structure
 
 
-def flatten_like(structure, value):
+def flatten_like(structure: Any, value: Any) -> dict[int, Any]:
   """`{index: torch tensor}` of `value`, walked along `structure`."""
   if isinstance(structure, int):
     return {structure: value}
-  flat = {}
+  flat: dict[int, Any] = {}
   items = structure.items() if isinstance(structure, dict) else enumerate(structure)
   for key, sub in items:
     flat.update(flatten_like(sub, value[key]))

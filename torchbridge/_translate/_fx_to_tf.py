@@ -7,6 +7,11 @@ records, not in TF's rules). Values stay channels-last between the ops that
 allow it (`_channels_last`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 import tensorflow as tf
 
 from torchbridge._translate._aten import _table
@@ -19,11 +24,14 @@ from torchbridge._translate._aten import _rnn  # noqa: F401  pylint: disable=unu
 from torchbridge._translate._aten import _shape  # noqa: F401  pylint: disable=unused-import
 from torchbridge._translate._aten import _elementwise  # noqa: F401  pylint: disable=unused-import
 
+if TYPE_CHECKING:
+  import torch.fx
 
-def untranslated(graph):
+
+def untranslated(graph: torch.fx.Graph) -> dict[str, str]:
   """`{op name: reason}` for every node of `graph` that cannot become TF
   ops: no table entry, or one that refuses the node's arguments."""
-  found = {}
+  found: dict[str, str] = {}
   for node in graph.nodes:
     if node.op == "call_function":
       key = _table.op_key(node.target)
@@ -39,14 +47,14 @@ def untranslated(graph):
   return found
 
 
-def run(graph, inputs):
+def run(graph: torch.fx.Graph, inputs: Mapping[str, Any]) -> list[tf.Tensor]:
   """The graph's outputs (a flat list of TF tensors).
 
   Args:
     graph: a `torch.fx.Graph` of ATen ops, as `torch.export` gives.
     inputs: `{placeholder name: TF tensor or tf.Variable}`.
   """
-  env = {}
+  env: dict[torch.fx.Node, Any] = {}
   for node in graph.nodes:
     if node.op == "placeholder":
       env[node] = inputs[node.name]
@@ -58,7 +66,7 @@ def run(graph, inputs):
   raise ValueError("the exported graph has no output node")
 
 
-def _call(node, env):
+def _call(node: torch.fx.Node, env: Mapping[torch.fx.Node, Any]) -> Any:
   fn, channels_last, _ = _table.OPS[_table.op_key(node.target)]
   args = _value(node.args, env)
   kwargs = {k: _value(v, env) for k, v in node.kwargs.items()}
@@ -79,7 +87,7 @@ def _call(node, env):
   return _with_recorded_dtype(result, out)
 
 
-def _value(arg, env):
+def _value(arg: Any, env: Mapping[torch.fx.Node, Any]) -> Any:
   if isinstance(arg, (list, tuple)):
     return type(arg)(_value(a, env) for a in arg)
   if hasattr(arg, "op") and hasattr(arg, "meta"):  # an fx.Node
@@ -87,7 +95,7 @@ def _value(arg, env):
   return arg
 
 
-def _with_recorded_dtype(result, out):
+def _with_recorded_dtype(result: Any, out: Any) -> Any:
   if isinstance(result, (tuple, list)) and isinstance(out, (tuple, list)):
     return type(result)(_with_recorded_dtype(r, o) for r, o in zip(result, out))
   dtype = getattr(out, "dtype", None)
@@ -103,7 +111,7 @@ def _with_recorded_dtype(result, out):
   return tf.constant(result, dtype_tf)  # a Python number for a 0-d tensor
 
 
-def _as_output(value):
+def _as_output(value: Any) -> tf.Tensor:
   value = _channels_last.to_torch_layout(value)
   if isinstance(value, tf.Variable):
     return tf.identity(value)

@@ -113,7 +113,14 @@ class Translated(tf.Module):
     )
   ).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
-  def __init__(self, program, variables, input_signature, name, jit_compile):
+  def __init__(
+    self,
+    program: _export.Program,
+    variables: dict[str, tf.Variable],
+    input_signature: Sequence[tf.TensorSpec],
+    name: str,
+    jit_compile: bool | None,
+  ) -> None:
     super().__init__(name=name)
     self._graph = program.graph
     self._structure = program.structure
@@ -123,17 +130,19 @@ class Translated(tf.Module):
     # Tracked under the torch state_dict names, as TorchModule's variables
     # are: a checkpoint of either has the same keys.
     self._tf_variables = variables
-    self.parity = ()
+    self.parity: tuple[float, ...] = ()
     self._input_signature, self._jit_compile = tuple(input_signature), jit_compile
 
-    def call(*inputs_tf):  # one Python function per module: TF's retracing
+    def call(*inputs_tf: tf.Tensor) -> Any:  # one Python function per module: TF's retracing
       return self._run(*inputs_tf)  # warning counts traces per function
 
-    self.__call__ = tf.function(
+    # The instance's tf.function hides the method on purpose (`__call__`
+    # reaches it through `__dict__`, and SavedModel saves it).
+    self.__call__ = tf.function(  # type: ignore[method-assign]
       call, input_signature=input_signature, jit_compile=jit_compile, autograph=False
     )
 
-  def __call__(self, *args):  # pylint: disable=method-hidden
+  def __call__(self, *args: Any) -> Any:  # pylint: disable=method-hidden
     if tf.inside_function() and not self._jit_compile:
       # In the caller's graph the ops go in directly, not as a nested
       # function call: a nested function that transposes a variable (every
@@ -142,7 +151,7 @@ class Translated(tf.Module):
       return self._run(*self._checked(args))
     return self.__dict__["__call__"](*args)
 
-  def _checked(self, args):
+  def _checked(self, args: Sequence[Any]) -> list[tf.Tensor]:
     """`args` as tensors of the input signature, as the tf.function does."""
     if len(args) != len(self._input_signature):
       raise TypeError(
@@ -161,7 +170,7 @@ class Translated(tf.Module):
       inputs_tf.append(x_tf)
     return inputs_tf
 
-  def _run(self, *inputs_tf):
+  def _run(self, *inputs_tf: tf.Tensor) -> Any:
     values = dict(zip(self._user_inputs, inputs_tf))
     values.update(
       {
@@ -271,7 +280,7 @@ def translate(
   return served
 
 
-def _torch_state_of(module):
+def _torch_state_of(module: Any) -> tuple[Any, str]:
   state = getattr(module, "_state", None) or getattr(module, "_torch_state", None)
   if state is None or not hasattr(module, "torch_module"):
     raise TypeError(
@@ -282,7 +291,7 @@ def _torch_state_of(module):
   return state, module.name
 
 
-def _variable(state, target, module_name):
+def _variable(state: Any, target: str, module_name: str) -> tf.Variable:
   canonical = state.state_names.get(target, target)
   try:
     variable = state.variables[canonical]
@@ -297,7 +306,14 @@ def _variable(state, target, module_name):
   return variable if isinstance(variable, tf.Variable) else variable.value
 
 
-def _check_parity(structure, result_tf, expected_torch, rtol, atol, name):
+def _check_parity(
+  structure: Any,
+  result_tf: Any,
+  expected_torch: Any,
+  rtol: float | None,
+  atol: float | None,
+  name: str,
+) -> tuple[float, ...]:
   flat_index = tf.nest.flatten(structure)
   flat_tf = dict(zip(flat_index, tf.nest.flatten(result_tf)))
   flat_torch = _export.flatten_like(structure, expected_torch)

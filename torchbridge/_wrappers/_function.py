@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
@@ -78,7 +78,14 @@ def torch_function(
 class TorchFunction:
   """A torch callable wrapped by `torch_function`."""
 
-  def __init__(self, fn, output_signature=None, name=None):
+  # Set by functools.update_wrapper, or in its place for a function without
+  # a signature.
+  __wrapped__: Callable[..., Any]
+  __signature__: inspect.Signature
+
+  def __init__(
+    self, fn: Callable[..., Any], output_signature: Any = None, name: str | None = None
+  ) -> None:
     functools.update_wrapper(self, fn)
     try:
       inspect.signature(fn)
@@ -97,12 +104,13 @@ class TorchFunction:
     self._output_signature = _call.check_output_signature(output_signature, "torch_function()")
     self._name = name or getattr(fn, "__name__", None) or type(fn).__name__
 
-  def __get__(self, instance, owner=None):
+  def __get__(self, instance: object, owner: type | None = None) -> Any:
     if instance is None:
       return self
-    return functools.partial(self, instance)
+    bound: Callable[..., Any] = self  # __call__ is typed Any: TF's decorator is untyped
+    return functools.partial(bound, instance)
 
-  def __tf_tracing_type__(self, context):
+  def __tf_tracing_type__(self, context: Any) -> Any:
     # Passed as an argument of a tf.function, an object with `__wrapped__`
     # (set by functools.update_wrapper) is traced as the function it wraps,
     # so the tf.function would call the raw torch code on symbolic tensors.
@@ -112,7 +120,7 @@ class TorchFunction:
   # Not converted by autograph when called from a tf.function: the bridge's
   # own Python would otherwise run as converted code on every call.
   @tf.autograph.experimental.do_not_convert
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     call = _call.bind_arguments(self._name, (args, kwargs))
     if not tf.executing_eagerly():
       _call.check_not_xla(self._name)
@@ -120,12 +128,12 @@ class TorchFunction:
     if call.only_tensors:  # f(x, y): the torch views are the arguments
       fn = self._fn
 
-      def run(args_torch):
+      def run(args_torch: Sequence[torch.Tensor]) -> Any:
         with _timeline.span(_timeline.FORWARD):
           return fn(*args_torch)
     else:
 
-      def run(args_torch):
+      def run(args_torch: Sequence[torch.Tensor]) -> Any:
         a, kw = call.substitute(args_torch)
         with _timeline.span(_timeline.FORWARD):
           return self._fn(*a, **kw)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import base64
 import inspect
 import io
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 import torch  # before TensorFlow (and Keras, which imports it)
 import keras
@@ -109,7 +112,9 @@ class TorchLayer(keras.layers.Layer):
     self._torch_variables = holder
     self.built = True
 
-  def _make_weight(self, name, value_tf, trainable, aggregation):
+  def _make_weight(
+    self, name: str, value_tf: tf.Tensor, trainable: bool, aggregation: tf.VariableAggregation
+  ) -> keras.Variable:
     return self.add_weight(
       shape=tuple(value_tf.shape),
       dtype=value_tf.dtype.name,
@@ -129,18 +134,18 @@ class TorchLayer(keras.layers.Layer):
     """
     return self._torch_state.sync_torch()
 
-  def call(self, *args, training=None, **kwargs):
+  def call(self, *args: Any, training: bool | None = None, **kwargs: Any) -> Any:
     return self._torch_state.call(args, kwargs, training, self._output_signature)
 
-  def get_weights_by_name(self):
+  def get_weights_by_name(self) -> dict[str, np.ndarray]:
     """The weights as `{torch state_dict name: np.ndarray}`."""
     return self._torch_state.get_weights()
 
-  def set_weights_by_name(self, weights):
+  def set_weights_by_name(self, weights: Mapping[str, Any]) -> None:
     """Sets the weights from `{torch state_dict name: array}` (strict)."""
     self._torch_state.set_weights(weights)
 
-  def get_config(self):
+  def get_config(self) -> dict[str, Any]:
     config = super().get_config()
     # Subclasses whose __init__ builds the module (and so takes no `module`
     # argument) are rebuilt by their code: no pickle in their config.
@@ -151,7 +156,12 @@ class TorchLayer(keras.layers.Layer):
     return config
 
   @classmethod
-  def from_config(cls, config, custom_objects=None, safe_mode=None):
+  def from_config(
+    cls,
+    config: Mapping[str, Any],
+    custom_objects: Mapping[str, Any] | None = None,
+    safe_mode: bool | None = None,
+  ) -> TorchLayer:
     """Rebuilds the layer; unpickles a stored torch module only when unsafe.
 
     As Keras' own `TorchModuleWrapper.from_config`: `safe_mode=False` allows
@@ -181,11 +191,11 @@ _KERAS_AGGREGATION = {
 }
 
 
-def _in_safe_mode():
+def _in_safe_mode() -> bool | None:
   return _compat.keras_in_safe_mode()
 
 
-def _check_dtype(layer, module_dtype):
+def _check_dtype(layer: TorchLayer, module_dtype: str | None) -> None:
   if module_dtype is None or layer.compute_dtype == module_dtype:
     return
   raise ValueError(
@@ -198,7 +208,7 @@ def _check_dtype(layer, module_dtype):
   )
 
 
-def _floating_dtype(module):
+def _floating_dtype(module: torch.nn.Module) -> str | None:
   dtypes = {
     t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()
   }

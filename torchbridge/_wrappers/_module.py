@@ -86,7 +86,7 @@ class TorchModule(tf.Module):
   )
 
   @_compat.no_dependency_tracking
-  def _init_untracked(self, state, output_signature):
+  def _init_untracked(self, state: _torch_state.TorchState, output_signature: Any) -> None:
     state.name = self.name  # errors raised by calls name the module
     self._state = state
     self._output_signature = output_signature
@@ -105,7 +105,7 @@ class TorchModule(tf.Module):
     return self._state.sync_torch()
 
   @tf.autograph.experimental.do_not_convert
-  def __call__(self, *args, training=None, **kwargs):
+  def __call__(self, *args: Any, training: bool | None = None, **kwargs: Any) -> Any:
     """Runs the torch module's forward on TF tensors.
 
     Args:
@@ -121,7 +121,7 @@ class TorchModule(tf.Module):
     """
     return self._state.call(args, kwargs, training, self._output_signature)
 
-  def __deepcopy__(self, memo):
+  def __deepcopy__(self, memo: dict[int, Any]) -> TorchModule:
     """An independent TorchModule around a deep copy of the torch module,
     starting from this one's current values (as a tf.Module copies)."""
     import copy  # pylint: disable=import-outside-toplevel
@@ -129,7 +129,7 @@ class TorchModule(tf.Module):
     module_copy = copy.deepcopy(self.torch_module, memo)
     return _rebuild_torch_module(type(self), module_copy, self.name, self._output_signature)
 
-  def __reduce__(self):
+  def __reduce__(self) -> tuple[Any, ...]:
     # Pickled as its torch module (holding the current values) and name.
     return (
       _rebuild_torch_module,
@@ -168,17 +168,21 @@ class TorchModule(tf.Module):
     self._state.set_weights(weights)
 
 
-def _rebuild_torch_module(cls, module, name, output_signature=None):
+def _rebuild_torch_module(
+  cls: type[TorchModule], module: torch.nn.Module, name: str, output_signature: Any = None
+) -> TorchModule:
   wrapper = cls.__new__(cls)
   TorchModule.__init__(wrapper, module, name=name, output_signature=output_signature)
   return wrapper
 
 
-def _make_variable(name, value_tf, trainable, aggregation):
+def _make_variable(
+  name: str, value_tf: tf.Tensor, trainable: bool, aggregation: tf.VariableAggregation
+) -> tf.Variable:
   return tf.Variable(value_tf, name=name, trainable=trainable, aggregation=aggregation)
 
 
-def _snake_case(class_name):
+def _snake_case(class_name: str) -> str:
   name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)
   name = re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
   return re.sub(r"\W", "_", name) or "torch_module"

@@ -1,10 +1,20 @@
 """A loss's gradients w.r.t. a `TorchModule`'s parameters, keyed by torch name."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import tensorflow as tf
 
+if TYPE_CHECKING:
+  import torch
 
-def named_variables(module, trainable_only=False):
+  from torchbridge._wrappers._module import TorchModule
+
+
+def named_variables(module: TorchModule, trainable_only: bool = False) -> list[tuple[str, Any]]:
   """`[(torch name, tf.Variable)]` for `module.variables` (or trainable ones).
 
   The names are the torch paths the `TorchModule` made its variables for
@@ -15,7 +25,7 @@ def named_variables(module, trainable_only=False):
   return [(n, v) for n, v in module._state.variables.items() if v.trainable or not trainable_only]
 
 
-def named_buffers(module, module_torch):
+def named_buffers(module: TorchModule, module_torch: torch.nn.Module) -> list[tuple[str, Any]]:
   """`[(torch name, tf.Variable)]` for the buffers of `module_torch`.
 
   Buffers (BatchNorm running statistics, counters) are what a forward may
@@ -25,7 +35,9 @@ def named_buffers(module, module_torch):
   return [(n, v) for n, v in named_variables(module) if n in buffer_names]
 
 
-def average_buffers(results, num_samples):
+def average_buffers(
+  results: Sequence[Mapping[str, np.ndarray]], num_samples: Sequence[int]
+) -> dict[str, np.ndarray]:
   """The workers' buffer values merged into one `{name: np.ndarray}`.
 
   Values all workers agree on are kept as they are (counters, buffers the
@@ -34,7 +46,7 @@ def average_buffers(results, num_samples):
   come from worker 0.
   """
   total = sum(num_samples)
-  merged = {}
+  merged: dict[str, Any] = {}  # arrays (mypy types `sum()` of arrays as `ndarray | 0`)
   for name, first in results[0].items():
     values = [r[name] for r in results]
     if all(np.array_equal(first, v) for v in values[1:]) or not np.issubdtype(
@@ -58,7 +70,9 @@ class Gradients:
       `loss_fn` that cannot be traced.
   """
 
-  def __init__(self, module, loss_fn, tf_function=True):
+  def __init__(
+    self, module: TorchModule, loss_fn: Callable[..., Any], tf_function: bool = True
+  ) -> None:
     self._module = module
     self._loss_fn = loss_fn
     named = named_variables(module, trainable_only=True)
@@ -70,7 +84,7 @@ class Gradients:
       else self._loss_and_grads
     )
 
-  def _loss_and_grads(self, batch_tf):
+  def _loss_and_grads(self, batch_tf: tuple[Any, ...]) -> tuple[tf.Tensor, list[tf.Tensor]]:
     with tf.GradientTape() as tape:
       loss_tf = self._loss_fn(self._module, *batch_tf)
     loss_tf = tf.convert_to_tensor(loss_tf)
@@ -85,7 +99,7 @@ class Gradients:
     )
     return loss_tf, [tf.convert_to_tensor(g) for g in grads_tf]
 
-  def __call__(self, batch_tf):
+  def __call__(self, batch_tf: Sequence[Any]) -> tuple[float, dict[str, np.ndarray]]:
     """`(loss, {torch name: np.ndarray})` on one batch (a tuple of tensors)."""
     loss_tf, grads_tf = self._run(tuple(batch_tf))
     grads_np = {n: np.asarray(g.numpy()) for n, g in zip(self.names, grads_tf)}

@@ -42,14 +42,21 @@ _CONSEQUENCE = {
 class _DataParallelWorker(_worker.TorchModuleWorker):
   """A `TorchModuleWorker` holding a shard of data and a loss function."""
 
-  def __init__(self, module_fn, loss_fn, shard_np, name, tf_function):
+  def __init__(
+    self,
+    module_fn: Callable[[], torch.nn.Module],
+    loss_fn: Callable[..., Any],
+    shard_np: Sequence[np.ndarray],
+    name: str | None,
+    tf_function: bool,
+  ) -> None:
     super().__init__(module_fn, name=name)
     self._shard_tf = tuple(tf.constant(a) for a in shard_np)
     self._num_samples = _num_samples(shard_np)
     self._gradients = _gradients.Gradients(self.module, loss_fn, tf_function)
     self._buffers = _gradients.named_buffers(self.module, self.module.torch_module)
 
-  def compute_gradients(self, batch_np=None):
+  def compute_gradients(self, batch_np: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
     """`{"loss", "num_samples", "grads", "buffers"}` on the held shard or on
     `batch_np`; "buffers" holds the buffers' values after the forward."""
     if batch_np is None:
@@ -250,16 +257,16 @@ class DataParallelTrainer:
       ray.kill(worker)
     self.workers = []
 
-  def __enter__(self):
+  def __enter__(self) -> DataParallelTrainer:
     return self
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, *exc_info: object) -> None:
     self.shutdown()
 
-  def _apply(self, grads_tf):
+  def _apply(self, grads_tf: Sequence[tf.Tensor]) -> None:
     self.optimizer.apply_gradients(zip(grads_tf, self._variables))
 
-  def _get_all(self, refs, method):
+  def _get_all(self, refs: Sequence[Any], method: str) -> list[Any]:
     """`ray.get` of one call per worker; a failure names its worker."""
     results = []
     for index, ref in enumerate(refs):
@@ -287,7 +294,7 @@ class DataParallelTrainer:
     return results
 
 
-def _check_callable(value, arg, example):
+def _check_callable(value: object, arg: str, example: str) -> None:
   # A torch module is callable too, but calling it runs its forward.
   if isinstance(value, torch.nn.Module) or not callable(value):
     raise TypeError(
@@ -296,7 +303,7 @@ def _check_callable(value, arg, example):
     )
 
 
-def _check_shards(shards, where):
+def _check_shards(shards: Any, where: str) -> list[tuple[np.ndarray, ...]]:
   """The shards as tuples of numpy arrays, each with a consistent length.
 
   `where` is the argument as the user wrote it, "(shards=...)" or
@@ -329,11 +336,11 @@ def _check_shards(shards, where):
   return shards_np
 
 
-def _num_samples(arrays):
+def _num_samples(arrays: Sequence[Any]) -> int:
   return int(np.shape(arrays[0])[0])
 
 
-def _short_message(err):
+def _short_message(err: BaseException) -> str:
   """The remote exception's type and message, without Ray's wrapping."""
   cause = getattr(err, "cause", None)
   if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):

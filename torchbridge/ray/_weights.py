@@ -110,14 +110,14 @@ def pull_weights(actor: Any, module: Any = None) -> dict[str, np.ndarray]:
   return weights_np
 
 
-def resolve_weights(weights):
+def resolve_weights(weights: Any) -> Any:
   """`weights`, fetched first when it is an `ObjectRef` to them."""
   if isinstance(weights, ray.ObjectRef):
     return ray.get(weights)
   return weights
 
 
-def _weights_np(module, where):
+def _weights_np(module: Any, where: str) -> dict[str, Any]:
   if isinstance(module, collections.abc.Mapping):
     return dict(module)
   if callable(getattr(module, "get_weights", None)):
@@ -130,7 +130,7 @@ def _weights_np(module, where):
   )
 
 
-def _check_actor(actor, index, method, fn):
+def _check_actor(actor: Any, index: int | None, method: str, fn: str) -> None:
   if hasattr(actor, method):
     return
   which = "actor" if index is None else f"actors[{index}]"

@@ -85,7 +85,7 @@ class TorchModuleWorker:
     self.module.set_weights(_weights.resolve_weights(weights))
 
 
-def build_module(module_fn, where):
+def build_module(module_fn: Callable[[], torch.nn.Module], where: str) -> torch.nn.Module:
   """`module_fn()`, checked to be a torch module; `where` names the caller."""
   module_torch = module_fn()
   if not isinstance(module_torch, torch.nn.Module):
