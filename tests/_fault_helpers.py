@@ -29,9 +29,14 @@ def run_threads(targets, timeout=TIMEOUT_SECONDS):
   results = [None] * len(targets)
   errors = []
   barrier = threading.Barrier(len(targets))
+  # torch's intra-op thread count is per thread under OpenMP: the threads
+  # take this one's, so that their sums add up in the same order (a test
+  # earlier in the process may have changed it here).
+  torch_threads = torch.get_num_threads()
 
   def guarded(k):
     try:
+      torch.set_num_threads(torch_threads)
       barrier.wait()
       results[k] = targets[k]()
     except BaseException as err:  # pylint: disable=broad-except

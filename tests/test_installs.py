@@ -24,6 +24,9 @@ import pytest
 
 from torchbridge._frameworks import _load_order
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
   not TRITON_INSTALLED, reason="triton is not installed here (`make test-user` installs it)"
@@ -69,9 +72,6 @@ import numpy as np
 import tensorflow as tf
 import torch
 import torchbridge as tb
-
-# A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
 
 torch.manual_seed(0)
 linear_torch = torch.nn.Linear(3, 2)

@@ -26,6 +26,9 @@ import textwrap
 import numpy as np
 import pytest
 
+# A slow suite: `make test` and CI run it, `make check` does not.
+pytestmark = pytest.mark.slow
+
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "TORCHBRIDGE_TEST_RESULT "
 
@@ -40,9 +43,6 @@ import numpy as np
 import tensorflow as tf
 import torch
 import torchbridge as tb
-
-# A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
 
 
 def report(**values):
