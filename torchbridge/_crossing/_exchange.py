@@ -250,3 +250,26 @@ def handle_to_tf(handle_torch: torch.Tensor) -> tf.Tensor:
   user's, so not counted in `exchange_stats()` (the native op does not
   count it either)."""
   return tf.experimental.dlpack.from_dlpack(torch_dlpack.to_dlpack(handle_torch))
+
+
+def tf_owned_copy(tensor_torch: torch.Tensor) -> tf.Tensor:
+  """A TF tensor holding a copy of a torch tensor, in a TF-allocated buffer.
+
+  A variable whose buffer came from DLPack or numpy cannot be updated in
+  place: TF copies it on the first optimizer step. Starting from a buffer TF
+  allocated keeps every update in place. Placed on the torch tensor's device.
+  """
+  if tensor_torch.is_cuda:
+    device = f"/GPU:{tensor_torch.device.index}"
+  else:
+    device = "/CPU:0"
+  with tf.device(device):
+    return tf_owned(tensor_to_tf(tensor_torch.detach()))
+
+
+def tf_owned(value_tf: tf.Tensor) -> tf.Tensor:
+  """`value_tf` copied into a buffer TF allocated (see `tf_owned_copy`)."""
+  try:
+    return tf.raw_ops.DeepCopy(x=value_tf)
+  except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+    return value_tf  # no kernel for this dtype and device: TF copies once

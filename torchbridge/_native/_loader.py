@@ -31,7 +31,6 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
 from torchbridge._crossing import _adopt
-from torchbridge._native import _build
 from torchbridge._native import _callbacks
 from torchbridge._runtime import _timeline
 
@@ -73,6 +72,11 @@ def load() -> Any:
       )
       _LOG.info(_status)
     else:
+      # Imported here, when the op is first needed: the build's tools
+      # (compiler flags, subprocesses, the cache) cost `import torchbridge`
+      # nothing.
+      from torchbridge._native import _build  # pylint: disable=import-outside-toplevel
+
       try:
         path = _build.build_or_reuse()
         _library = tf.load_op_library(str(path))

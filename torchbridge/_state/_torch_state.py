@@ -67,7 +67,7 @@ class TorchState:
     self.variables: dict[str, Any] = {}  # tf.Variable or keras.Variable
     for n, t in list(params.items()) + list(buffers.items()):
       trainable = n in params and t.requires_grad
-      value_tf = tf_owned_copy(t)
+      value_tf = _exchange.tf_owned_copy(t)
       # Only buffers are written in replica context (by the forward).
       aggregation = (
         tf.VariableAggregation.NONE
@@ -101,8 +101,18 @@ class TorchState:
 
     With `output_signature` (the result's `tf.TensorSpec`s), nothing is
     inferred while tracing, and every buffer is written back after each
-    call (which buffers the forward writes is not learnt either).
+    call (which buffers the forward writes is not learnt either). Eagerly,
+    reading the buffers, the forward and writing them back are one step
+    under the module's lock, so overlapping calls lose no buffer update.
     """
+    if not tf.executing_eagerly():
+      return self._call(args, kwargs, training, output_signature)
+    with self._lock:
+      return self._call(args, kwargs, training, output_signature)
+
+  def _call(
+    self, args: Sequence[Any], kwargs: dict[str, Any], training: Any, output_signature: Any
+  ) -> Any:
     if training is not None:
       training = _module_checks.as_python_bool(training, self.name)
     elif not tf.executing_eagerly():
@@ -272,26 +282,4 @@ class TorchState:
     for canonical, value in values.items():
       var = self.variables[canonical]
       dtype = tf.as_dtype(var.dtype)
-      var.assign(_tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))
-
-
-def tf_owned_copy(tensor_torch: torch.Tensor) -> tf.Tensor:
-  """A TF tensor holding a copy of a torch tensor, in a TF-allocated buffer.
-
-  A variable whose buffer came from DLPack or numpy cannot be updated in
-  place: TF copies it on the first optimizer step. Starting from a buffer TF
-  allocated keeps every update in place. Placed on the torch tensor's device.
-  """
-  if tensor_torch.is_cuda:
-    device = f"/GPU:{tensor_torch.device.index}"
-  else:
-    device = "/CPU:0"
-  with tf.device(device):
-    return _tf_owned(_exchange.tensor_to_tf(tensor_torch.detach()))
-
-
-def _tf_owned(value_tf: tf.Tensor) -> tf.Tensor:
-  try:
-    return tf.raw_ops.DeepCopy(x=value_tf)
-  except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
-    return value_tf  # no kernel for this dtype and device: TF copies once
+      var.assign(_exchange.tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))
