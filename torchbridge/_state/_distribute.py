@@ -100,6 +100,16 @@ def check_call_context(owner: str, variables: Iterable[Any]) -> None:
     raise ValueError(_OUTSIDE_SCOPE.format(owner=owner, strategy=type(strategy).__name__))
 
 
+def in_replica_of_several() -> bool:
+  """Whether this call runs in one replica of a strategy with several in
+  sync (inside `strategy.run`): its writes meet the other replicas' (a
+  buffer's assign waits for them all), so it must not hold a lock they wait
+  for."""
+  if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+    return False
+  return tf.distribute.get_strategy().num_replicas_in_sync > 1
+
+
 def _tf_variable(variable: Any) -> tf.Variable:
   # A keras.Variable holds its tf.Variable in `.value` (on tf.Variable,
   # `value` is a method).

@@ -101,11 +101,12 @@ class TorchState:
 
     With `output_signature` (the result's `tf.TensorSpec`s), nothing is
     inferred while tracing, and every buffer is written back after each
-    call (which buffers the forward writes is not learnt either). Eagerly,
+    call (which buffers the forward writes is not learnt either). Eagerly
+    (but in a replica of several, whose buffer writes wait for each other),
     reading the buffers, the forward and writing them back are one step
     under the module's lock, so overlapping calls lose no buffer update.
     """
-    if not tf.executing_eagerly():
+    if not tf.executing_eagerly() or _distribute.in_replica_of_several():
       return self._call(args, kwargs, training, output_signature)
     with self._lock:
       return self._call(args, kwargs, training, output_signature)
