@@ -22,7 +22,7 @@ from torchbridge._call import _saved
 
 
 class Forward(Protocol):
-  """`forward(args_torch, *, record, unused=None) -> Saved`.
+  """`forward(args_torch, /, *, record, unused=None) -> Saved`.
 
   Args:
     args_torch: zero-copy torch views of the call's TF arguments.
