@@ -63,7 +63,9 @@ def to_torch(structure: Any) -> Any:
     >>> out["obs"].shape, out["step"]
     (torch.Size([2, 3]), 7)
   """
-  return tf.nest.map_structure(functools.partial(_located, _leaf_to_torch, structure), structure)
+  return tf.nest.map_structure(
+    functools.partial(_located, _leaf_to_torch, "to_torch()", structure), structure
+  )
 
 
 def to_tf(structure: Any) -> Any:
@@ -95,18 +97,18 @@ def to_tf(structure: Any) -> Any:
     >>> tb.to_tf((torch.zeros(2), torch.ones(3, dtype=torch.int64)))[1].dtype
     tf.int64
   """
-  return tf.nest.map_structure(functools.partial(_located, _leaf_to_tf, structure), structure)
+  return tf.nest.map_structure(
+    functools.partial(_located, _leaf_to_tf, "to_tf()", structure), structure
+  )
 
 
-def _located(convert: Callable[[Any], Any], structure: Any, value: Any) -> Any:
+def _located(convert: Callable[[Any], Any], func_name: str, structure: Any, value: Any) -> Any:
   """`convert(value)`; a refusal says where in `structure` the value is."""
   try:
     return convert(value)
   except TypeError as err:
-    message = str(err)
-    func_name = message.split(" received", 1)[0]  # "to_torch()", "to_tf()"
     where = nest_path(structure, value, "structure")
-    raise TypeError(received_at(message, func_name, where)) from err
+    raise TypeError(received_at(str(err), func_name, where)) from err
 
 
 def nest_path(structure: Any, leaf: Any, root: str) -> str | None:

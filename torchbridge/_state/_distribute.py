@@ -90,11 +90,9 @@ def check_call_context(owner: str, variables: Iterable[Any]) -> None:
   if not tf.distribute.has_strategy():
     return
   check_strategy(owner)
-  if tf.distribute.in_cross_replica_context():
-    return
+  if not in_replica_of_several():
+    return  # cross-replica, or one replica: plain variables serve it as well
   strategy = tf.distribute.get_strategy()
-  if strategy.num_replicas_in_sync == 1:
-    return  # one replica: plain variables serve it as well
   extended = strategy.extended
   if not all(extended.variable_created_in_scope(_tf_variable(v)) for v in variables):
     raise ValueError(_OUTSIDE_SCOPE.format(owner=owner, strategy=type(strategy).__name__))
