@@ -250,31 +250,28 @@ class SlowCounter(nn.Module):
     return self.lin(x)
 
 
-@pytest.mark.parametrize(
-  "mode",
-  [
-    "eager",
-    pytest.param(
-      "function",
-      marks=pytest.mark.xfail(
-        strict=True,
-        reason=(
-          "inside tf.function a buffer's read-modify-write is not atomic "
-          "across concurrent calls of one module: the op reads the variable "
-          "before the module's lock is taken and the assign runs after it "
-          "is let go, so the second of two overlapping calls overwrites the "
-          "first's update (docs/reliability.md, 'What is not guaranteed')"
-        ),
-      ),
-    ),
-  ],
-)
+def _with_gradient(actor):
+  def step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(actor(x, training=True))
+    grads = tape.gradient(loss, actor.trainable_variables)
+    assert all(g is not None for g in grads)
+    return loss
+
+  return step
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "one_function", "function_with_tape"])
 def test_overlapping_calls_of_a_shared_module_lose_no_buffer_update(mode):
   net = SlowCounter()
   actor = tb.TorchModule(net, name="counter")
   calls = [(lambda x: actor(x, training=True)) for _ in range(2)]
-  if mode == "function":
+  if mode == "function":  # two graphs
     calls = [tf.function(c) for c in calls]
+  elif mode == "one_function":  # one graph, run by two threads at once
+    calls = [tf.function(calls[0])] * 2
+  elif mode == "function_with_tape":
+    calls = [tf.function(_with_gradient(actor)) for _ in range(2)]
   x = tf.ones([1, 2])
   for call in calls:  # traced, and run once each
     call(x)

@@ -7,7 +7,6 @@ the torch module on their current values.
 
 from __future__ import annotations
 
-import collections.abc
 import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -19,12 +18,14 @@ import tensorflow as tf
 
 from torchbridge._frameworks import _compiled
 from torchbridge._state import _distribute
+from torchbridge._state import _exclusive
 from torchbridge._crossing import _exchange
 from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _swap
 from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
+from torchbridge._state import _weights
 from torchbridge._state import _write_recorder
 
 
@@ -62,6 +63,8 @@ class TorchState:
     # One forward at a time: a call swaps tensors into the shared
     # torch module for the duration of a call.
     self._lock = threading.RLock()
+    # Graph calls that write buffers: read, op and assign as one step.
+    self._exclusive = _exclusive.ExclusiveCalls(owner_name)
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
     self._modules = list(module.modules())
     self.variables: dict[str, Any] = {}  # tf.Variable or keras.Variable
@@ -101,18 +104,40 @@ class TorchState:
 
     With `output_signature` (the result's `tf.TensorSpec`s), nothing is
     inferred while tracing, and every buffer is written back after each
-    call (which buffers the forward writes is not learnt either). Eagerly
-    (but in a replica of several, whose buffer writes wait for each other),
-    reading the buffers, the forward and writing them back are one step
-    under the module's lock, so overlapping calls lose no buffer update.
+    call (which buffers the forward writes is not learnt either).
+
+    Reading the buffers, the forward and writing them back are one step, so
+    overlapping calls lose no buffer update: eagerly under the module's
+    lock, in a graph inside a `tf.CriticalSection` (when the forward may
+    write a buffer). Not in a replica of several, whose buffer writes wait
+    for each other and are aggregated by the strategy.
     """
-    if not tf.executing_eagerly() or _distribute.in_replica_of_several():
+    if _distribute.in_replica_of_several():
       return self._call(args, kwargs, training, output_signature)
-    with self._lock:
-      return self._call(args, kwargs, training, output_signature)
+    if tf.executing_eagerly():
+      with self._lock:
+        return self._call(args, kwargs, training, output_signature)
+    if self._may_write_buffers(training):
+      return self._exclusive.run(
+        lambda after_writes: self._call(args, kwargs, training, output_signature, after_writes)
+      )
+    return self._call(args, kwargs, training, output_signature)
+
+  def _may_write_buffers(self, training: Any) -> bool:
+    if not self.buffer_names:
+      return False
+    if training is not None and not isinstance(training, (bool, np.bool_)):
+      return True  # refused in `_call`
+    mode_key = self._mode_key(None if training is None else bool(training))
+    return self._mutated_buffers.get(mode_key) != frozenset()
 
   def _call(
-    self, args: Sequence[Any], kwargs: dict[str, Any], training: Any, output_signature: Any
+    self,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    training: Any,
+    output_signature: Any,
+    after_writes: list[Any] | None = None,
   ) -> Any:
     if training is not None:
       training = _module_checks.as_python_bool(training, self.name)
@@ -223,6 +248,8 @@ class TorchState:
     self._mutated_buffers[mode_key] = frozenset(outputs.extra)
     for n, value_tf in outputs.extra.items():
       self.variables[n].assign(value_tf)
+      if after_writes is not None:
+        after_writes.append(tf.convert_to_tensor(self.variables[n]))
     return outputs.result
 
   def _current_value(self, name: str) -> torch.Tensor:
@@ -242,44 +269,7 @@ class TorchState:
 
   def set_weights(self, weights: Mapping[str, Any]) -> None:
     """Sets every variable from `{state_dict name: array}`, all or nothing."""
-    if not isinstance(weights, collections.abc.Mapping):
-      raise TypeError(
-        f"{self.name}.set_weights() expects a mapping from torch "
-        f"state_dict names to arrays, got {type(weights).__name__}. Pass "
-        "the dict that get_weights() returns, or a torch state_dict."
-      )
-    expected = set(self.state_names)
-    missing = sorted(expected - set(weights))
-    unexpected = sorted(set(weights) - expected)
-    problems = []
-    if missing:
-      problems.append(f"missing names: {missing}")
-    if unexpected:
-      problems.append(f"unexpected names: {unexpected}")
-    values: dict[str, np.ndarray] = {}
-    first_name: dict[str, str] = {}  # canonical name -> the state_dict name that set it
-    for n in sorted(expected & set(weights)):
-      var = self.variables[self.state_names[n]]
-      value = _module_checks.as_numpy(weights[n], n, self.name)
-      if tuple(value.shape) != tuple(var.shape):
-        problems.append(f"{n!r} has shape {tuple(value.shape)}, expected {tuple(var.shape)}")
-        continue
-      canonical = self.state_names[n]
-      if canonical in values:
-        if not np.array_equal(values[canonical], value):
-          problems.append(
-            f"{first_name[canonical]!r} and {n!r} are one tied tensor in "
-            "torch but have different values"
-          )
-        continue
-      values[canonical] = value
-      first_name[canonical] = n
-    if problems:
-      raise ValueError(
-        f"{self.name}.set_weights() got weights that do not fit the torch "
-        f"module: {'; '.join(problems)}. Expected exactly the names of "
-        f"its state_dict: {sorted(expected)}."
-      )
+    values = _weights.values_to_set(weights, self.state_names, self.variables, self.name)
     for canonical, value in values.items():
       var = self.variables[canonical]
       dtype = tf.as_dtype(var.dtype)
