@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from td3.networks import TorchCritic  # noqa: E402
 
 # A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 
 def test_quick_run_writes_table_json_targets_and_plots(tmp_path):

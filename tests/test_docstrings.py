@@ -9,6 +9,9 @@ import pytest
 
 import torchbridge
 
+# The same in both passes of `make test`: run in the native pass only.
+pytestmark = pytest.mark.one_pass
+
 _MODULES = sorted(info.name for info in pkgutil.walk_packages(torchbridge.__path__, "torchbridge."))
 
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# The same in both passes of `make test`: run in the native pass only.
+pytestmark = pytest.mark.one_pass
+
 ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "torchbridge"
 

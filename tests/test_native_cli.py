@@ -22,7 +22,7 @@ from torchbridge._native import _loader
 from torchbridge._native import _build
 
 # A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 DISABLED = os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0")
 

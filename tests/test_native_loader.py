@@ -22,6 +22,9 @@ from torchbridge._native import _loader
 from torchbridge._native import _build
 from torchbridge._native import _compiler
 
+# The same in both passes of `make test`: run in the native pass only.
+pytestmark = pytest.mark.one_pass
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 # A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_PREFIX = "TORCHBRIDGE_TEST_RESULT "

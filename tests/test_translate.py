@@ -19,6 +19,9 @@ import torchbridge as tb
 from torchbridge._translate._aten import _table
 from torchbridge import ParityError, UntranslatedOpsError, translate
 
+# The same in both passes of `make test`: run in the native pass only.
+pytestmark = pytest.mark.one_pass
+
 F32 = dict(rtol=1e-5, atol=1e-6)
 F64 = dict(rtol=1e-10, atol=1e-10)
 

@@ -24,7 +24,7 @@ from benchmarks import harness
 from benchmarks import translate_bench as tbb
 
 # A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 
 def test_run_measures_the_same_computation_and_reports_ratios(tmp_path):

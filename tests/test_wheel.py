@@ -25,6 +25,7 @@ ROOT = Path(__file__).parents[1]
 
 pytestmark = [
   pytest.mark.slow,
+  pytest.mark.one_pass,
   pytest.mark.skipif(
     importlib.util.find_spec("build") is None,
     reason="needs the `build` package (requirements-dev.txt)",
