@@ -11,7 +11,7 @@ no synchronization.
 
 It needs torch with CUDA, not TensorFlow: where TF is missing (the lent GPU
 machines have none), a stand-in module takes its name so that
-`torchbridge/_crossing/_exchange.py` and `torchbridge/_native/_callbacks.py` import; nothing here
+`torchbridge/_crossing/` and `torchbridge/_native/_callbacks.py` import; nothing here
 calls TF. Run: `python tests/cuda_torch_side.py` (exit status 1 on a
 failure, 0 with "skipped" when CUDA is absent). The pytest suite does not
 collect it; the GPU tests there need TF built with CUDA.
@@ -55,7 +55,8 @@ class _Stub:
 
 
 def _load_torchbridge_modules():
-  """`_exchange` and `_native`, without the package's TF-heavy __init__."""
+  """The exchange's counts and alignment, and the native op's callbacks,
+  without the package's TF-heavy __init__."""
   try:
     import tensorflow  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
   except ImportError:
@@ -69,9 +70,19 @@ def _load_torchbridge_modules():
   # what they import run.
   loaded = {
     name: importlib.import_module(f"torchbridge.{path}")
-    for name, path in (("_exchange", "_crossing._exchange"), ("_native", "_native._callbacks"))
+    for name, path in (
+      ("_adopt", "_crossing._adopt"),
+      ("_stats", "_crossing._stats"),
+      ("_native", "_native._callbacks"),
+    )
   }
-  return loaded["_exchange"], loaded["_native"]
+  # What the checks below use of them (`tests/test_native.py` checks these
+  # names exist, so the script cannot fall behind the package unseen on a
+  # machine without CUDA).
+  exchange = types.SimpleNamespace(
+    exchange_stats=loaded["_stats"].exchange_stats, TF_ALIGNMENT=loaded["_adopt"].TF_ALIGNMENT
+  )
+  return exchange, loaded["_native"]
 
 
 def _dispatch(native, fn, inputs_torch, stream, device, torch_tensors=False):

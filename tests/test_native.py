@@ -8,6 +8,9 @@ fallbacks are tested in test_native_loader.py, which runs everywhere.
 
 import gc
 import os
+import re
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -755,3 +758,30 @@ def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
   assert not result["ran"], result
   assert "SavedModel" in result["message"], result
   assert "cannot carry Python callables" in result["message"], result
+
+
+def test_the_gpu_script_uses_names_the_package_has():
+  # tests/cuda_torch_side.py runs only where CUDA is (the lent GPU machines,
+  # without TF): here it would print "skipped" and check nothing. Its loader
+  # runs here, in a child (it replaces the `torchbridge` package), and every
+  # name its checks use must exist.
+  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_torch_side.py")
+  with open(script, encoding="utf-8") as f:
+    source = f.read()
+  names = sorted(set(re.findall(r"\b(?:native|exchange)\.[A-Za-z_][A-Za-z_.]*", source)))
+  names = [n for n in names if n not in ("native._callbacks", "native.py")]  # prose
+  assert "exchange.exchange_stats" in names and "native.dispatch" in names
+  child = (
+    "import functools, sys\n"
+    f"sys.path.insert(0, {os.path.dirname(script)!r})\n"
+    "import cuda_torch_side as script\n"
+    "exchange, native = script._load_torchbridge_modules()\n"
+    "spaces = {'exchange': exchange, 'native': native}\n"
+    f"for name in {names!r}:\n"
+    "  space, *path = name.split('.')\n"
+    "  functools.reduce(getattr, path, spaces[space])\n"
+    "print('names ok', exchange.exchange_stats()['copied'] >= 0)\n"
+  )
+  out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "names ok True" in out.stdout
