@@ -285,3 +285,41 @@ def test_overlapping_calls_of_a_shared_module_lose_no_buffer_update(mode):
 
   run_threads([lambda: calls[0](x), second])
   assert int(actor.get_weights()["calls"]) == 4
+
+
+@pytest.mark.parametrize("flow", ["while_loop", "cond", "two_calls"])
+def test_graph_calls_that_write_buffers_count_once_each_in_control_flow(flow):
+  # A graph call that writes buffers runs inside a tf.CriticalSection: in a
+  # loop, a branch, or twice in one graph, each call's write lands once.
+  net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+  actor = tb.TorchModule(net, name="bn")
+  x = tf.random.stateless_normal([4, 3], seed=[1, 2])
+
+  if flow == "while_loop":
+    step = tf.function(
+      lambda x: tf.while_loop(
+        lambda i, y: i < 5, lambda i, y: (i + 1, actor(y, training=True)), [0, x]
+      )[1]
+    )
+    calls = 5
+  elif flow == "cond":
+    step = tf.function(
+      lambda x: tf.cond(tf.reduce_sum(x) > -1e9, lambda: actor(x, training=True), lambda: x)
+    )
+    calls = 1
+  else:
+    step = tf.function(lambda x: actor(actor(x, training=True), training=True))
+    calls = 2
+  start = actor.get_weights()
+  got = step(x)
+  assert int(actor.get_weights()["1.num_batches_tracked"]) == calls
+  # The same calls in torch, from the same start.
+  reference = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+  reference.load_state_dict({k: torch.as_tensor(v) for k, v in start.items()})
+  y = torch.as_tensor(x.numpy())
+  for _ in range(calls):
+    y = reference.train()(y)
+  np.testing.assert_allclose(got.numpy(), y.detach().numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    actor.get_weights()["1.running_mean"], reference[1].running_mean.numpy(), rtol=1e-5
+  )
