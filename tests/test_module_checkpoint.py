@@ -277,3 +277,18 @@ def test_state_dict_names_and_shapes_match_torch_exactly():
   for n, t in state.items():
     assert weights[n].shape == tuple(t.shape)
     assert weights[n].dtype == t.numpy().dtype
+
+
+def test_saved_model_of_a_module_that_writes_buffers_fails_in_save(tmp_path):
+  # docs/limitations.md: such a graph call holds a tf.CriticalSection (see
+  # docs/reliability.md), which a SavedModel cannot track; the save fails
+  # at once rather than leaving a model that fails when called.
+  net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+  holder = tf.Module()
+  holder.net = tb.TorchModule(net, name="bn")
+  holder.step = tf.function(
+    lambda x: holder.net(x, training=True), input_signature=[tf.TensorSpec([4, 3])]
+  )
+  holder.step(tf.ones([4, 3]))
+  with pytest.raises(AssertionError, match="untracked.*resource"):
+    tf.saved_model.save(holder, str(tmp_path / "model"))
