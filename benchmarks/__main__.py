@@ -53,6 +53,21 @@ def main(argv=None):
   if not args.quick:
     log("TD3 train steps: examples/td3_pendulum.py, a process per backend")
     results["td3"] = suite.td3(args.quick, args.threads, log=log)
+  if not args.quick:
+    log("TD3 wall time, split: examples/td3_pendulum.py, a process per backend")
+    subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "benchmarks.td3_wall",
+        "--threads",
+        str(args.threads),
+        "--out",
+        args.out,
+      ],
+      cwd=harness.ROOT,
+      check=True,
+    )
   log("pure torch before and after 1,000 bridged calls")
   results["torch_after_bridge"] = suite.torch_after_bridge(args.quick, args.threads, log=log)
   if not args.quick:

@@ -18,7 +18,12 @@ forward and backward a bare native op, no torch): the TF program around
 the bridged calls (the step's graph, Keras Adam, Polyak `assign`s, the
 ops' crossing), timed the same way on random batches.
 
-Prints one JSON line: the per-step mean, the process id, the step counts.
+Prints one JSON line: the per-step mean, the process id, the step counts,
+and the script's wall time split (`wall_split`, seconds): the first policy
+call and the first train step (tracing, for the TF backends), the other
+policy calls (the per-environment-step `act`, and the final evaluation's),
+the other train steps, and the rest (environment, replay buffer, summaries,
+building the agent, the checkpoint at the end).
 """
 
 import argparse
@@ -57,8 +62,36 @@ def _timed(train_step, durations):
   return timed
 
 
-def run_script(backend, out, steps, start_steps, threads):
-  """examples/td3_pendulum.py's main, each train step timed."""
+def _timed_policy(policy, durations):
+  """`policy` (numpy in, numpy out), each call's time recorded."""
+
+  def timed(obs):
+    start = time.perf_counter()
+    action = policy(obs)
+    durations.append(time.perf_counter() - start)
+    return action
+
+  return timed
+
+
+def wall_split(wall_s, train_durations, policy_durations):
+  """The script's wall time in parts that add up to it (seconds)."""
+  first_policy = policy_durations[0] if policy_durations else 0.0
+  first_train = train_durations[0] if train_durations else 0.0
+  policy = float(np.sum(policy_durations)) - first_policy
+  train = float(np.sum(train_durations)) - first_train
+  return {
+    "first policy call": first_policy,
+    "first train step": first_train,
+    "policy calls": policy,
+    "train steps": train,
+    "the rest": wall_s - first_policy - first_train - policy - train,
+  }
+
+
+def run_script(backend, out, steps, start_steps, threads, policy_durations=None):
+  """examples/td3_pendulum.py's main, each train step (and, given a list,
+  each policy call) timed."""
   durations = []
   script_run = td3_pendulum.Run
 
@@ -66,6 +99,8 @@ def run_script(backend, out, steps, start_steps, threads):
     def __init__(self, args):
       super().__init__(args)
       self.agent.train_step = _timed(self.agent.train_step, durations)
+      if policy_durations is not None:
+        self.agent.policy = _timed_policy(self.agent.policy, policy_durations)
 
   td3_pendulum.Run = TimedRun
   try:
@@ -153,15 +188,16 @@ def main(argv=None):
   if args.torch_thread != "script":
     os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[args.torch_thread]
 
-  script_mean, wall_s = None, None
+  script_mean, wall_s, split, policy_durations = None, None, None, []
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
     start = time.perf_counter()
     durations, script_mean = run_script(
-      args.backend, args.out, args.steps, args.start_steps, args.threads
+      args.backend, args.out, args.steps, args.start_steps, args.threads, policy_durations
     )
     wall_s = time.perf_counter() - start
+    split = wall_split(wall_s, durations, policy_durations)
   warm = durations[WARM_STEPS:]
   print(
     json.dumps(
@@ -174,6 +210,14 @@ def main(argv=None):
         # The script's whole run (environment steps, the policy's calls,
         # the train steps, the final evaluation), as `make demo` runs it.
         "wall_s": wall_s,
+        # `wall_s` again: `harness.run_process` replaces `wall_s` with the
+        # whole process's (Python's start, the imports, the exit included).
+        "script_wall_s": wall_s,
+        "wall_split": split,
+        "policy_calls": len(policy_durations),
+        "policy_call_median_us": (
+          1e6 * float(np.median(policy_durations[1:])) if len(policy_durations) > 1 else None
+        ),
         # Where its graph calls ran (TORCHBRIDGE_TORCH_THREAD, "0": TF's
         # thread), as the script or --torch-thread left it.
         "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),

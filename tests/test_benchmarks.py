@@ -15,6 +15,7 @@ from torchbridge._native import _loader
 from benchmarks import bare_native
 from benchmarks import numpy_bridge
 from benchmarks import report
+from benchmarks import td3_wall
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -267,6 +268,32 @@ def test_td3_process_times_the_scripts_train_steps(tmp_path):
   assert record["pid"] != os.getpid() and record["ms_per_train_step"] > 0
   assert record["script_ms_per_train_step"] == pytest.approx(1e3 * script["sec_per_train_step"])
   assert record["wall_s"] > 0
+  # The wall time's parts add up to it; the policy ran once per
+  # environment step after the random ones, and in the final evaluation.
+  split = record["wall_split"]
+  assert set(split) == set(td3_wall.SCRIPT_PARTS)
+  assert sum(split.values()) == pytest.approx(record["script_wall_s"])
+  assert all(split[part] > 0 for part in td3_wall.SCRIPT_PARTS if part != "the rest")
+  assert record["policy_calls"] == 20 + 5 * 200  # 5 evaluation episodes of 200 steps
+  assert record["policy_call_median_us"] > 0
+
+
+def test_td3_wall_table_has_every_part_and_the_ratio():
+  def backend(scale):
+    parts = {part: scale * (k + 1) for k, part in enumerate(td3_wall.PARTS)}
+    return {
+      "wall_s": sum(parts.values()),  # 21 units
+      "policy_call_median_us": 100.0 * scale,
+      "ms_per_train_step": 5.0 * scale,
+      **parts,
+    }
+
+  result = {"torchbridge": backend(1.5), "pure torch": backend(1.0), "keras": backend(1.25)}
+  text = td3_wall.markdown(result, rounds=3, steps=3000)
+  for part in td3_wall.PARTS:
+    assert f"| {part} |" in text
+  assert "| **whole run** | 31.50 | 21.00 | 26.25 | +10.50 |" in text
+  assert "torchbridge / pure torch: 1.50x; keras / pure torch: 1.25x" in text
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")

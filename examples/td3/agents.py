@@ -42,10 +42,19 @@ class TFAgent:
     self.hyper, self.max_action = hyper, max_action
     actor_torch, critic_torch = torch_networks(obs_dim, act_dim, max_action, seed)
     if backend == "torchbridge":
-      self.actor = tb.TorchModule(actor_torch, name="actor")
-      self.critic = tb.TorchModule(critic_torch, name="critic")
-      self.actor_target = tb.TorchModule(copy.deepcopy(actor_torch), name="actor_target")
-      self.critic_target = tb.TorchModule(copy.deepcopy(critic_torch), name="critic_target")
+      # Declared output signatures: tracing needs no run of the torch code
+      # to find them (finding them runs it on meta tensors, and torch's meta
+      # kernels for matmuls import torch._dynamo, ~1 s once per process).
+      actor_out = tf.TensorSpec([None, act_dim], tf.float32)
+      critic_out = (tf.TensorSpec([None, 1], tf.float32),) * 2  # the twin Q heads
+      self.actor = tb.TorchModule(actor_torch, name="actor", output_signature=actor_out)
+      self.critic = tb.TorchModule(critic_torch, name="critic", output_signature=critic_out)
+      self.actor_target = tb.TorchModule(
+        copy.deepcopy(actor_torch), name="actor_target", output_signature=actor_out
+      )
+      self.critic_target = tb.TorchModule(
+        copy.deepcopy(critic_torch), name="critic_target", output_signature=critic_out
+      )
       self._critic_call = lambda m, o, a: m(o, a)
     elif backend == "tf":
       models = []
