@@ -343,3 +343,8 @@ def test_callback_cost_times_the_bridges_python_per_call():
   result = json.loads(out.stdout.strip().splitlines()[-1])
   # Saving state for a backward is work an inference call skips.
   assert 0 < result["inference_us"] < result["training_forward_us"]
+  for key in ("inference", "training_forward", "hand_back"):
+    assert result[f"{key}_after_eviction_us"] > 0
+  # In one while_loop, the bridged identity does what the bare op does and
+  # more (torch tensors, the bridge's Python).
+  assert 0 < result["loop_bare_op_us"] < result["loop_bridged_us"]
