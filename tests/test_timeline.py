@@ -177,9 +177,12 @@ def test_torch_profiler_shows_the_python_phases(path):
 def test_off_a_span_is_the_shared_no_op_and_nothing_is_kept():
   assert _timeline._mode is None  # pylint: disable=protected-access
   assert _timeline.span(_timeline.FORWARD) is _timeline._OFF  # pylint: disable=protected-access
+  # The per-call path skips its spans on this flag; it follows the recording.
+  assert not _timeline.on
   step = _training_step("native" if NATIVE else "py_function")
   with tb.timeline() as trace:
-    pass
+    assert _timeline.on
+  assert not _timeline.on
   step()  # after the recording: nothing more arrives
   assert trace.events == []
   with tb.timeline() as later:

@@ -67,6 +67,13 @@ def call_bridged(
       result, extra = result.result, result.extra
     if layout.get("single") and isinstance(result, torch.Tensor):
       outs_torch = [result]  # the common result, after the first call
+    elif type(result) is tuple and len(result) == layout.get("tuple_size"):
+      # The next most common, a flat tuple of tensors (no tf.nest).
+      outs_torch = list(result)
+      for out in outs_torch:
+        if type(out) is not torch.Tensor:  # pylint: disable=unidiomatic-typecheck
+          outs_torch = _flatten_result(result, name, layout)
+          break
     else:
       outs_torch = _flatten_result(result, name, layout)
     names = layout.setdefault("extra_names", None if extra is None else list(extra))
@@ -120,7 +127,11 @@ def call_bridged(
 
   def outputs_of(args_torch: list[torch.Tensor]) -> list[torch.Tensor]:
     outs_torch = flat_outputs(args_torch)
-    _check_unmodified(args_torch, name)
+    # The torch code must not have written into an argument (a view of TF
+    # memory): fresh views start at version 0, in-place ops count up.
+    for k, arg_torch in enumerate(args_torch):
+      if arg_torch._version:
+        raise _modified_error(k, arg_torch, name)
     return outs_torch
 
   op_name = _op_name(name)
@@ -147,18 +158,16 @@ def call_bridged(
   return result
 
 
-def _check_unmodified(args_torch: Sequence[torch.Tensor], name: str) -> None:
-  """Raises if the torch code wrote into an argument (a view of TF memory)."""
-  for k, arg_torch in enumerate(args_torch):
-    if arg_torch._version:  # fresh views start at 0; in-place ops count up
-      raise RuntimeError(
-        f"{name} modified its tensor argument {k} (shape "
-        f"{tuple(arg_torch.shape)}, dtype {arg_torch.dtype}) in place. Its "
-        "torch tensor shares memory with a TF tensor, and TF tensors must "
-        "never change (TF may hand the same buffer to other ops): the TF "
-        "tensor now holds the modified values. Use out-of-place ops "
-        "(`x = x + 1`, not `x.add_(1)`), or copy first (`x = x.clone()`)."
-      )
+def _modified_error(k: int, arg_torch: torch.Tensor, name: str) -> RuntimeError:
+  """The error for torch code that wrote into argument `k` in place."""
+  return RuntimeError(
+    f"{name} modified its tensor argument {k} (shape "
+    f"{tuple(arg_torch.shape)}, dtype {arg_torch.dtype}) in place. Its "
+    "torch tensor shares memory with a TF tensor, and TF tensors must "
+    "never change (TF may hand the same buffer to other ops): the TF "
+    "tensor now holds the modified values. Use out-of-place ops "
+    "(`x = x + 1`, not `x.add_(1)`), or copy first (`x = x.clone()`)."
+  )
 
 
 def _output_tensor(leaf: Any, name: str) -> torch.Tensor | None:
@@ -184,6 +193,12 @@ def _flatten_result(result: Any, name: str, layout: dict[str, Any]) -> list[torc
   layout.setdefault("is_tensor", [leaf is not None for leaf in flat])
   layout.setdefault("n_tensors", len(tensors))
   layout.setdefault("single", isinstance(layout["structure"], torch.Tensor))
+  structure = layout["structure"]
+  if type(structure) is tuple and all(  # pylint: disable=unidiomatic-typecheck
+    type(x) is torch.Tensor
+    for x in structure  # pylint: disable=unidiomatic-typecheck
+  ):
+    layout.setdefault("tuple_size", len(structure))
   return tensors
 
 
@@ -195,6 +210,10 @@ def _flatten_signature(output_signature: Any, layout: dict[str, Any]) -> list[tf
     n_tensors=len(flat),
     single=isinstance(output_signature, tf.TensorSpec),
   )
+  if type(output_signature) is tuple and all(  # pylint: disable=unidiomatic-typecheck
+    isinstance(spec, tf.TensorSpec) for spec in output_signature
+  ):
+    layout["tuple_size"] = len(output_signature)
   return flat
 
 

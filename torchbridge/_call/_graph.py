@@ -73,32 +73,39 @@ def call_graph(
     # `unused`: the outputs nothing in the running graph consumes (None: not
     # known). In an inference call nothing consumes the handle (output 0):
     # then no autograd graph is recorded and no handle is made.
-    with _timeline.span(_timeline.CALL):
-      return _run_here(py_args_torch, unused)
-
-  def _run_here(
-    py_args_torch: list[torch.Tensor], unused: Collection[int] | None
-  ) -> list[torch.Tensor | None]:
-    inference = unused is not None and 0 in unused
-    grad_mode = torch.is_grad_enabled()
-    torch.set_grad_enabled(record and not inference)
+    # (The per-call path: the timeline's spans only when it is on; each
+    # Python frame here costs several times more on the cold caches a call
+    # meets inside a step; docs/performance/timeline.md, "Per call".)
+    call = _timeline.span(_timeline.CALL) if _timeline.on else None
+    phase: _timeline.Span | None = None
     try:
-      if inference:
-        saved = None
-        outs_torch = forward(py_args_torch, record=False, unused=unused).outs_torch
-      else:
-        saved = forward(py_args_torch, record=record)
-        outs_torch = saved.outs_torch
-    finally:
-      torch.set_grad_enabled(grad_mode)
-    with _timeline.span(_timeline.CHECK):
+      inference = unused is not None and 0 in unused
+      grad_mode = torch.is_grad_enabled()
+      _compat.set_grad_enabled(record and not inference)
+      try:
+        if inference:
+          saved = None
+          outs_torch = forward(py_args_torch, record=False, unused=unused).outs_torch
+        else:
+          saved = forward(py_args_torch, record=record)
+          outs_torch = saved.outs_torch
+      finally:
+        _compat.set_grad_enabled(grad_mode)
+      phase = _timeline.span(_timeline.CHECK) if call else None
       check_outputs(outs_torch)
-    if saved is None:
-      return [None, *outs_torch]
-    with _timeline.span(_timeline.SAVE):
+      if saved is None:
+        return [None, *outs_torch]
+      if phase:
+        phase.stop()
+        phase = _timeline.span(_timeline.SAVE)
       handle_torch = torch.empty(1, dtype=torch.int8, device=_handle_device(outs_torch))
       _saved.own(handle_torch, saved)
-    return [handle_torch, *outs_torch]
+      return [handle_torch, *outs_torch]
+    finally:
+      if call:
+        if phase:
+          phase.stop()
+        call.stop()
 
   @tf.custom_gradient
   def bridged(*grad_args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
@@ -205,12 +212,15 @@ def _views(tensors_tf: Sequence[tf.Tensor]) -> list[torch.Tensor]:
   return [_exchange.tensor_to_torch(t) for t in tensors_tf]
 
 
-def _handle_device(outs_torch: Sequence[torch.Tensor | None]) -> torch.device:
+def _handle_device(outs_torch: Sequence[torch.Tensor | None]) -> torch.device | str:
   """Where the handle lives: on the op's device, so TF never moves it."""
   gpu = _placement.current_gpu()
   if gpu is not None:
     return torch.device("cuda", gpu)
-  return next((o.device for o in outs_torch if o is not None and o.is_cuda), torch.device("cpu"))
+  for out in outs_torch:
+    if out is not None and out.is_cuda:
+      return out.device
+  return "cpu"
 
 
 def _in_current_graph(tensor_tf: tf.Tensor) -> tf.Tensor:

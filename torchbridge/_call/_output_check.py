@@ -25,41 +25,46 @@ class OutputCheck:
     self._specs = out_specs
     self._name = name
     self._found = specs_found
-    # (torch dtype, whether the shape is fully known, its dims as a tuple
-    # with None for unknown ones, or None for an unknown rank).
+    # (torch dtype, the rank or None where unknown, ((index, size), ...) of
+    # the known dimensions).
     self._expected = [
       (
         _adopt.torch_dtype(s.dtype),
-        s.shape.is_fully_defined(),
-        None if s.shape.rank is None else tuple(s.shape.as_list()),
+        s.shape.rank,
+        ()
+        if s.shape.rank is None
+        else tuple((i, d) for i, d in enumerate(s.shape.as_list()) if d is not None),
       )
       for s in out_specs
     ]
     # The common case, one output of a fully known shape: (dtype, dims).
     self._single = None
-    if len(self._expected) == 1 and self._expected[0][1]:
-      self._single = (self._expected[0][0], self._expected[0][2])
+    if len(out_specs) == 1 and out_specs[0].shape.is_fully_defined():
+      self._single = (self._expected[0][0], tuple(out_specs[0].shape.as_list()))
 
   def __call__(self, outs_torch: Sequence[torch.Tensor | None]) -> None:
+    # Loops, not generators or helpers: this runs on every call, where each
+    # Python frame costs (docs/performance/timeline.md, "Per call").
     if self._single is not None and len(outs_torch) == 1:
       out = outs_torch[0]
       if out is not None and out.dtype == self._single[0] and out.shape == self._single[1]:
         return
     if len(outs_torch) == len(self._expected):
-      for out, (dtype, known, dims) in zip(outs_torch, self._expected):
+      for out, (dtype, rank, known) in zip(outs_torch, self._expected):
         if out is None:  # left out because nothing consumes it
           continue
-        if out.dtype != dtype or (out.shape != dims if known else not _dims_match(dims, out.shape)):
+        shape = out.shape
+        if out.dtype != dtype or (rank is not None and len(shape) != rank):
           break
+        for i, size in known:
+          if shape[i] != size:
+            break
+        else:
+          continue
+        break
       else:
         return
     _check_outputs(outs_torch, self._specs, self._name, self._found)
-
-
-def _dims_match(dims: tuple[int | None, ...] | None, shape: torch.Size) -> bool:
-  if dims is None:
-    return True
-  return len(dims) == len(shape) and all(d is None or d == n for d, n in zip(dims, shape))
 
 
 def _check_outputs(

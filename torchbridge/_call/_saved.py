@@ -18,8 +18,9 @@ from typing import cast
 
 import torch
 
-from torchbridge._runtime import _timeline
 from torchbridge._call import _vjp
+from torchbridge._frameworks import _compat
+from torchbridge._runtime import _timeline
 
 # Handle data pointer -> (`Saved`, weak reference to the handle): the record
 # lives as long as the handle's Python object, which TF keeps alive while it
@@ -84,15 +85,17 @@ def backward(
   ]
   grads_torch: list[torch.Tensor | None] = [None] * len(leaves)
   grad_mode = torch.is_grad_enabled()
-  torch.set_grad_enabled(True)
+  _compat.set_grad_enabled(True)
+  phase = _timeline.span(_timeline.BACKWARD) if _timeline.on else None
   try:
-    with _timeline.span(_timeline.BACKWARD):
-      if pairs and wanted:
-        grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted], record, none_ok)
-      else:
-        grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
+    if pairs and wanted:
+      grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted], record, none_ok)
+    else:
+      grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
   finally:
-    torch.set_grad_enabled(grad_mode)
+    if phase is not None:
+      phase.stop()
+    _compat.set_grad_enabled(grad_mode)
   for k, grad in zip(wanted, grads_wanted):
     grads_torch[k] = grad
   for k in refused:

@@ -4,7 +4,7 @@ Each is reached through a feature test, so that a framework release that
 moves or drops one fails here, at the first use, with an error that names
 the API, the versions found and the way out, rather than somewhere deep in a
 call. Where a public equivalent exists it is used instead (and listed here
-for the record): `torch.set_grad_enabled`, `torch.compiled_with_cxx11_abi`,
+for the record): `torch.compiled_with_cxx11_abi`,
 `tf.distribute.has_strategy`, `Module.register_forward_pre_hook`.
 
 setup.py promises torch >= 2.3 and TensorFlow >= 2.16; everything below is
@@ -175,3 +175,12 @@ torch_from_capsule: Callable[[Any], torch.Tensor] = _from_capsule
 autograd_engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
 stash_obj_in_tls = getattr(torch._C, "_stash_obj_in_tls", None)  # pylint: disable=protected-access
 remove_obj_from_tls = getattr(torch._C, "_remove_obj_from_tls", None)  # pylint: disable=protected-access
+
+# Grad mode set by one C call; `torch.set_grad_enabled(mode)` makes a Python
+# context-manager object each time (its `__init__` sets the mode), which
+# costs the per-call path a frame. The public one serves where it is gone.
+set_grad_enabled: Callable[[bool], Any] = getattr(
+  torch._C,  # pylint: disable=protected-access
+  "_set_grad_enabled",
+  torch.set_grad_enabled,
+)

@@ -69,7 +69,7 @@ def run_graph_call(fn: Callable[..., T], *args: Any) -> T:
 def prepare_native_call() -> None:
   """On the thread the native op runs its callback on: the C++ torch thread
   takes the user's torch thread count; a GPU kernel's thread is left as is."""
-  if current_gpu() is None:
+  if getattr(_gpu_call, "device", None) is None:  # current_gpu(), one frame less
     _torch_thread.apply_threads()
 
 

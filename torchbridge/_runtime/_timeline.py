@@ -18,7 +18,8 @@ crossings) when annotation is on:
     recording of both sides' spans in one list, with threads and
     `time.perf_counter_ns()` times, that saves as a Chrome / Perfetto trace.
 
-Off, a span costs one call returning a shared no-op context manager.
+Off, a span costs one call returning a shared no-op context manager; the
+per-call path skips even that (`on`).
 
 Examples:
   >>> import tensorflow as tf
@@ -62,6 +63,10 @@ PHASES = (CALL, BIND, FORWARD, BACKWARD, CHECK, SAVE, HAND_OFF, TO_TORCH, TO_TF)
 # None: spans are off; "annotate": spans are TF's and torch's profiler
 # annotations too; "record": recorded only (cheapest, for measuring steps).
 _mode: str | None = "annotate" if os.environ.get(ENV, "").strip() not in ("", "0") else None
+# Whether spans are on (`_mode` is not None). The per-call path reads it to
+# skip `span()` altogether when off:
+#   phase = _timeline.span(_timeline.CHECK) if _timeline.on else None
+on: bool = _mode is not None
 _recording: Timeline | None = None  # the Timeline being recorded, if any
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None  # ctypes handle of the native op, once connected
@@ -219,7 +224,7 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
     >>> "torchbridge/torch forward" in trace.totals_us()
     True
   """
-  global _recording, _mode
+  global _recording, _mode, on
   with _lock:
     if _recording is not None:
       raise RuntimeError(
@@ -229,6 +234,7 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
     recording = Timeline()
     outer_mode = _mode
     _mode = "annotate" if annotate or outer_mode == "annotate" else "record"
+    on = True
     _recording = recording
     if _library is not None:
       _library.torchbridge_timeline_set(1)
@@ -241,6 +247,7 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
         _drain_kernel(_library, recording)
       _recording = None
       _mode = outer_mode
+      on = _mode is not None
 
 
 def _drain_kernel(library: ctypes.CDLL, recording: Timeline) -> None:

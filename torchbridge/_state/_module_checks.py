@@ -4,8 +4,7 @@ and the errors that teach the fix; and the train/eval mode of one call."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
@@ -56,104 +55,79 @@ Cast the inputs to {param} before the call, e.g. `tf.cast(x, tf.{param})` (in
 a Keras model: `keras.Input(shape, dtype="{param}")`){module_fix}."""
 
 
-class explain_dtype_errors:
-  """Re-raises a torch error that inputs of the wrong dtype likely caused
-  with a message naming the input and parameter dtypes and the fix."""
-
-  def __init__(
-    self, name: str, module: torch.nn.Module, inputs_torch: Sequence[torch.Tensor]
-  ) -> None:
-    self._name = name
-    self._module = module
-    self._inputs = inputs_torch
-
-  def __enter__(self) -> explain_dtype_errors:
-    return self
-
-  def __exit__(
-    self,
-    exc_type: type[BaseException] | None,
-    err: BaseException | None,
-    tb: TracebackType | None,
-  ) -> Literal[False]:
-    if not isinstance(err, (RuntimeError, TypeError)) or "type" not in str(err).lower():
-      return False
-    params = sorted(
-      {
-        str(p.dtype).replace("torch.", "")
-        for p in self._module.parameters()
-        if p.is_floating_point()
-      }
+def explain_dtype_error(
+  err: BaseException, name: str, module: torch.nn.Module, inputs_torch: Sequence[torch.Tensor]
+) -> None:
+  """Raises, from `err`, an error naming the input and parameter dtypes and
+  the fix, when inputs of the wrong dtype likely caused `err` (a torch
+  error from the module's forward); returns otherwise."""
+  if not isinstance(err, (RuntimeError, TypeError)) or "type" not in str(err).lower():
+    return
+  params = sorted(
+    {str(p.dtype).replace("torch.", "") for p in module.parameters() if p.is_floating_point()}
+  )
+  odd = [
+    (k, t) for k, t in enumerate(inputs_torch) if str(t.dtype).replace("torch.", "") not in params
+  ]
+  if len(params) != 1 or not odd:
+    return
+  inputs = ", ".join(
+    f"input {k} of dtype {str(t.dtype).replace('torch.', '')} (shape {tuple(t.shape)})"
+    for k, t in odd
+  )
+  module_fix = ""
+  if all(t.is_floating_point() for _, t in odd):
+    module_fix = (
+      ", or convert the torch module to the inputs' dtype "
+      "before wrapping it (e.g. `module.double()`)"
     )
-    odd = [
-      (k, t) for k, t in enumerate(self._inputs) if str(t.dtype).replace("torch.", "") not in params
-    ]
-    if len(params) != 1 or not odd:
-      return False
-    inputs = ", ".join(
-      f"input {k} of dtype {str(t.dtype).replace('torch.', '')} (shape {tuple(t.shape)})"
-      for k, t in odd
-    )
-    module_fix = ""
-    if all(t.is_floating_point() for _, t in odd):
-      module_fix = (
-        ", or convert the torch module to the inputs' dtype "
-        "before wrapping it (e.g. `module.double()`)"
-      )
-    message = _DTYPE_MISMATCH.format(
-      name=self._name,
-      inputs=inputs,
-      param=params[0],
-      error_type=type(err).__name__,
-      error=err,
-      module_fix=module_fix,
-    )
-    try:
-      explained = type(err)(message)
-    except Exception:  # an exception type whose constructor wants more
-      explained = RuntimeError(message)
-    raise explained from err
+  message = _DTYPE_MISMATCH.format(
+    name=name,
+    inputs=inputs,
+    param=params[0],
+    error_type=type(err).__name__,
+    error=err,
+    module_fix=module_fix,
+  )
+  try:
+    explained = type(err)(message)
+  except Exception:  # an exception type whose constructor wants more
+    explained = RuntimeError(message)
+  raise explained from err
 
 
-class torch_mode:
-  """Sets train/eval mode on a torch module for one call, then restores it.
+def set_modes(
+  module: torch.nn.Module,
+  modules: Sequence[torch.nn.Module],
+  training: bool | Sequence[bool] | None,
+) -> list[tuple[torch.nn.Module, bool]] | None:
+  """Sets train/eval mode on a torch module for one call: the modes to put
+  back with `restore_modes` afterwards, or None where nothing changed.
 
   `training` is None (leave the modes), a bool (for every submodule), or a
   list of bools, one per module of `modules` (`list(module.modules())`).
   Modules already in the wanted mode are left alone, so the usual call (the
   modes as they are) costs a comparison per submodule.
   """
+  if training is None:
+    return None
+  saved = None
+  if isinstance(training, bool):
+    if any(m.training != training for m in modules):
+      saved = [(m, m.training) for m in modules]
+      module.train(training)
+    return saved
+  for m, mode in zip(modules, training):
+    if m.training != mode:
+      if saved is None:
+        saved = [(m, m.training) for m in modules]
+      m.training = mode
+  return saved
 
-  def __init__(
-    self,
-    module: torch.nn.Module,
-    modules: Sequence[torch.nn.Module],
-    training: bool | Sequence[bool] | None,
-  ) -> None:
-    self._module = module
-    self._modules = modules
-    self._training = training
-    self._saved: list[tuple[torch.nn.Module, bool]] | None = None
 
-  def __enter__(self) -> None:
-    training = self._training
-    if training is None:
-      return
-    if isinstance(training, bool):
-      if any(m.training != training for m in self._modules):
-        self._saved = [(m, m.training) for m in self._modules]
-        self._module.train(training)
-      return
-    for m, mode in zip(self._modules, training):
-      if m.training != mode:
-        if self._saved is None:
-          self._saved = [(m, m.training) for m in self._modules]
-        m.training = mode
-
-  def __exit__(self, *exc_info: object) -> None:
-    if self._saved is not None:
-      for m, mode in self._saved:
-        m.training = mode
+def restore_modes(saved: list[tuple[torch.nn.Module, bool]]) -> None:
+  for m, mode in saved:
+    m.training = mode
 
 
 def as_python_bool(training: Any, name: str) -> bool:

@@ -157,21 +157,25 @@ class TorchState:
 
     def run(args_torch: list[torch.Tensor]) -> _call.Outputs:
       with self._lock:
-        bind = _timeline.span(_timeline.BIND)  # until the forward starts
+        # Until the forward starts (spans only when the timeline is on: the
+        # per-call path).
+        bind = _timeline.span(_timeline.BIND) if _timeline.on else None
         views = self._views
-        views.take_back()
+        if views.lent:
+          views.take_back()
         views.calls_running += 1
         if views.calls_running == 1:
           views.suspend_hooks()
         try:
           return locked_run(args_torch, bind)
         finally:
-          bind.stop()
+          if bind is not None:
+            bind.stop()
           views.calls_running -= 1
           if not views.calls_running:
             views.resume_hooks()
 
-    def locked_run(args_torch: list[torch.Tensor], bind: _timeline.Span) -> _call.Outputs:
+    def locked_run(args_torch: list[torch.Tensor], bind: _timeline.Span | None) -> _call.Outputs:
       known_mutated = (
         frozenset(self.buffer_names)
         if output_signature is not None
@@ -195,11 +199,10 @@ class TorchState:
       tensors = dict(zip(self.param_names, args_torch[:n_params]))
       tensors.update(buffers_torch)
       a, kw = call.substitute(args_torch[n_vars:])
-      bind.stop()
-      with (
-        _module_checks.torch_mode(self.module, self._modules, training),
-        _module_checks.explain_dtype_errors(self.name, self.module, args_torch[n_vars:]),
-      ):
+      if bind is not None:
+        bind.stop()
+      saved_modes = _module_checks.set_modes(self.module, self._modules, training)
+      try:
         if known_mutated is None:
           # The first call in this mode (eagerly, or on meta tensors while
           # tracing) finds the buffers the forward writes; later calls in
@@ -214,6 +217,12 @@ class TorchState:
           )
         else:
           result, reassigned = self._slots.call(tensors, a, kw)
+      except (RuntimeError, TypeError) as err:
+        _module_checks.explain_dtype_error(err, self.name, self.module, args_torch[n_vars:])
+        raise
+      finally:
+        if saved_modes is not None:
+          _module_checks.restore_modes(saved_modes)
       # A buffer the forward replaced (`self.buf = ...`) has its new value
       # in the new tensor.
       for n, t in reassigned.items():

@@ -129,12 +129,16 @@ class TorchFunction:
       fn = self._fn
 
       def run(args_torch: Sequence[torch.Tensor]) -> Any:
+        if not _timeline.on:  # the per-call path: no span to skip
+          return fn(*args_torch)
         with _timeline.span(_timeline.FORWARD):
           return fn(*args_torch)
     else:
 
       def run(args_torch: Sequence[torch.Tensor]) -> Any:
         a, kw = call.substitute(args_torch)
+        if not _timeline.on:
+          return self._fn(*a, **kw)
         with _timeline.span(_timeline.FORWARD):
           return self._fn(*a, **kw)
 
