@@ -70,28 +70,37 @@ def backward(
     saved = saved.regraph()
   if record:
     dys_torch = [dy.requires_grad_() for dy in dys_torch]
-  # The leaves of the arguments that get gradients: never None.
+  # The leaves of the arguments that get gradients: never None. (Loops
+  # rather than comprehensions: each is a frame on the per-call path.)
   leaves = cast("list[torch.Tensor]", [saved.leaves_torch[j] for j in diff_args])
   # Leaves that do not require grad: arguments torch refused to
   # differentiate (see `_call_bridged.call_bridged`).
-  refused = [k for k, leaf in enumerate(leaves) if k not in skip and not leaf.requires_grad]
-  wanted = [k for k in range(len(leaves)) if k not in skip and k not in refused]
+  refused, wanted, leaves_wanted = [], [], []
+  for k, leaf in enumerate(leaves):
+    if k in skip:
+      continue
+    if leaf.requires_grad:
+      wanted.append(k)
+      leaves_wanted.append(leaf)
+    else:
+      refused.append(k)
   # Outputs torch computed without a graph (detached, integer-valued paths)
   # contribute nothing, nor do outputs a backward left out (None).
-  pairs = [
-    (out, dy)
-    for i, dy in zip(sel_out, dys_torch)
-    if (out := saved.outs_torch[i]) is not None and out.requires_grad
-  ]
+  outs, dys = [], []
+  for i, dy in zip(sel_out, dys_torch):
+    out = saved.outs_torch[i]
+    if out is not None and out.requires_grad:
+      outs.append(out)
+      dys.append(dy)
   grads_torch: list[torch.Tensor | None] = [None] * len(leaves)
   grad_mode = torch.is_grad_enabled()
   _compat.set_grad_enabled(True)
   phase = _timeline.span(_timeline.BACKWARD) if _timeline.on else None
   try:
-    if pairs and wanted:
-      grads_wanted = _vjp_or_none(pairs, [leaves[k] for k in wanted], record, none_ok)
+    if outs and wanted:
+      grads_wanted = _vjp_or_none(outs, dys, leaves_wanted, record, none_ok)
     else:
-      grads_wanted = [torch.zeros_like(leaves[k]) for k in wanted]
+      grads_wanted = [torch.zeros_like(leaf) for leaf in leaves_wanted]
   finally:
     if phase is not None:
       phase.stop()
@@ -111,7 +120,8 @@ def backward(
 
 
 def _vjp_or_none(
-  pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+  outs: Sequence[torch.Tensor],
+  dys: Sequence[torch.Tensor],
   leaves: Sequence[torch.Tensor],
   record: bool,
   none_ok: bool,
@@ -120,7 +130,6 @@ def _vjp_or_none(
   declares non-differentiable (a loss's target), None (`none_ok`: eagerly,
   where TF takes a None gradient) or zeros (a graph's op cannot leave out
   an output it declared), instead of failing."""
-  outs, dys = [o for o, _ in pairs], [dy for _, dy in pairs]
   try:
     return _vjp.vjp(outs, leaves, dys, create_graph=record)
   except RuntimeError as err:

@@ -78,6 +78,11 @@ def vjp(
       grads = engine.run_backward(outputs, grad_outputs, True, create_graph, inputs, True, False)
     finally:
       unstash("context")
+  for g in grads:  # a loop, not a generator: one frame less per call
+    if g is None:
+      break
+  else:
+    return tuple(grads)
   return tuple(
     g if g is not None else torch.zeros_like(x, requires_grad=create_graph)
     for g, x in zip(grads, inputs)
