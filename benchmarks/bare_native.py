@@ -22,17 +22,30 @@ def _hand_back(count):
   return lambda capsules: capsules[:count]
 
 
+def _fresh_torch(count):
+  """A `torch_tensors` native-op callback returning fresh torch tensors
+  shaped as its first `count` inputs (allocated by torch, not computed)."""
+  return lambda args_torch, unused: [torch.empty_like(a) for a in args_torch[:count]]
+
+
 class BareNativeModule(tf.Module):
   """Variables of `module_torch`; calls are bare native ops, no torch.
 
   The outputs have the shapes (and nesting: a tensor or a tuple of tensors)
   the torch module gives for the same input shapes, and hold zeros; the
   gradients have the shapes of the inputs and variables.
+
+  With `torch_outputs`, each op takes its inputs as torch tensors and hands
+  back fresh torch tensors (uninitialized) instead of its input buffers, as
+  a zero-copy bridge's op must: TF then adopts torch's memory and frees it
+  through torch, and the op's C++ makes and takes the torch tensors. The
+  step built on those is the floor of any zero-copy bridge to torch code.
   """
 
-  def __init__(self, module_torch, name="bare_native"):
+  def __init__(self, module_torch, name="bare_native", torch_outputs=False):
     super().__init__(name=name)
     self._module_torch = module_torch
+    self._torch_outputs = torch_outputs
     with self.name_scope:
       self.params = [
         tf.Variable(p.detach().numpy(), name=n.replace(".", "_"))
@@ -69,15 +82,18 @@ class BareNativeModule(tf.Module):
     zeros_tf = [tf.constant(np.zeros(s, np.float32)) for s in shapes]
     n_args = len(inputs_tf) + len(self.params)
 
+    def bare_op(count, inputs_tf, dtypes, out_shapes):
+      if self._torch_outputs:
+        return _op.call(_fresh_torch(count), inputs_tf, dtypes, out_shapes, torch_tensors=True)
+      return _op.call(_hand_back(count), inputs_tf, dtypes, out_shapes)
+
     @tf.custom_gradient
     def call(*args_tf):  # the inputs, then the variables' values
-      outs_tf = _op.call(
-        _hand_back(len(shapes)), zeros_tf + list(args_tf), [tf.float32] * len(shapes), shapes
-      )
+      outs_tf = bare_op(len(shapes), zeros_tf + list(args_tf), [tf.float32] * len(shapes), shapes)
 
       def grad(*dys_tf):
-        return _op.call(
-          _hand_back(n_args),
+        return bare_op(
+          n_args,
           list(args_tf) + list(dys_tf),
           [a.dtype for a in args_tf],
           [a.shape for a in args_tf],

@@ -194,14 +194,17 @@ def _rows(events, step_events, idle_row):
   return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6 for r in names}
 
 
-def _floor_step(name):
+def _floor_step(name, torch_outputs=False):
   """The same step with every bridged module a bare native op (no torch):
-  the TF program around the bridged calls, their crossings included."""
+  the TF program around the bridged calls, their crossings included. With
+  `torch_outputs`, the ops take torch tensors and hand back fresh ones, as
+  a zero-copy bridge's must (`bare_native.BareNativeModule`)."""
   if name == "td3":
     from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
 
-    return _on_random_batches(td3_process.bare_native_agent())
-  floor = train_step.build("small_mlp", train_step.FLOOR, "cpu")
+    return _on_random_batches(td3_process.bare_native_agent(torch_outputs=torch_outputs))
+  contender = train_step.FLOOR_TORCH_OUTPUTS if torch_outputs else train_step.FLOOR
+  floor = train_step.build("small_mlp", contender, "cpu")
   return lambda: float(floor())
 
 
@@ -213,12 +216,14 @@ def _timed(step, durations):
   return start, end
 
 
-def timeline_pass(step, floor, steps):
+def timeline_pass(step, floor, steps, floor_torch=None):
   """Blocks of BLOCK steps, alternated: unrecorded, recorded by
-  `tb.timeline(annotate=False)` alone (no profiler), and the floor step.
-  Alternating keeps the three on the same stretch of this noisy machine,
-  so the recorded rows can be held against the unrecorded step."""
+  `tb.timeline(annotate=False)` alone (no profiler), the floor step, and
+  (given) the floor step with torch tensors in and out of its ops.
+  Alternating keeps them on the same stretch of this noisy machine, so the
+  recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
+  floor_torch_ms = []
 
   def plain_block():
     step()
@@ -241,6 +246,10 @@ def timeline_pass(step, floor, steps):
     floor()
     for _ in range(BLOCK):
       _timed(floor, floor_ms)
+    if floor_torch is not None:
+      floor_torch()
+      for _ in range(BLOCK):
+        _timed(floor_torch, floor_torch_ms)
   spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
   rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
   begin, end = marks[-1]
@@ -256,6 +265,11 @@ def timeline_pass(step, floor, steps):
     # What is left of the unrecorded step once the TF side's floor and
     # torch's own forwards and backwards are taken out.
     "bridge_share_ms": step_ms - floor_mean - torch_ms,
+    # The same against the floor whose ops take and make torch tensors.
+    "floor_torch_outputs_mean_ms": (_trimmed_mean(floor_torch_ms) if floor_torch_ms else None),
+    "bridge_share_over_torch_floor_ms": (
+      step_ms - _trimmed_mean(floor_torch_ms) - torch_ms if floor_torch_ms else None
+    ),
     "rows_ms": rows,
     "rows_sum_ms": float(sum(rows.values())),
     "steps": len(marks),
@@ -340,10 +354,12 @@ def _profiled(step, steps):
 
 def measure(name, steps):
   step, floor = STEPS[name](), _floor_step(name)
+  floor_torch = _floor_step(name, torch_outputs=True)
   for _ in range(20):
     step()
     floor()
-  recorded = timeline_pass(step, floor, steps)
+    floor_torch()
+  recorded = timeline_pass(step, floor, steps, floor_torch)
   events, step_events = _profiled(step, steps)
   mean_rows = _rows(events, step_events, NO_THREAD)
   op_types = {}
@@ -402,8 +418,17 @@ def _step_markdown(name, r, placement):
     f"bridge's share (unrecorded step - floor - torch): "
     f"{t['bridge_share_ms']:.2f} ms, "
     f"{t['bridge_share_ms'] / step_ms:.0%} of the step.",
-    "",
   ]
+  if t.get("floor_torch_outputs_mean_ms") is not None:
+    lines.append(
+      f"- The floor with torch tensors in and out of its ops (fresh torch "
+      f"outputs that TF adopts and frees through torch, as any zero-copy "
+      f"bridge's op hands back; alternated blocks): "
+      f"{t['floor_torch_outputs_mean_ms']:.2f} ms. The bridge's share over "
+      f"it: {t['bridge_share_over_torch_floor_ms']:.2f} ms, "
+      f"{t['bridge_share_over_torch_floor_ms'] / step_ms:.0%} of the step."
+    )
+  lines.append("")
   lines += _table(
     f"### {name}, {placement}, under TF's profiler: "
     f"{r['profiled_mean_ms']:.2f} ms a step (unprofiled: "

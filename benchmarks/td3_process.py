@@ -130,15 +130,20 @@ def run_script(backend, out, steps, start_steps, threads, policy_durations=None)
   return durations, script["sec_per_train_step"]
 
 
-def bare_native_agent(seed=0):
-  """The torchbridge TD3 agent with its four modules bare native modules."""
+def bare_native_agent(seed=0, torch_outputs=False):
+  """The torchbridge TD3 agent with its four modules bare native modules
+  (`torch_outputs`: see `bare_native.BareNativeModule`)."""
   hyper = agents.Hyper()
   agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed, hyper)
   actor_torch, critic_torch = agents.torch_networks(3, 1, 2.0, seed)
-  agent.actor = bare_native.BareNativeModule(actor_torch, "actor")
-  agent.critic = bare_native.BareNativeModule(critic_torch, "critic")
-  agent.actor_target = bare_native.BareNativeModule(actor_torch, "actor_target")
-  agent.critic_target = bare_native.BareNativeModule(critic_torch, "critic_target")
+
+  def bare(module_torch, name):
+    return bare_native.BareNativeModule(module_torch, name, torch_outputs=torch_outputs)
+
+  agent.actor = bare(actor_torch, "actor")
+  agent.critic = bare(critic_torch, "critic")
+  agent.actor_target = bare(actor_torch, "actor_target")
+  agent.critic_target = bare(critic_torch, "critic_target")
   agent.actor_opt = tf.keras.optimizers.Adam(hyper.lr)
   agent.critic_opt = tf.keras.optimizers.Adam(hyper.lr)
   agent.actor_opt.build(agent.actor.trainable_variables)

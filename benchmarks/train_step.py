@@ -24,6 +24,8 @@ KERAS_EAGER = "keras eager"
 NUMPY_COPY = "numpy-copy bridge tf.function"
 # An MLP step makes two bridged calls: the forward and the backward.
 FLOOR = "floor: TF function + Keras Adam + 2 bare native ops"
+# The same, its ops handing back fresh torch tensors (step_breakdown's).
+FLOOR_TORCH_OUTPUTS = "floor, torch tensors in and out of the bare ops"
 
 CONTENDERS = (
   BRIDGED,
@@ -35,6 +37,7 @@ CONTENDERS = (
   KERAS_EAGER,
   NUMPY_COPY,
   FLOOR,
+  FLOOR_TORCH_OUTPUTS,
 )
 
 
@@ -78,6 +81,8 @@ def build(model_name, contender, device):
     model = numpy_bridge.NumpyBridgeModule(models.torch_model(model_name))
   elif contender == FLOOR:
     model = bare_native.BareNativeModule(models.torch_model(model_name))
+  elif contender == FLOOR_TORCH_OUTPUTS:
+    model = bare_native.BareNativeModule(models.torch_model(model_name), torch_outputs=True)
   else:
     model = tb.TorchModule(models.torch_model(model_name).to(device), name="bridged")
   with tf.device(_tf_device(device)):

@@ -82,9 +82,16 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
       t["unrecorded_mean_ms"] - t["floor_mean_ms"] - torch_ms
     )
     assert 0 < t["floor_mean_ms"] < t["unrecorded_mean_ms"]
+    # The floor whose ops take and make torch tensors, and the share over it.
+    assert 0 < t["floor_torch_outputs_mean_ms"] < t["unrecorded_mean_ms"]
+    assert t["bridge_share_over_torch_floor_ms"] == pytest.approx(
+      t["unrecorded_mean_ms"] - t["floor_torch_outputs_mean_ms"] - torch_ms
+    )
     handoff = sb.BRIDGE["torchbridge/wait for torch thread"]
     # On TF's thread no call is handed over.
     assert (handoff in t["rows_ms"]) == (placement == "torch-thread")
   assert (tmp_path / "step_trace_small_mlp.json").exists()
   assert (tmp_path / "step_trace_small_mlp_tf_thread.png").exists()
-  assert "| **sum of the rows**" in (tmp_path / "step_breakdown.md").read_text()
+  text = (tmp_path / "step_breakdown.md").read_text()
+  assert "| **sum of the rows**" in text
+  assert "The floor with torch tensors in and out of its ops" in text
