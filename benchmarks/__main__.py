@@ -16,6 +16,16 @@ from benchmarks import report  # noqa: E402
 from benchmarks import suite  # noqa: E402
 
 
+def _run_module(module, args):
+  """`python -m module --threads N --out DIR`, a benchmark writing its own
+  results into the suite's directory."""
+  subprocess.run(
+    [sys.executable, "-m", module, "--threads", str(args.threads), "--out", args.out],
+    cwd=harness.ROOT,
+    check=True,
+  )
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
   parser.add_argument(
@@ -55,36 +65,12 @@ def main(argv=None):
     results["td3"] = suite.td3(args.quick, args.threads, log=log)
   if not args.quick:
     log("TD3 wall time, split: examples/td3_pendulum.py, a process per backend")
-    subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "benchmarks.td3_wall",
-        "--threads",
-        str(args.threads),
-        "--out",
-        args.out,
-      ],
-      cwd=harness.ROOT,
-      check=True,
-    )
+    _run_module("benchmarks.td3_wall", args)
   log("pure torch before and after 1,000 bridged calls")
   results["torch_after_bridge"] = suite.torch_after_bridge(args.quick, args.threads, log=log)
   if not args.quick:
     log("step breakdown: TD3 and small-MLP steps split phase by phase")
-    subprocess.run(
-      [
-        sys.executable,
-        "-m",
-        "benchmarks.step_breakdown",
-        "--threads",
-        str(args.threads),
-        "--out",
-        args.out,
-      ],
-      cwd=harness.ROOT,
-      check=True,
-    )
+    _run_module("benchmarks.step_breakdown", args)
   if not args.quick:
     log("peak memory")
     results["peak_memory"] = {"large_mlp": suite.peak_memory("large_mlp", device)}
