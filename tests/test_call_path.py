@@ -137,3 +137,39 @@ def test_a_module_calls_dtype_error_names_the_fix_and_modes_come_back(graph):
   ):
     call(tf.ones([1, 2], tf.float64))
   assert not module_torch.training and not module_torch.linear.training
+
+
+def test_eager_reads_are_raw_ops_only_where_no_tape_could_record(monkeypatch):
+  from torchbridge._frameworks import _compat
+
+  plain = tf.Variable([[1.0, 2.0]])
+  cached = tf.Variable([3.0], caching_device="/cpu:0")
+  raw_reads = []
+  read_op = tf.raw_ops.ReadVariableOp
+
+  def spy(**kwargs):
+    raw_reads.append(kwargs["resource"])
+    return read_op(**kwargs)
+
+  monkeypatch.setattr(tf.raw_ops, "ReadVariableOp", spy)
+  values = _compat.read_values([plain, cached])
+  np.testing.assert_array_equal(values[0].numpy(), [[1.0, 2.0]])
+  np.testing.assert_array_equal(values[1].numpy(), [3.0])
+  assert raw_reads == [plain.handle]  # the caching-device one goes the general way
+  with tf.GradientTape() as tape:
+    _compat.read_values([plain])
+  assert len(raw_reads) == 1  # a tape could record: the variable's own read
+  assert [v.ref() for v in tape.watched_variables()] == [plain.ref()]
+
+
+def test_an_eager_module_call_reads_current_values_and_a_tape_still_sees_them():
+  module = tb.TorchModule(torch.nn.Linear(2, 1, bias=False), name="lin")
+  (weight,) = module.trainable_variables
+  x = tf.ones([1, 2])
+  weight.assign([[1.0, 2.0]])
+  np.testing.assert_allclose(module(x).numpy(), [[3.0]])
+  weight.assign([[5.0, 5.0]])  # read again on the next call, not kept
+  np.testing.assert_allclose(module(x).numpy(), [[10.0]])
+  with tf.GradientTape() as tape:
+    y = module(x)
+  np.testing.assert_allclose(tape.gradient(y, weight).numpy(), [[1.0, 1.0]])

@@ -67,6 +67,31 @@ def tape_could_record() -> bool:
 
 
 @functools.cache
+def _resource_variable_type() -> Any:
+  return _attribute("tensorflow.python.ops.resource_variable_ops", "ResourceVariable", "TensorFlow")
+
+
+def read_values(variables: list[Any]) -> list[tf.Tensor]:
+  """`[tf.convert_to_tensor(v) for v in variables]`, faster where it can be.
+
+  Eagerly, with no tape that could record the reads, a plain `tf.Variable`
+  (no caching device) is read by one raw `ReadVariableOp`: about 6 us a
+  variable here against 15 us through the variable's Python (which also
+  tells the tapes about the read: none could record it). Keras, distributed
+  and other variables, graphs and taped code take the general path.
+  """
+  if not tf.executing_eagerly() or tape_could_record():
+    return [tf.convert_to_tensor(v) for v in variables]
+  plain: Any = _resource_variable_type()
+  return [
+    tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype)
+    if type(v) is plain and getattr(v, "_caching_device", None) is None  # pylint: disable=unidiomatic-typecheck
+    else tf.convert_to_tensor(v)
+    for v in variables
+  ]
+
+
+@functools.cache
 def _should_record() -> Callable[[list[Any]], bool]:
   return _attribute("tensorflow.python.eager.record", "should_record_backprop", "TensorFlow")
 

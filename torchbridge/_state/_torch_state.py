@@ -16,6 +16,7 @@ import numpy as np
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
+from torchbridge._frameworks import _compat
 from torchbridge._frameworks import _compiled
 from torchbridge._state import _distribute
 from torchbridge._state import _exclusive
@@ -151,7 +152,7 @@ class TorchState:
     if not tf.executing_eagerly():
       _call.check_not_xla(self.name)
     names = self.param_names + self.buffer_names
-    vars_tf = [tf.convert_to_tensor(self.variables[n]) for n in names]
+    vars_tf = _compat.read_values([self.variables[n] for n in names])
     n_params, n_vars = len(self.param_names), len(names)
     mode_key = self._mode_key(training)
 

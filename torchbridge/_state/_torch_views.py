@@ -75,8 +75,10 @@ class TorchViews:
   def lend(self) -> None:
     """Points every torch tensor at a zero-copy view of its variable."""
     with tf.init_scope(), torch.no_grad():
-      for t, var in self._pairs.values():
-        t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var))
+      pairs = list(self._pairs.values())
+      values_tf = _compat.read_values([var for _, var in pairs])
+      for (t, _), value_tf in zip(pairs, values_tf):
+        t.data = _exchange.tensor_to_torch(value_tf)
         original = getattr(type(t), "_torchbridge_original_class", None)
         if original is not None:
           t.__class__ = original
