@@ -108,15 +108,21 @@ class _TwoModes(torch.nn.Module):
     return y * 0 + (1.0 if self.training else 0.0)
 
 
-@pytest.mark.parametrize("graph", [False, True])
-def test_a_module_calls_modes_are_set_for_the_call_and_restored(graph):
+def _called_in_training_mode(graph):
+  """A `_TwoModes` in eval mode, and a call of its wrapper with
+  training=True (in a tf.function if `graph`)."""
   module_torch = _TwoModes().eval()
   module = tb.TorchModule(module_torch, name="two_modes")
-  call = (
-    tf.function(lambda x: module(x, training=True))
-    if graph
-    else (lambda x: module(x, training=True))
-  )
+
+  def call(x):
+    return module(x, training=True)
+
+  return module_torch, tf.function(call) if graph else call
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_module_calls_modes_are_set_for_the_call_and_restored(graph):
+  module_torch, call = _called_in_training_mode(graph)
   out = call(tf.ones([1, 2]))
   np.testing.assert_array_equal(out.numpy(), np.ones([1, 2], np.float32))
   assert not module_torch.training and not module_torch.linear.training
@@ -124,13 +130,7 @@ def test_a_module_calls_modes_are_set_for_the_call_and_restored(graph):
 
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_module_calls_dtype_error_names_the_fix_and_modes_come_back(graph):
-  module_torch = _TwoModes().eval()
-  module = tb.TorchModule(module_torch, name="two_modes")
-  call = (
-    tf.function(lambda x: module(x, training=True))
-    if graph
-    else (lambda x: module(x, training=True))
-  )
+  module_torch, call = _called_in_training_mode(graph)
   # In a graph the op fails with TF's error, carrying the same message.
   with pytest.raises(
     (RuntimeError, TypeError, tf.errors.OpError), match=r"Cast the inputs to float32"
