@@ -17,6 +17,7 @@ included.
 """
 
 import argparse
+import itertools
 import json
 import os
 import tempfile
@@ -35,7 +36,7 @@ PARTS = (PROCESS_START, *SCRIPT_PARTS)
 def measure(rounds, steps, threads, log=print):
   """{backend: {"wall_s", each part, "policy_call_median_us",
   "ms_per_train_step": medians over the rounds; "processes": records}}."""
-  runs_started = iter(range(10**6))
+  runs_started = itertools.count()
   with tempfile.TemporaryDirectory(prefix="td3_wall_") as tmp:
 
     def job(backend):

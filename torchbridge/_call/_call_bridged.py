@@ -194,10 +194,8 @@ def _flatten_result(result: Any, name: str, layout: dict[str, Any]) -> list[torc
   layout.setdefault("n_tensors", len(tensors))
   layout.setdefault("single", isinstance(layout["structure"], torch.Tensor))
   structure = layout["structure"]
-  if type(structure) is tuple and all(  # pylint: disable=unidiomatic-typecheck
-    type(x) is torch.Tensor
-    for x in structure  # pylint: disable=unidiomatic-typecheck
-  ):
+  # pylint: disable-next=unidiomatic-typecheck
+  if type(structure) is tuple and all(type(x) is torch.Tensor for x in structure):
     layout.setdefault("tuple_size", len(structure))
   return tensors
 
