@@ -9,6 +9,8 @@ what the TF program around the bridged calls costs (graph dispatch, the
 loss, the optimizer, the native ops' own crossing) and nothing else.
 """
 
+import types
+
 import numpy as np
 import tensorflow as tf
 import torch
@@ -77,6 +79,9 @@ class BareNativeModule(tf.Module):
       _omp_team.release_user_team()
     return self._out_shapes[key]
 
+  # As `tb.TorchModule.__call__`: autograph would otherwise convert this
+  # method and the torch code `_outputs_for` runs (seconds, at trace time).
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, *inputs_tf):
     shapes, single = self._outputs_for(inputs_tf)
     zeros_tf = [tf.constant(np.zeros(s, np.float32)) for s in shapes]
@@ -97,6 +102,103 @@ class BareNativeModule(tf.Module):
           list(args_tf) + list(dys_tf),
           [a.dtype for a in args_tf],
           [a.shape for a in args_tf],
+        )
+
+      return outs_tf, grad
+
+    outs_tf = call(*inputs_tf, *[tf.convert_to_tensor(v) for v in self.params])
+    return outs_tf[0] if single else tuple(outs_tf)
+
+
+class LeanTorchModule(BareNativeModule):
+  """The leanest Python bridge on the same native op: the floor with the
+  torch compute put back, and nothing of torchbridge's own Python.
+
+  A forward op's callback swaps the op's parameter tensors into the torch
+  module's parameter dicts, runs the module (recording autograd when the
+  op's handle output is consumed, that is when a tape will ask for the
+  backward), swaps the module's own back and hands back the outputs and a
+  handle; the backward op's callback runs `torch.autograd.grad` for the
+  gradients TF consumes. No argument binding, no output checks, no modes,
+  no timeline, no placement: what any bridge that runs a user's
+  `nn.Module` from a TF graph must do at the least, in Python.
+
+  For the benchmarks only: one module, fixed input shapes, float32, no
+  error handling, and a forward whose backward never runs leaks its record.
+  """
+
+  def __init__(self, module_torch, name="lean_bridge"):
+    super().__init__(module_torch, name, torch_outputs=True)
+    by_id = {id(p): k for k, (_, p) in enumerate(module_torch.named_parameters())}
+    # (parameter dict, key, index of the parameter among the op's); held
+    # where tf.Module's attribute tracking does not wrap the dicts.
+    self._lean = types.SimpleNamespace(records={})  # handle's data_ptr -> (args, outputs)
+    self._lean.slots = [
+      (sub._parameters, key, by_id[id(p)])  # pylint: disable=protected-access
+      for sub in module_torch.modules()
+      for key, p in sub._parameters.items()  # pylint: disable=protected-access
+      if p is not None
+    ]
+
+  @tf.autograph.experimental.do_not_convert
+  def __call__(self, *inputs_tf):
+    shapes, single = self._outputs_for(inputs_tf)
+    n_in, module = len(inputs_tf), self._module_torch
+    slots, records = self._lean.slots, self._lean.records
+
+    def forward(args_torch, unused):
+      record = unused is None or 0 not in unused
+      if record:
+        args_torch = [a.detach().requires_grad_() for a in args_torch]
+      params = args_torch[n_in:]
+      originals = [table[key] for table, key, _ in slots]
+      for table, key, k in slots:
+        table[key] = params[k]
+      grad_mode = torch.is_grad_enabled()
+      torch._C._set_grad_enabled(record)  # pylint: disable=protected-access
+      try:
+        out = module(*args_torch[:n_in])
+      finally:
+        torch._C._set_grad_enabled(grad_mode)  # pylint: disable=protected-access
+        for (table, key, _), original in zip(slots, originals):
+          table[key] = original
+      outs = [out] if single else list(out)
+      if not record:
+        return [None, *outs]
+      handle = torch.empty(1, dtype=torch.int8)
+      records[handle.data_ptr()] = (args_torch, outs)
+      return [handle, *[o.detach() for o in outs]]
+
+    def backward(args_torch, unused):
+      args, outs = records.pop(args_torch[0].data_ptr())
+      wanted = [k for k in range(len(args)) if unused is None or k not in unused]
+      grads = torch.autograd.grad(
+        outs, [args[k] for k in wanted], args_torch[1:], allow_unused=True
+      )
+      result = [None] * len(args)
+      for k, g in zip(wanted, grads):
+        result[k] = torch.zeros_like(args[k]) if g is None else g
+      return result
+
+    @tf.custom_gradient
+    def call(*args_tf):  # the inputs, then the variables' values
+      results = _op.call(
+        forward,
+        list(args_tf),
+        [tf.int8] + [tf.float32] * len(shapes),
+        [[1]] + list(shapes),
+        torch_tensors=True,
+      )
+      handle_tf, outs_tf = results[0], results[1:]
+
+      def grad(*dys_tf):
+        dys_tf = [tf.zeros(s) if d is None else d for d, s in zip(dys_tf, shapes)]
+        return _op.call(
+          backward,
+          [handle_tf, *dys_tf],
+          [a.dtype for a in args_tf],
+          [a.shape for a in args_tf],
+          torch_tensors=True,
         )
 
       return outs_tf, grad

@@ -15,6 +15,12 @@ small-MLP step of `make bench`, on the native op:
      is "no thread working"). The rows therefore add up to the profiled
      step exactly; the profiled step against the unprofiled one says what
      profiling itself costs.
+In the same alternated blocks as the unprofiled step, three comparisons:
+the floor (the same TF program, each bridged module a bare native op), the
+floor whose ops take and hand back torch tensors, and the same ops running
+the same torch modules through the leanest Python bridge one can write
+(`bare_native.LeanTorchModule`): what is left of the bridge's share once
+that one is taken out is torchbridge's own Python.
 Writes step_breakdown.json and step_breakdown.md, and the last recorded
 step of each as a Chrome / Perfetto trace (step_trace_NAME.json) and a
 picture (step_trace_NAME.png).
@@ -194,16 +200,22 @@ def _rows(events, step_events, idle_row):
   return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6 for r in names}
 
 
-def _floor_step(name, torch_outputs=False):
+def _floor_step(name, torch_outputs=False, lean=False):
   """The same step with every bridged module a bare native op (no torch):
   the TF program around the bridged calls, their crossings included. With
   `torch_outputs`, the ops take torch tensors and hand back fresh ones, as
-  a zero-copy bridge's must (`bare_native.BareNativeModule`)."""
+  a zero-copy bridge's must (`bare_native.BareNativeModule`). With `lean`,
+  the ops run the torch modules through the leanest Python bridge
+  (`bare_native.LeanTorchModule`)."""
   if name == "td3":
     from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
 
-    return _on_random_batches(td3_process.bare_native_agent(torch_outputs=torch_outputs))
-  contender = train_step.FLOOR_TORCH_OUTPUTS if torch_outputs else train_step.FLOOR
+    agent = td3_process.bare_native_agent(torch_outputs=torch_outputs, lean=lean)
+    return _on_random_batches(agent)
+  if lean:
+    contender = train_step.LEAN_BRIDGE
+  else:
+    contender = train_step.FLOOR_TORCH_OUTPUTS if torch_outputs else train_step.FLOOR
   floor = train_step.build("small_mlp", contender, "cpu")
   return lambda: float(floor())
 
@@ -216,14 +228,15 @@ def _timed(step, durations):
   return start, end
 
 
-def timeline_pass(step, floor, steps, floor_torch=None):
+def timeline_pass(step, floor, steps, floor_torch=None, lean=None):
   """Blocks of BLOCK steps, alternated: unrecorded, recorded by
   `tb.timeline(annotate=False)` alone (no profiler), the floor step, and
-  (given) the floor step with torch tensors in and out of its ops.
+  (given) the floor step with torch tensors in and out of its ops and the
+  step through the leanest Python bridge.
   Alternating keeps them on the same stretch of this noisy machine, so the
   recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
-  floor_torch_ms = []
+  floor_torch_ms, lean_ms = [], []
 
   def plain_block():
     step()
@@ -246,10 +259,11 @@ def timeline_pass(step, floor, steps, floor_torch=None):
     floor()
     for _ in range(BLOCK):
       _timed(floor, floor_ms)
-    if floor_torch is not None:
-      floor_torch()
-      for _ in range(BLOCK):
-        _timed(floor_torch, floor_torch_ms)
+    for other, durations in ((floor_torch, floor_torch_ms), (lean, lean_ms)):
+      if other is not None:
+        other()
+        for _ in range(BLOCK):
+          _timed(other, durations)
   spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
   rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
   begin, end = marks[-1]
@@ -270,6 +284,8 @@ def timeline_pass(step, floor, steps, floor_torch=None):
     "bridge_share_over_torch_floor_ms": (
       step_ms - _trimmed_mean(floor_torch_ms) - torch_ms if floor_torch_ms else None
     ),
+    # The same step through the leanest Python bridge on the same ops.
+    "lean_bridge_mean_ms": _trimmed_mean(lean_ms) if lean_ms else None,
     "rows_ms": rows,
     "rows_sum_ms": float(sum(rows.values())),
     "steps": len(marks),
@@ -355,11 +371,13 @@ def _profiled(step, steps):
 def measure(name, steps):
   step, floor = STEPS[name](), _floor_step(name)
   floor_torch = _floor_step(name, torch_outputs=True)
+  lean = _floor_step(name, lean=True)
   for _ in range(20):
     step()
     floor()
     floor_torch()
-  recorded = timeline_pass(step, floor, steps, floor_torch)
+    lean()
+  recorded = timeline_pass(step, floor, steps, floor_torch, lean)
   events, step_events = _profiled(step, steps)
   mean_rows = _rows(events, step_events, NO_THREAD)
   op_types = {}
@@ -427,6 +445,17 @@ def _step_markdown(name, r, placement):
       f"{t['floor_torch_outputs_mean_ms']:.2f} ms. The bridge's share over "
       f"it: {t['bridge_share_over_torch_floor_ms']:.2f} ms, "
       f"{t['bridge_share_over_torch_floor_ms'] / step_ms:.0%} of the step."
+    )
+  if t.get("lean_bridge_mean_ms") is not None:
+    lean_ms = t["lean_bridge_mean_ms"]
+    lines.append(
+      f"- The same ops running the same torch modules through the leanest "
+      f"Python bridge (`bare_native.LeanTorchModule`: the parameters swapped "
+      f"in, the module run, `torch.autograd.grad`; none of torchbridge's "
+      f"Python; alternated blocks): {lean_ms:.2f} ms; torchbridge's step "
+      f"{step_ms:.2f} ms, {step_ms / lean_ms:.2f}x it. Its own share over the "
+      f"torch-tensor floor and torch: "
+      f"{lean_ms - (t['floor_torch_outputs_mean_ms'] or t['floor_mean_ms']) - t['torch_compute_ms']:.2f} ms."
     )
   lines.append("")
   lines += _table(

@@ -1,7 +1,7 @@
 """The TD3 train step of one backend, timed in a process of its own.
 
 Usage:
-  python -m benchmarks.td3_process {torchbridge,torch,tf,floor} --out DIR
+  python -m benchmarks.td3_process {torchbridge,torch,tf,floor,floor-script} --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
 
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
@@ -18,6 +18,15 @@ forward and backward a bare native op, no torch): the TF program around
 the bridged calls (the step's graph, Keras Adam, Polyak `assign`s, the
 ops' crossing), timed the same way on random batches.
 
+`floor-script` runs the script as `torchbridge` does, with the agent's four
+modules `BareNativeModule(torch_outputs=True)` (the policy's calls and the
+train steps then cost what they cost with no torch compute and no bridge
+Python), and then times, in the same process, the torch compute that the
+bridged run adds to it (`torch_compute`): the actor's forward on one
+observation, as a policy call runs it, and the module forwards and
+backwards of one train step, as the bridged step runs them. The floor's
+wall time plus that compute is what no bridge can go below.
+
 Prints one JSON line: the per-step mean, the process id, the step counts,
 and the script's wall time split (`wall_split`, seconds): the first policy
 call and the first train step (tracing, for the TF backends), the other
@@ -28,6 +37,7 @@ building the agent, the checkpoint at the end).
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -89,15 +99,23 @@ def wall_split(wall_s, train_durations, policy_durations):
   }
 
 
-def run_script(backend, out, steps, start_steps, threads, policy_durations=None):
+def run_script(backend, out, steps, start_steps, threads, policy_durations=None, floor=False):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
-  each policy call) timed."""
-  durations = []
+  each policy call) timed; with `floor`, on `bare_native_agent`'s modules.
+  Returns the train steps' durations, the script's mean and the agent's
+  actor's class name."""
+  durations, actor_class = [], []
   script_run = td3_pendulum.Run
 
   class TimedRun(script_run):
     def __init__(self, args):
       super().__init__(args)
+      if floor:
+        bare = bare_native_agent(seed=args.seed, torch_outputs=True)
+        for name in ("actor", "critic", "actor_target", "critic_target"):
+          setattr(self.agent, name, getattr(bare, name))
+        self.agent.actor_opt, self.agent.critic_opt = bare.actor_opt, bare.critic_opt
+      actor_class.append(type(self.agent.actor).__name__)
       self.agent.train_step = _timed(self.agent.train_step, durations)
       if policy_durations is not None:
         self.agent.policy = _timed_policy(self.agent.policy, policy_durations)
@@ -127,17 +145,21 @@ def run_script(backend, out, steps, start_steps, threads, policy_durations=None)
     td3_pendulum.Run = script_run
   with open(os.path.join(out, "results.json")) as f:
     script = json.load(f)
-  return durations, script["sec_per_train_step"]
+  return durations, script["sec_per_train_step"], actor_class[0]
 
 
-def bare_native_agent(seed=0, torch_outputs=False):
+def bare_native_agent(seed=0, torch_outputs=False, lean=False):
   """The torchbridge TD3 agent with its four modules bare native modules
-  (`torch_outputs`: see `bare_native.BareNativeModule`)."""
+  (`torch_outputs`: see `bare_native.BareNativeModule`), or with `lean`,
+  `bare_native.LeanTorchModule`s (the torch modules run, by the leanest
+  Python bridge)."""
   hyper = agents.Hyper()
   agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed, hyper)
   actor_torch, critic_torch = agents.torch_networks(3, 1, 2.0, seed)
 
   def bare(module_torch, name):
+    if lean:
+      return bare_native.LeanTorchModule(copy.deepcopy(module_torch), name)
     return bare_native.BareNativeModule(module_torch, name, torch_outputs=torch_outputs)
 
   agent.actor = bare(actor_torch, "actor")
@@ -173,11 +195,64 @@ def run_floor(train_steps, threads):
   return durations
 
 
+def torch_compute(batch_size, calls=100, rounds=5):
+  """The torch compute a bridged TD3 run adds to its floor, timed here on
+  the torch modules themselves (medians of `rounds` blocks of `calls`):
+
+  - `policy_call_us`: the actor's forward on one observation, no grad;
+  - `train_step_ms`: one train step's forwards and backwards, averaged
+    over an update step and a step without one (the actor's update runs
+    every second step): the target actor and critic forwards (no grad),
+    the critic's forward and its backward to its parameters, and, on an
+    update step, the actor's and the critic's forwards and the backward
+    through both to the actor's parameters (`torch.autograd.grad`, as the
+    bridge's backward computes only what the tape asks for).
+  """
+  actor, critic = agents.torch_networks(3, 1, 2.0, 0)
+  actor_target, critic_target = agents.torch_networks(3, 1, 2.0, 1)
+  rng = np.random.default_rng(0)
+  obs = torch.from_numpy(rng.standard_normal((batch_size, 3), dtype=np.float32))
+  action = torch.from_numpy(rng.uniform(-2, 2, (batch_size, 1)).astype(np.float32))
+  one_obs = obs[:1].clone()
+  critic_params, actor_params = list(critic.parameters()), list(actor.parameters())
+
+  def policy_call():
+    with torch.no_grad():
+      actor(one_obs)
+
+  def train_step_pair():
+    for update in (False, True):
+      with torch.no_grad():
+        critic_target(obs, actor_target(obs))
+      q1, q2 = critic(obs, action)
+      torch.autograd.grad((q1, q2), critic_params, (torch.ones_like(q1), torch.ones_like(q2)))
+      if update:
+        q1, _ = critic(obs, actor(obs))
+        torch.autograd.grad(q1, actor_params, torch.ones_like(q1))
+
+  def median_block(fn):
+    blocks = []
+    for _ in range(rounds):
+      fn()
+      start = time.perf_counter()
+      for _ in range(calls):
+        fn()
+      blocks.append((time.perf_counter() - start) / calls)
+    return float(np.median(blocks))
+
+  return {
+    "policy_call_us": 1e6 * median_block(policy_call),
+    "train_step_ms": 1e3 * median_block(train_step_pair) / 2,
+  }
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
     prog="python -m benchmarks.td3_process", description=__doc__.split("\n\n")[0]
   )
-  parser.add_argument("backend", choices=["torchbridge", "torch", "tf", "floor"])
+  parser.add_argument(
+    "backend", choices=["torchbridge", "torch", "tf", "floor", "floor-script"]
+  )
   parser.add_argument("--out", required=True, help="the script's run directory")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--start-steps", type=int, default=1000)
@@ -193,16 +268,28 @@ def main(argv=None):
   if args.torch_thread != "script":
     os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[args.torch_thread]
 
-  script_mean, wall_s, split, policy_durations = None, None, None, []
+  script_mean, wall_s, split, policy_durations, actor_class = None, None, None, [], None
+  compute, compute_s = None, 0.0
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
+    floor = args.backend == "floor-script"
     start = time.perf_counter()
-    durations, script_mean = run_script(
-      args.backend, args.out, args.steps, args.start_steps, args.threads, policy_durations
+    durations, script_mean, actor_class = run_script(
+      "torchbridge" if floor else args.backend,
+      args.out,
+      args.steps,
+      args.start_steps,
+      args.threads,
+      policy_durations,
+      floor=floor,
     )
     wall_s = time.perf_counter() - start
     split = wall_split(wall_s, durations, policy_durations)
+    if floor:
+      start = time.perf_counter()
+      compute = torch_compute(agents.Hyper().batch_size)
+      compute_s = time.perf_counter() - start
   warm = durations[WARM_STEPS:]
   print(
     json.dumps(
@@ -227,6 +314,11 @@ def main(argv=None):
         # thread), as the script or --torch-thread left it.
         "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),
         "script_ms_per_train_step": (None if script_mean is None else 1e3 * script_mean),
+        # floor-script: torch's compute for a policy call and a train step,
+        # and the seconds its timing took (in the process's wall time).
+        "torch_compute": compute,
+        "actor_class": actor_class,
+        "torch_compute_s": compute_s,
       }
     )
   )

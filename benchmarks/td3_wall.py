@@ -14,6 +14,15 @@ each part's median on its own, so the parts' medians need not add up to
 the wall time's median exactly). The wall time is the whole process's, as a
 user running the script waits for it: Python's start and the imports
 included.
+
+The `floor` column is the torchbridge run with its four modules bare
+native ops that hand back fresh torch tensors (`td3_process`'s
+`floor-script`): the same script, `tf.function`s, Keras Adam and
+crossings, no torch compute and no bridge Python. That process then times
+torch's own compute for one policy call and one train step; the floor's
+wall time plus that compute for the run's calls is what no bridge can go
+below (`floor_plus_torch_s`), and the torchbridge run's wall time minus it
+is the bridge's share (`bridge_share_s`).
 """
 
 import argparse
@@ -26,7 +35,13 @@ import numpy as np
 
 from benchmarks import harness
 
-BACKENDS = {"torchbridge": "torchbridge", "pure torch": "torch", "keras": "tf"}
+FLOOR = "floor"
+BACKENDS = {
+  "torchbridge": "torchbridge",
+  "pure torch": "torch",
+  "keras": "tf",
+  FLOOR: "floor-script",
+}
 # The script's parts (`td3_process.wall_split`), then the process's own.
 SCRIPT_PARTS = ("first policy call", "first train step", "policy calls", "train steps", "the rest")
 PROCESS_START = "Python's start, the imports, the exit"
@@ -60,26 +75,55 @@ def measure(rounds, steps, threads, log=print):
       rounds=rounds,
       log=lambda m: log(f"  td3 wall time {m}"),
     )
+  return summarize(runs)
+
+
+def summarize(runs):
+  """{backend: medians of its process records `runs[backend]`, and the
+  records}; the floor's also the figures of what no bridge goes below."""
   result = {}
   for name, records in runs.items():
     summary = {
-      key: float(np.median([r[key] for r in records]))
+      key: float(np.median([_wall(r) if key == "wall_s" else r[key] for r in records]))
       for key in ("wall_s", "policy_call_median_us", "ms_per_train_step")
     }
     for part in PARTS:
       summary[part] = float(np.median([_parts(r)[part] for r in records]))
     summary["processes"] = records
     result[name] = summary
+  floor = result[FLOOR]
+  floor["floor_plus_torch_s"] = float(np.median([_floor_plus_torch(r) for r in runs[FLOOR]]))
+  for key in ("policy_call_us", "train_step_ms"):
+    floor[f"torch_{key}"] = float(np.median([r["torch_compute"][key] for r in runs[FLOOR]]))
+  floor["bridge_share_s"] = result["torchbridge"]["wall_s"] - floor["floor_plus_torch_s"]
   return result
 
 
+def _wall(record):
+  """The process's wall time, less the floor's timing of torch's compute
+  after the script."""
+  return record["wall_s"] - record.get("torch_compute_s", 0.0)
+
+
 def _parts(record):
-  """A run's parts, adding up to its process's wall time."""
-  return {PROCESS_START: record["wall_s"] - record["script_wall_s"], **record["wall_split"]}
+  """A run's parts, adding up to `_wall(record)`."""
+  return {PROCESS_START: _wall(record) - record["script_wall_s"], **record["wall_split"]}
+
+
+def _floor_plus_torch(record):
+  """A floor run's wall time plus torch's compute for its calls (seconds):
+  what a bridged run of the same calls cannot go below."""
+  compute = record["torch_compute"]
+  return (
+    _wall(record)
+    + 1e-6 * compute["policy_call_us"] * record["policy_calls"]
+    + 1e-3 * compute["train_step_ms"] * record["train_steps"]
+  )
 
 
 def markdown(result, rounds, steps):
   names = list(result)
+  floor, torch_s = result[FLOOR], result["pure torch"]["wall_s"]
   lines = [
     f"TD3 script wall time, seconds ({steps:,} environment steps; median of "
     f"{rounds} alternated rounds, a process per run)",
@@ -104,8 +148,17 @@ def markdown(result, rounds, steps):
     + " |",
     "",
     "whole run, torchbridge / pure torch: "
-    f"{result['torchbridge']['wall_s'] / result['pure torch']['wall_s']:.2f}x; "
-    f"keras / pure torch: {result['keras']['wall_s'] / result['pure torch']['wall_s']:.2f}x",
+    f"{result['torchbridge']['wall_s'] / torch_s:.2f}x; "
+    f"keras / pure torch: {result['keras']['wall_s'] / torch_s:.2f}x",
+    "",
+    f"What no bridge can go below: the floor's run ({floor['wall_s']:.2f} s: bare native "
+    "ops handing back fresh torch tensors, no torch compute, no bridge Python) plus "
+    f"torch's compute for the run's calls ({floor['torch_policy_call_us']:.0f} us a policy "
+    f"call, {floor['torch_train_step_ms']:.2f} ms a train step, timed on the modules in the "
+    f"floor's process): {floor['floor_plus_torch_s']:.2f} s, "
+    f"{floor['floor_plus_torch_s'] / torch_s:.2f}x pure torch's run. "
+    f"The bridge's share of the torchbridge run: {floor['bridge_share_s']:.2f} s "
+    f"({floor['bridge_share_s'] / result['torchbridge']['wall_s']:.0%}).",
   ]
   return "\n".join(lines) + "\n"
 

@@ -26,6 +26,9 @@ NUMPY_COPY = "numpy-copy bridge tf.function"
 FLOOR = "floor: TF function + Keras Adam + 2 bare native ops"
 # The same, its ops handing back fresh torch tensors (step_breakdown's).
 FLOOR_TORCH_OUTPUTS = "floor, torch tensors in and out of the bare ops"
+# The same ops running the torch module with the least Python a bridge can
+# (bare_native.LeanTorchModule; step_breakdown's).
+LEAN_BRIDGE = "leanest Python bridge on the same ops"
 
 CONTENDERS = (
   BRIDGED,
@@ -38,6 +41,7 @@ CONTENDERS = (
   NUMPY_COPY,
   FLOOR,
   FLOOR_TORCH_OUTPUTS,
+  LEAN_BRIDGE,
 )
 
 
@@ -83,6 +87,8 @@ def build(model_name, contender, device):
     model = bare_native.BareNativeModule(models.torch_model(model_name))
   elif contender == FLOOR_TORCH_OUTPUTS:
     model = bare_native.BareNativeModule(models.torch_model(model_name), torch_outputs=True)
+  elif contender == LEAN_BRIDGE:
+    model = bare_native.LeanTorchModule(models.torch_model(model_name))
   else:
     model = tb.TorchModule(models.torch_model(model_name).to(device), name="bridged")
   with tf.device(_tf_device(device)):

@@ -1,5 +1,6 @@
 """The benchmark suite's quick mode runs end to end, so it cannot rot."""
 
+import copy
 import json
 import os
 import subprocess
@@ -221,6 +222,49 @@ def test_bare_native_module_has_the_torch_modules_shapes_and_gradients():
 
 
 @pytest.mark.skipif(not tb.native_available(), reason="needs the native op")
+def test_lean_bridge_trains_as_torchbridge_does():
+  # The leanest Python bridge on the native op runs the torch module: its
+  # outputs and gradients are torch autograd's, as torchbridge's are.
+  torch.manual_seed(0)
+  critic_torch = TorchCritic(3, 1)
+  own = [p.detach().clone() for p in critic_torch.parameters()]
+  lean = bare_native.LeanTorchModule(critic_torch, "critic")
+  bridged = tb.TorchModule(copy.deepcopy(critic_torch), name="critic")
+  obs_np = np.random.default_rng(0).standard_normal((5, 3), dtype=np.float32)
+  obs, action = tf.constant(obs_np), tf.fill([5, 1], 0.5)
+
+  def grads(module):
+    @tf.function
+    def run():
+      with tf.GradientTape() as tape:
+        tape.watch(action)
+        q1, q2 = module(obs, action)
+        loss = tf.reduce_sum(q1) + 2.0 * tf.reduce_sum(q2)
+      return (q1, q2), tape.gradient(loss, [action, *module.trainable_variables])
+
+    return run()
+
+  (q1, q2), grads_lean = grads(lean)
+  (q1_ref, q2_ref), grads_bridged = grads(bridged)
+  np.testing.assert_allclose(q1.numpy(), q1_ref.numpy(), rtol=1e-6)
+  np.testing.assert_allclose(q2.numpy(), q2_ref.numpy(), rtol=1e-6)
+  assert len(grads_lean) == len(grads_bridged) == 1 + len(own)
+  np.testing.assert_allclose(grads_lean[0].numpy(), grads_bridged[0].numpy(), rtol=1e-5)
+  # The lean module's variables are in named_parameters() order.
+  bridged_by_name = {
+    v.name.split("/", 1)[1].split(":")[0]: g
+    for v, g in zip(bridged.trainable_variables, grads_bridged[1:])
+  }
+  for (name, _), g in zip(critic_torch.named_parameters(), grads_lean[1:]):
+    np.testing.assert_allclose(g.numpy(), bridged_by_name[name].numpy(), rtol=1e-5, atol=1e-7)
+  # Inference records nothing; the module's own parameters are back.
+  tf.function(lambda: lean(obs, action))()
+  assert lean._lean.records == {}
+  for p, p_own in zip(critic_torch.parameters(), own):
+    assert torch.equal(p, p_own)
+
+
+@pytest.mark.skipif(not tb.native_available(), reason="needs the native op")
 def test_td3_floor_agent_trains_bare_native_modules():
   from benchmarks import td3_process
 
@@ -276,24 +320,82 @@ def test_td3_process_times_the_scripts_train_steps(tmp_path):
   assert all(split[part] > 0 for part in td3_wall.SCRIPT_PARTS if part != "the rest")
   assert record["policy_calls"] == 20 + 5 * 200  # 5 evaluation episodes of 200 steps
   assert record["policy_call_median_us"] > 0
+  assert record["actor_class"] == "TorchActor"
 
 
-def test_td3_wall_table_has_every_part_and_the_ratio():
-  def backend(scale):
-    parts = {part: scale * (k + 1) for k, part in enumerate(td3_wall.PARTS)}
+def test_td3_wall_table_has_every_part_the_ratio_and_the_floor():
+  def record(scale, compute=None):
+    split = {part: scale * (k + 2) for k, part in enumerate(td3_wall.SCRIPT_PARTS)}
+    script_wall_s = sum(split.values())  # 20 units
+    compute_s = 7.0 if compute else 0.0
     return {
-      "wall_s": sum(parts.values()),  # 21 units
+      # The process's: one unit of start and exit, and the floor's timing
+      # of torch's compute after the script.
+      "wall_s": script_wall_s + scale + compute_s,
+      "script_wall_s": script_wall_s,
+      "wall_split": split,
       "policy_call_median_us": 100.0 * scale,
       "ms_per_train_step": 5.0 * scale,
-      **parts,
+      "policy_calls": 1000,
+      "train_steps": 200,
+      "torch_compute": compute,
+      "torch_compute_s": compute_s,
     }
 
-  result = {"torchbridge": backend(1.5), "pure torch": backend(1.0), "keras": backend(1.25)}
+  runs = {
+    "torchbridge": [record(1.5)] * 3,
+    "pure torch": [record(1.0)] * 3,
+    "keras": [record(1.25)] * 3,
+    td3_wall.FLOOR: [record(1.1, {"policy_call_us": 40.0, "train_step_ms": 3.0})] * 3,
+  }
+  result = td3_wall.summarize(runs)
+  floor = result[td3_wall.FLOOR]
+  # The floor's wall time leaves out its timing of torch's compute.
+  assert floor["wall_s"] == pytest.approx(23.1)
+  assert floor[td3_wall.PROCESS_START] == pytest.approx(1.1)
+  # Plus torch's compute for its 1,000 policy calls and 200 train steps.
+  assert floor["floor_plus_torch_s"] == pytest.approx(23.1 + 0.04 + 0.6)
+  assert floor["bridge_share_s"] == pytest.approx(31.5 - 23.74)
   text = td3_wall.markdown(result, rounds=3, steps=3000)
   for part in td3_wall.PARTS:
     assert f"| {part} |" in text
-  assert "| **whole run** | 31.50 | 21.00 | 26.25 | +10.50 |" in text
+  assert "| **whole run** | 31.50 | 21.00 | 26.25 | 23.10 | +10.50 |" in text
   assert "torchbridge / pure torch: 1.50x; keras / pure torch: 1.25x" in text
+  assert "40 us a policy call, 3.00 ms a train step" in text
+  assert "23.74 s, 1.13x pure torch's run" in text
+  assert "The bridge's share of the torchbridge run: 7.76 s (25%)" in text
+
+
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
+def test_td3_process_floor_script_runs_bare_modules_and_times_torch(tmp_path):
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.td3_process",
+      "floor-script",
+      "--steps",
+      "30",
+      "--start-steps",
+      "20",
+      "--out",
+      str(tmp_path / "run"),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+  )
+  assert out.returncode == 0, out.stdout + out.stderr
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  assert record["backend"] == "floor-script" and record["train_steps"] == 10
+  assert sum(record["wall_split"].values()) == pytest.approx(record["script_wall_s"])
+  compute = record["torch_compute"]
+  assert compute["policy_call_us"] > 0 and compute["train_step_ms"] > 0
+  # The timing of torch's compute came after the script, in its process.
+  assert record["torch_compute_s"] > 0
+  assert record["actor_class"] == "BareNativeModule"
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")

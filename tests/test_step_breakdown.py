@@ -87,6 +87,9 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
     assert t["bridge_share_over_torch_floor_ms"] == pytest.approx(
       t["unrecorded_mean_ms"] - t["floor_torch_outputs_mean_ms"] - torch_ms
     )
+    # The same step through the leanest Python bridge: torch's compute
+    # included, so above the floor.
+    assert t["lean_bridge_mean_ms"] > t["floor_torch_outputs_mean_ms"]
     handoff = sb.BRIDGE["torchbridge/wait for torch thread"]
     # On TF's thread no call is handed over.
     assert (handoff in t["rows_ms"]) == (placement == "torch-thread")
@@ -95,3 +98,4 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
   text = (tmp_path / "step_breakdown.md").read_text()
   assert "| **sum of the rows**" in text
   assert "The floor with torch tensors in and out of its ops" in text
+  assert "through the leanest Python bridge" in text
