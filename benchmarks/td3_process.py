@@ -1,7 +1,8 @@
 """The TD3 train step of one backend, timed in a process of its own.
 
 Usage:
-  python -m benchmarks.td3_process {torchbridge,torch,tf,floor,floor-script} --out DIR
+  python -m benchmarks.td3_process
+      {torchbridge,torch,tf,floor,floor-script,lean-script} --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
 
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
@@ -26,6 +27,10 @@ bridged run adds to it (`torch_compute`): the actor's forward on one
 observation, as a policy call runs it, and the module forwards and
 backwards of one train step, as the bridged step runs them. The floor's
 wall time plus that compute is what no bridge can go below.
+
+`lean-script` runs the script with the four modules
+`bare_native.LeanTorchModule`s: the torch modules through the leanest
+Python bridge on the same native op (none of torchbridge's Python).
 
 Prints one JSON line: the per-step mean, the process id, the step counts,
 and the script's wall time split (`wall_split`, seconds): the first policy
@@ -99,9 +104,11 @@ def wall_split(wall_s, train_durations, policy_durations):
   }
 
 
-def run_script(backend, out, steps, start_steps, threads, policy_durations=None, floor=False):
+def run_script(backend, out, steps, start_steps, threads, policy_durations=None, modules=None):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
-  each policy call) timed; with `floor`, on `bare_native_agent`'s modules.
+  each policy call) timed; with `modules` ("bare" or "lean"), on
+  `bare_native_agent`'s modules (`BareNativeModule(torch_outputs=True)` or
+  `LeanTorchModule`).
   Returns the train steps' durations, the script's mean and the agent's
   actor's class name."""
   durations, actor_class = [], []
@@ -110,8 +117,8 @@ def run_script(backend, out, steps, start_steps, threads, policy_durations=None,
   class TimedRun(script_run):
     def __init__(self, args):
       super().__init__(args)
-      if floor:
-        bare = bare_native_agent(seed=args.seed, torch_outputs=True)
+      if modules:
+        bare = bare_native_agent(seed=args.seed, torch_outputs=True, lean=modules == "lean")
         for name in ("actor", "critic", "actor_target", "critic_target"):
           setattr(self.agent, name, getattr(bare, name))
         self.agent.actor_opt, self.agent.critic_opt = bare.actor_opt, bare.critic_opt
@@ -251,7 +258,7 @@ def main(argv=None):
     prog="python -m benchmarks.td3_process", description=__doc__.split("\n\n")[0]
   )
   parser.add_argument(
-    "backend", choices=["torchbridge", "torch", "tf", "floor", "floor-script"]
+    "backend", choices=["torchbridge", "torch", "tf", "floor", "floor-script", "lean-script"]
   )
   parser.add_argument("--out", required=True, help="the script's run directory")
   parser.add_argument("--steps", type=int, default=3000)
@@ -273,20 +280,20 @@ def main(argv=None):
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
-    floor = args.backend == "floor-script"
+    modules = {"floor-script": "bare", "lean-script": "lean"}.get(args.backend)
     start = time.perf_counter()
     durations, script_mean, actor_class = run_script(
-      "torchbridge" if floor else args.backend,
+      "torchbridge" if modules else args.backend,
       args.out,
       args.steps,
       args.start_steps,
       args.threads,
       policy_durations,
-      floor=floor,
+      modules=modules,
     )
     wall_s = time.perf_counter() - start
     split = wall_split(wall_s, durations, policy_durations)
-    if floor:
+    if modules == "bare":
       start = time.perf_counter()
       compute = torch_compute(agents.Hyper().batch_size)
       compute_s = time.perf_counter() - start

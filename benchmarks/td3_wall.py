@@ -22,7 +22,10 @@ crossings, no torch compute and no bridge Python. That process then times
 torch's own compute for one policy call and one train step; the floor's
 wall time plus that compute for the run's calls is what no bridge can go
 below (`floor_plus_torch_s`), and the torchbridge run's wall time minus it
-is the bridge's share (`bridge_share_s`).
+is the bridge's share (`bridge_share_s`). The `lean bridge` column runs the
+torch modules on the same ops through the leanest Python bridge one can
+write (`bare_native.LeanTorchModule`): how much of that share is
+torchbridge's own.
 """
 
 import argparse
@@ -36,11 +39,13 @@ import numpy as np
 from benchmarks import harness
 
 FLOOR = "floor"
+LEAN = "lean bridge"
 BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
   "keras": "tf",
   FLOOR: "floor-script",
+  LEAN: "lean-script",
 }
 # The script's parts (`td3_process.wall_split`), then the process's own.
 SCRIPT_PARTS = ("first policy call", "first train step", "policy calls", "train steps", "the rest")
@@ -160,6 +165,15 @@ def markdown(result, rounds, steps):
     f"The bridge's share of the torchbridge run: {floor['bridge_share_s']:.2f} s "
     f"({floor['bridge_share_s'] / result['torchbridge']['wall_s']:.0%}).",
   ]
+  if LEAN in result:
+    lean_s = result[LEAN]["wall_s"]
+    lines += [
+      "",
+      f"The same run through the leanest Python bridge on the same ops "
+      f"(`bare_native.LeanTorchModule`: none of torchbridge's Python): {lean_s:.2f} s, "
+      f"{lean_s / torch_s:.2f}x pure torch's; torchbridge "
+      f"{result['torchbridge']['wall_s'] / lean_s:.2f}x it.",
+    ]
   return "\n".join(lines) + "\n"
 
 

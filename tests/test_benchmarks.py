@@ -347,6 +347,7 @@ def test_td3_wall_table_has_every_part_the_ratio_and_the_floor():
     "pure torch": [record(1.0)] * 3,
     "keras": [record(1.25)] * 3,
     td3_wall.FLOOR: [record(1.1, {"policy_call_us": 40.0, "train_step_ms": 3.0})] * 3,
+    td3_wall.LEAN: [record(1.4)] * 3,
   }
   result = td3_wall.summarize(runs)
   floor = result[td3_wall.FLOOR]
@@ -359,11 +360,12 @@ def test_td3_wall_table_has_every_part_the_ratio_and_the_floor():
   text = td3_wall.markdown(result, rounds=3, steps=3000)
   for part in td3_wall.PARTS:
     assert f"| {part} |" in text
-  assert "| **whole run** | 31.50 | 21.00 | 26.25 | 23.10 | +10.50 |" in text
+  assert "| **whole run** | 31.50 | 21.00 | 26.25 | 23.10 | 29.40 | +10.50 |" in text
   assert "torchbridge / pure torch: 1.50x; keras / pure torch: 1.25x" in text
   assert "40 us a policy call, 3.00 ms a train step" in text
   assert "23.74 s, 1.13x pure torch's run" in text
   assert "The bridge's share of the torchbridge run: 7.76 s (25%)" in text
+  assert "none of torchbridge's Python): 29.40 s, 1.40x pure torch's; torchbridge 1.07x it" in text
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
@@ -396,6 +398,37 @@ def test_td3_process_floor_script_runs_bare_modules_and_times_torch(tmp_path):
   # The timing of torch's compute came after the script, in its process.
   assert record["torch_compute_s"] > 0
   assert record["actor_class"] == "BareNativeModule"
+
+
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
+def test_td3_process_lean_script_runs_the_lean_bridge(tmp_path):
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.td3_process",
+      "lean-script",
+      "--steps",
+      "30",
+      "--start-steps",
+      "20",
+      "--out",
+      str(tmp_path / "run"),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+  )
+  assert out.returncode == 0, out.stdout + out.stderr
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  assert record["actor_class"] == "LeanTorchModule" and record["train_steps"] == 10
+  assert record["torch_compute"] is None
+  script = json.loads((tmp_path / "run" / "results.json").read_text())
+  # The script ran to its evaluation on the lean bridge's actor.
+  [(step, episode_return)] = script["eval_returns"]
+  assert step == 30 and np.isfinite(episode_return)
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
