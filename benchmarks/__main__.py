@@ -78,6 +78,7 @@ def main(argv=None):
   results["headline"] = report.headline(results)
   results["decomposition"] = report.decomposition(results)
   results["targets"] = report.targets(results)
+  results["floors"] = report.floors(results)
   results["seconds"] = time.time() - start
   print()
   print(report.table(results))

@@ -20,6 +20,9 @@ PURE_TORCH = "pure torch"
 KERAS = "keras tf.function"
 TORCH_FORWARD_BACKWARD = "pure torch, forward and backward only"
 MODELS = ("small_mlp", "cnn", "large_mlp")
+# The suite's TD3 contender whose torch modules run on the same native ops
+# through the leanest Python bridge one can write (bare_native.LeanTorchModule).
+LEAN_TD3 = "leanest Python bridge on the same ops (bare_native.LeanTorchModule)"
 
 
 def _median(timings, name):
@@ -104,6 +107,46 @@ def decomposition(results):
       ("bridged - pure torch: what running it from TF adds", b - p),
       ("bridged - floor: torch's compute and the bridge's own work", b - f),
     ]
+    if LEAN_TD3 in ms:
+      out["td3"] += [
+        (LEAN_TD3, ms[LEAN_TD3]),
+        ("bridged - leanest Python bridge: torchbridge's own code", b - ms[LEAN_TD3]),
+      ]
+  return out
+
+
+def floors(results):
+  """The targets' measures taken on the leanest Python bridge on the same
+  native ops (`bare_native.LeanTorchModule`; the suite's `LEAN_TD3`), as
+  {"name", "measured", "limit"} records: how close any bridge that runs the
+  user's torch module in Python gets."""
+  out = []
+  td3 = results.get("td3", {})
+  lean, torch_ = td3.get(LEAN_TD3), td3.get("pure torch")
+  if lean and torch_:
+    out.append(
+      {
+        "name": "TD3 train step: leanest Python bridge / pure torch",
+        "measured": lean["ms_per_train_step"] / torch_["ms_per_train_step"],
+        "limit": "<= 1.10",
+      }
+    )
+    if "wall_s" in lean and "wall_s" in torch_:
+      out.append(
+        {
+          "name": "TD3 script's wall time: leanest Python bridge / pure torch",
+          "measured": lean["wall_s"] / torch_["wall_s"],
+          "limit": "<= 1.2",
+        }
+      )
+    if "torchbridge" in td3:
+      out.append(
+        {
+          "name": "TD3 train step: torchbridge / leanest Python bridge",
+          "measured": td3["torchbridge"]["ms_per_train_step"] / lean["ms_per_train_step"],
+          "limit": "the bridge's own code",
+        }
+      )
   return out
 
 
@@ -272,6 +315,11 @@ def table(results):
     lines.append(
       f"  [{'met' if t['met'] else 'MISSED':6s}] {t['name']}: {shown} (limit {t['limit']})"
     )
+  if results.get("floors"):
+    lines.append("")
+    lines.append("the same measures, the leanest Python bridge on the same ops:")
+    for t in results["floors"]:
+      lines.append(f"  {t['name']}: {t['measured']:.2f} (target {t['limit']})")
   return "\n".join(lines)
 
 
@@ -427,7 +475,17 @@ def markdown(results):
       m = t["measured"]
       shown = f"{m:.2f}" if isinstance(m, float) else str(m)
       out.append(f"| {t['name']} ({t['limit']}) | {shown} | {'yes' if t['met'] else '**no**'} |")
+  if results.get("floors"):
+    out += ["", *floors_markdown(results["floors"])]
   return "\n".join(out)
+
+
+def floors_markdown(records):
+  """The `floors` records as a markdown table's lines."""
+  out = ["| the same measure, the leanest Python bridge on the same ops | measured |", "|---|---|"]
+  for t in records:
+    out.append(f"| {t['name']} ({t['limit']}) | {t['measured']:.2f} |")
+  return out
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from torchbridge._native import _loader
 from torchbridge._native import _op
 from benchmarks import harness
 from benchmarks import numpy_bridge
+from benchmarks import report
 from benchmarks import train_step
 
 # Bridged calls per TD3 train step: the target actor's and target critic's
@@ -30,6 +31,7 @@ FLOOR_TD3 = "floor: TD3 TF function + Keras Adam + bare native ops (6 per step o
 # The torchbridge backend with its graph calls handed to the torch thread
 # (the library's default; the example runs them on TF's thread).
 TD3_TORCH_THREAD = "torchbridge, calls on the torch thread"
+LEAN_TD3 = report.LEAN_TD3
 
 EXCHANGE_SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "16MB": 16 << 20, "64MB": 64 << 20}
 
@@ -187,6 +189,7 @@ def td3(quick, threads, log=print):
     "keras": "tf",
     FLOOR_TD3: "floor",
     TD3_TORCH_THREAD: "torchbridge",
+    LEAN_TD3: "lean-script",
   }
   runs_started = itertools.count()
   with tempfile.TemporaryDirectory(prefix="td3_bench_") as tmp:

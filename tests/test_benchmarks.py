@@ -155,6 +155,28 @@ def test_full_run_targets_have_issue_16_names():
     targets["pure torch on the main thread right after 1,000 bridged calls / before them"]["met"]
     is False
   )
+  # No lean-bridge contender, no floors.
+  assert report.floors(results) == []
+
+
+def test_floors_take_the_targets_measures_on_the_lean_bridge():
+  def run(ms, wall_s):
+    return {"ms_per_train_step": ms, "wall_s": wall_s, "processes": []}
+
+  results = {
+    "td3": {
+      "torchbridge": run(12.0, 30.0),
+      "pure torch": run(10.0, 25.0),
+      report.LEAN_TD3: run(11.5, 27.5),
+    }
+  }
+  floors = {f["name"]: f for f in report.floors(results)}
+  assert floors["TD3 train step: leanest Python bridge / pure torch"]["measured"] == 1.15
+  assert floors["TD3 script's wall time: leanest Python bridge / pure torch"]["measured"] == 1.1
+  own = floors["TD3 train step: torchbridge / leanest Python bridge"]["measured"]
+  assert own == pytest.approx(12.0 / 11.5)
+  lines = report.floors_markdown(report.floors(results))
+  assert "| TD3 train step: leanest Python bridge / pure torch (<= 1.10) | 1.15 |" in lines
 
 
 def test_numpy_bridge_baseline_computes_the_same_gradients():
