@@ -307,17 +307,20 @@ def test_td3_floor_agent_trains_bare_native_modules():
   assert int(agent.critic_opt.iterations) == 2
 
 
-def test_td3_process_times_the_scripts_train_steps(tmp_path):
+def _td3_process(tmp_path, backend, steps, *options, env=None):
+  """`benchmarks.td3_process BACKEND` over `steps` environment steps (20
+  random), in a process of its own: its JSON record."""
   out = subprocess.run(
     [
       sys.executable,
       "-m",
       "benchmarks.td3_process",
-      "torch",
+      backend,
       "--steps",
-      "40",
+      str(steps),
       "--start-steps",
       "20",
+      *options,
       "--out",
       str(tmp_path / "run"),
     ],
@@ -325,10 +328,14 @@ def test_td3_process_times_the_scripts_train_steps(tmp_path):
     capture_output=True,
     text=True,
     timeout=300,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2") if env is None else env,
   )
   assert out.returncode == 0, out.stdout + out.stderr
-  record = json.loads(out.stdout.strip().splitlines()[-1])
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_td3_process_times_the_scripts_train_steps(tmp_path):
+  record = _td3_process(tmp_path, "torch", 40)
   script = json.loads((tmp_path / "run" / "results.json").read_text())
   assert record["train_steps"] == script["train_steps"] == 20
   assert record["pid"] != os.getpid() and record["ms_per_train_step"] > 0
@@ -392,27 +399,7 @@ def test_td3_wall_table_has_every_part_the_ratio_and_the_floor():
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_td3_process_floor_script_runs_bare_modules_and_times_torch(tmp_path):
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "benchmarks.td3_process",
-      "floor-script",
-      "--steps",
-      "30",
-      "--start-steps",
-      "20",
-      "--out",
-      str(tmp_path / "run"),
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-  )
-  assert out.returncode == 0, out.stdout + out.stderr
-  record = json.loads(out.stdout.strip().splitlines()[-1])
+  record = _td3_process(tmp_path, "floor-script", 30)
   assert record["backend"] == "floor-script" and record["train_steps"] == 10
   assert sum(record["wall_split"].values()) == pytest.approx(record["script_wall_s"])
   compute = record["torch_compute"]
@@ -424,27 +411,7 @@ def test_td3_process_floor_script_runs_bare_modules_and_times_torch(tmp_path):
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_td3_process_lean_script_runs_the_lean_bridge(tmp_path):
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "benchmarks.td3_process",
-      "lean-script",
-      "--steps",
-      "30",
-      "--start-steps",
-      "20",
-      "--out",
-      str(tmp_path / "run"),
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-  )
-  assert out.returncode == 0, out.stdout + out.stderr
-  record = json.loads(out.stdout.strip().splitlines()[-1])
+  record = _td3_process(tmp_path, "lean-script", 30)
   assert record["actor_class"] == "LeanTorchModule" and record["train_steps"] == 10
   assert record["torch_compute"] is None
   script = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -458,29 +425,7 @@ def test_td3_process_lean_script_runs_the_lean_bridge(tmp_path):
 def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   env.pop("TORCHBRIDGE_TORCH_THREAD", None)
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "benchmarks.td3_process",
-      "torchbridge",
-      "--steps",
-      "30",
-      "--start-steps",
-      "20",
-      "--torch-thread",
-      choice,
-      "--out",
-      str(tmp_path / "run"),
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=env,
-  )
-  assert out.returncode == 0, out.stdout + out.stderr
-  record = json.loads(out.stdout.strip().splitlines()[-1])
+  record = _td3_process(tmp_path, "torchbridge", 30, "--torch-thread", choice, env=env)
   # The example runs its graph calls on TF's one inter-op thread.
   assert record["torch_thread"] == placement
   assert record["train_steps"] == 10 and record["wall_s"] > 0
