@@ -114,12 +114,14 @@ test-user: user-venv
 bench: $(STAMP)
 	$(PY) -m benchmarks $(if $(QUICK),--quick --out benchmarks/results/quick)
 
-# The per-call figures in the development venv and in the user-install venv
-# (made by `make test-user` if missing), side by side; and the native op's
+# The per-call figures and the TD3 script (torchbridge, pure torch, the
+# leanest Python bridge) in the development venv and in the user-install
+# venv (made by `make test-user` if missing), side by side; and the native op's
 # build, before and after issue 25, with the README example's first call.
 bench-user: $(STAMP)
 	test -x $(USER_PY) || $(MAKE) user-venv
 	$(PY) -m benchmarks.per_call_venvs --python $(PY) --python $(USER_PY)
+	$(PY) -m benchmarks.td3_venvs --python $(PY) --python $(USER_PY)
 
 bench-build: $(STAMP)
 	$(PY) -m benchmarks.build_time

@@ -6,6 +6,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -184,9 +185,13 @@ def wait_for_quiet(max_wait=QUIET_MAX_WAIT, threshold=QUIET_CORES):
   return waited
 
 
-def run_process(module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT, retries=2):
+def run_process(
+  module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT, retries=2, python=None, path=None
+):
   """Runs `python -m module *args` in a fresh process (from the repository
-  root) and returns the JSON object on the last line of its output, with
+  root; given `python`, that interpreter with `-P`, from the temporary
+  directory, with only `path` on PYTHONPATH: the packages it imports are its
+  venv's) and returns the JSON object on the last line of its output, with
   "foreign_load_cores": the cores other processes kept busy meanwhile, on
   average (this machine is shared: the figure says how quiet a run was),
   and "waited_s" (for a quiet machine, before starting; see wait_for_quiet).
@@ -198,20 +203,24 @@ def run_process(module, args, timeout=900, quiet_wait=QUIET_MAX_WAIT, retries=2)
     waited = wait_for_quiet(quiet_wait) if quiet_wait else 0.0
     busy, children = _busy_seconds(), _children_cpu_seconds()
     start = time.perf_counter()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    interpreter = [sys.executable] if python is None else [python, "-P"]
+    if python is not None:
+      env["PYTHONPATH"] = path or ""
     out = subprocess.run(
-      [sys.executable, "-m", module, *[str(a) for a in args]],
-      cwd=ROOT,
+      [*interpreter, "-m", module, *[str(a) for a in args]],
+      cwd=ROOT if python is None else tempfile.gettempdir(),
       capture_output=True,
       text=True,
       timeout=timeout,
-      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+      env=env,
     )
     wall = time.perf_counter() - start
     own = _children_cpu_seconds() - children
     foreign = max(0.0, (_busy_seconds() - busy - own) / wall)
     if out.returncode == 0:
       break
-    command = f"python -m {module} {' '.join(map(str, args))}"
+    command = f"{python or 'python'} -m {module} {' '.join(map(str, args))}"
     FAILURES.append(
       {
         "command": command,

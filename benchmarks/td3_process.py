@@ -54,6 +54,8 @@ import torch  # noqa: E402  (before TensorFlow)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import torchbridge  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
 from benchmarks import bare_native  # noqa: E402
 from benchmarks import harness  # noqa: E402
 
@@ -325,6 +327,10 @@ def main(argv=None):
         # and the seconds its timing took (in the process's wall time).
         "torch_compute": compute,
         "actor_class": actor_class,
+        # What this process ran on (`benchmarks.td3_venvs` runs it in venvs).
+        "torch": torch.__version__,
+        "torchbridge_file": torchbridge.__file__,
+        "native_op_complete": _loader.has_torch_interop(),
         "torch_compute_s": compute_s,
       }
     )

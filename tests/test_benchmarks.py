@@ -16,6 +16,7 @@ from torchbridge._native import _loader
 from benchmarks import bare_native
 from benchmarks import numpy_bridge
 from benchmarks import report
+from benchmarks import td3_venvs
 from benchmarks import td3_wall
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -450,3 +451,46 @@ def test_callback_cost_times_the_bridges_python_per_call():
   # In one while_loop, the bridged identity does what the bare op does and
   # more (torch tensors, the bridge's Python).
   assert 0 < result["loop_bare_op_us"] < result["loop_bridged_us"]
+
+
+def test_td3_venvs_table_has_each_venvs_ratios():
+  def backend(ms, wall_s, torch_version="2.15.0+cu132"):
+    return {
+      "ms_per_train_step": ms,
+      "wall_s": wall_s,
+      "policy_call_median_us": 500.0,
+      "torch": torch_version,
+      "native_op_complete": True,
+    }
+
+  result = {
+    "/dev/venv/bin/python": {
+      "torchbridge": backend(6.0, 18.0, "2.13.0+cpu"),
+      "pure torch": backend(5.0, 15.0, "2.13.0+cpu"),
+      "lean bridge": backend(5.5, 17.0, "2.13.0+cpu"),
+    },
+    "/user/venv/bin/python": {
+      "torchbridge": backend(6.6, 20.0),
+      "pure torch": backend(6.0, 16.0),
+      "lean bridge": backend(6.5, 19.0),
+    },
+  }
+  text = td3_venvs.markdown(result, rounds=3, steps=3000)
+  assert "| | torch 2.13.0+cpu (complete op) | torch 2.15.0+cu132 (complete op) |" in text
+  assert "| train step: torchbridge / pure torch (target 1.10) | 1.20x | 1.10x |" in text
+  assert "| train step: torchbridge / leanest Python bridge | 1.09x | 1.02x |" in text
+  assert "| whole run: torchbridge / pure torch (target 1.2) | 1.20x | 1.25x |" in text
+
+
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
+def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
+  # This venv's Python, as `make bench-user` passes it: -P, only
+  # benchmarks/ and examples/ on the path, torchbridge from the venv.
+  result = td3_venvs.measure([sys.executable], rounds=1, steps=30, threads=1, log=lambda m: None)
+  [runs] = result.values()
+  assert set(runs) == set(td3_venvs.BACKENDS)
+  for run in runs.values():
+    [record] = run["processes"]
+    assert record["train_steps"] == 20 and record["torch"] == torch.__version__
+    assert record["torchbridge_file"] == tb.__file__
+  assert runs["lean bridge"]["processes"][0]["actor_class"] == "LeanTorchModule"
