@@ -4,6 +4,7 @@ torch is imported before tensorflow everywhere, the recommended order (README,
 "Installs and import order"; tests/test_installs.py checks the others).
 """
 
+import gc
 import os
 
 import numpy as np
@@ -36,6 +37,23 @@ def _fresh_stats():
   """Every test starts with zeroed exchange counters."""
   tb.reset_exchange_stats()
   yield
+
+
+@pytest.fixture
+def own_crossings_only():
+  """For tests that assert exact `exchange_stats()`: Python's cyclic garbage
+  collector is held off while the test runs (explicit `gc.collect()` still
+  works). Otherwise a wrapper an earlier test left in a reference cycle can
+  be collected mid-test, and its torch module's copy-back (a counted copy)
+  lands in this test's counters."""
+  enabled = gc.isenabled()
+  gc.disable()
+  tb.reset_exchange_stats()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
 
 
 @pytest.fixture(params=["eager", "function"])

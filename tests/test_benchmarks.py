@@ -210,6 +210,7 @@ def test_numpy_bridge_baseline_computes_the_same_gradients():
     np.testing.assert_allclose(g.numpy(), grads_bridged[name].numpy(), rtol=1e-12)
 
 
+@pytest.mark.usefixtures("own_crossings_only")
 def test_numpy_round_trip_copies_every_byte_and_torchbridge_none():
   x = tf.random.uniform([1024])
   assert numpy_bridge.bytes_copied_by_round_trip(x) == 2 * 4096

@@ -267,6 +267,7 @@ def _tf_buffer_address(x_tf):
   return torch.utils.dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf)).data_ptr()
 
 
+@pytest.mark.usefixtures("own_crossings_only")
 def test_activations_cross_without_copies():
   seen = {}
 

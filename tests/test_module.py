@@ -84,15 +84,19 @@ def test_variable_updates_stay_in_place_after_torch_module_is_read():
   assert after == pointer  # no copy-on-write: updated in place
 
 
+@pytest.mark.usefixtures("own_crossings_only")
 def test_torch_module_gets_copies_when_its_wrapper_is_gone():
   net = seeded(0, torch.nn.Linear, 3, 2)
   actor = tb.TorchModule(net, name="actor")
   var(actor, "bias").assign([5.0, 6.0])
   actor(tf.ones([1, 3]))  # placeholders in the torch module
+  tb.reset_exchange_stats()
   del actor
   gc.collect()
   np.testing.assert_array_equal(net.bias.detach().numpy(), [5.0, 6.0])
   assert net.weight.untyped_storage().nbytes() == 24  # its own copy
+  # Two copies, counted as copies: the weight's 24 bytes and the bias' 8.
+  assert tb.exchange_stats() == {"zero_copy": 0, "copied": 2, "bytes_copied": 32}
 
 
 def test_a_module_wrapped_twice_starts_from_the_first_wrappers_values():
@@ -753,6 +757,7 @@ class PtrRecorder(torch.nn.Module):
     return self.l2(torch.relu(self.l1(x)))
 
 
+@pytest.mark.usefixtures("own_crossings_only")
 @pytest.mark.parametrize("opt_name", ["keras_adam", "keras_sgd", "v1_sgd"])
 @mode_param
 def test_training_step_copies_nothing_and_updates_in_place(mode, opt_name):

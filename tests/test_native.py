@@ -662,6 +662,7 @@ def test_registrations_end_with_their_graph():
 # The torch-side helper
 
 
+@pytest.mark.usefixtures("own_crossings_only")
 def test_torch_callback_copies_only_what_tf_cannot_view():
   # The sources of the two outputs TF cannot view as they are: a view at an
   # offset of 4 bytes (not 64-byte aligned) and a transposed (non-contiguous)

@@ -25,6 +25,9 @@ from test_native import _data_ptr
 from test_native import check_from_eight_threads
 from test_native_loader import _run_subprocess
 
+# Exact exchange counts: no cyclic collection mid-test (conftest).
+pytestmark = pytest.mark.usefixtures("own_crossings_only")
+
 if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (not _loader.available()):
   pytest.skip(f"native op not available: {_loader.status()}", allow_module_level=True)
 

@@ -166,8 +166,9 @@ def _leaf_to_torch(value: Any) -> Any:
   return tensor_to_torch(value)
 
 
-def tensor_to_torch(x_tf: tf.Tensor) -> torch.Tensor:
-  """One dense eager TF tensor to a torch view of its buffer."""
+def tensor_to_torch(x_tf: tf.Tensor, counted: bool = True) -> torch.Tensor:
+  """One dense eager TF tensor to a torch view of its buffer (counted as a
+  zero-copy crossing unless `counted` is False: the caller counts it)."""
   if tf.is_symbolic_tensor(x_tf):
     raise TypeError(
       f"to_torch() received a symbolic tensor {x_tf!r} (inside a "
@@ -189,7 +190,8 @@ def tensor_to_torch(x_tf: tf.Tensor) -> torch.Tensor:
   # passes a `stream` for CUDA producers, which EagerTensor.__dlpack__
   # rejects; TF's capsule export synchronizes its device before returning.
   x_torch = torch_dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x_tf))
-  _stats.count()
+  if counted:
+    _stats.count()
   return x_torch
 
 

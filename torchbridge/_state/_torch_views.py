@@ -16,6 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from torchbridge._frameworks import _compat
 from torchbridge._crossing import _exchange
+from torchbridge._crossing import _stats
 
 _HOLDERS: dict[
   int, tuple[weakref.ref[torch.Tensor], weakref.ref[TorchViews]]
@@ -44,7 +45,8 @@ class TorchViews:
   lend the views first, so copies hold the values.
 
   When the wrapper is garbage collected, the torch tensors get copies of
-  the last values and the hooks are removed, so a torch module outlives its
+  the last values (counted as copies in `exchange_stats()`) and the hooks
+  are removed, so a torch module outlives its
   wrapper intact. A tensor held by another live wrapper (a module wrapped
   twice, or a submodule of a wrapped module) is first pointed at that
   wrapper's current values (`lend_from_holders`).
@@ -208,7 +210,9 @@ def _copy_back(pairs: Sequence[_Pair], hooks: Sequence[RemovableHandle]) -> None
 def _copy_values(pairs: Sequence[_Pair]) -> None:
   with tf.init_scope(), torch.no_grad():
     for t, var in pairs:
-      t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var)).clone()
+      # A copy, counted as one (not as the zero-copy view it is made from).
+      t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var), counted=False).clone()
+      _stats.count(t.numel() * t.element_size())
       original = getattr(type(t), "_torchbridge_original_class", None)
       if original is not None:
         t.__class__ = original
