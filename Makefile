@@ -121,6 +121,8 @@ bench: $(STAMP)
 bench-user: $(STAMP)
 	test -x $(USER_PY) || $(MAKE) user-venv
 	$(PY) -m benchmarks.per_call_venvs --python $(PY) --python $(USER_PY)
+	# The TD3 example's own needs (the user venv has the package's only).
+	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet gymnasium matplotlib tensorboard
 	$(PY) -m benchmarks.td3_venvs --python $(PY) --python $(USER_PY)
 
 bench-build: $(STAMP)
