@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import harness
+from benchmarks import td3_wall
 
 BACKENDS = {"torchbridge": "torchbridge", "pure torch": "torch", "lean bridge": "lean-script"}
 
@@ -41,21 +42,9 @@ def measure(pythons, rounds, steps, threads, log=print):
       os.symlink(os.path.join(harness.ROOT, name), os.path.join(path, name))
 
     def job(python, backend):
-      return lambda: harness.run_process(
-        "benchmarks.td3_process",
-        [
-          backend,
-          "--steps",
-          steps,
-          "--start-steps",
-          min(1000, steps // 3),
-          "--threads",
-          threads,
-          "--out",
-          os.path.join(tmp, f"{next(runs_started)}_{backend}", "run"),
-        ],
-        python=python,
-        path=path,
+      out = os.path.join(tmp, f"{next(runs_started)}_{backend}", "run")
+      return lambda: td3_wall.run_script_process(
+        backend, out, steps, threads, python=python, path=path
       )
 
     jobs = {

@@ -53,6 +53,27 @@ PROCESS_START = "Python's start, the imports, the exit"
 PARTS = (PROCESS_START, *SCRIPT_PARTS)
 
 
+def run_script_process(backend, out, steps, threads, **run_options):
+  """One `benchmarks.td3_process` run of the script for `backend` (its run
+  directory `out`): `steps` environment steps, the first third random (at
+  most 1,000). `run_options` go to `harness.run_process`."""
+  return harness.run_process(
+    "benchmarks.td3_process",
+    [
+      backend,
+      "--steps",
+      steps,
+      "--start-steps",
+      min(1000, steps // 3),
+      "--threads",
+      threads,
+      "--out",
+      out,
+    ],
+    **run_options,
+  )
+
+
 def measure(rounds, steps, threads, log=print):
   """{backend: {"wall_s", each part, "policy_call_median_us",
   "ms_per_train_step": medians over the rounds; "processes": records}}."""
@@ -60,20 +81,8 @@ def measure(rounds, steps, threads, log=print):
   with tempfile.TemporaryDirectory(prefix="td3_wall_") as tmp:
 
     def job(backend):
-      return lambda: harness.run_process(
-        "benchmarks.td3_process",
-        [
-          backend,
-          "--steps",
-          steps,
-          "--start-steps",
-          min(1000, steps // 3),
-          "--threads",
-          threads,
-          "--out",
-          os.path.join(tmp, f"{next(runs_started)}_{backend}", "run"),
-        ],
-      )
+      out = os.path.join(tmp, f"{next(runs_started)}_{backend}", "run")
+      return lambda: run_script_process(backend, out, steps, threads)
 
     runs = harness.alternated(
       {name: job(backend) for name, backend in BACKENDS.items()},
