@@ -204,8 +204,9 @@ def run_process(
     busy, children = _busy_seconds(), _children_cpu_seconds()
     start = time.perf_counter()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    interpreter = [sys.executable] if python is None else [python, "-P"]
+    interpreter = [sys.executable]
     if python is not None:
+      interpreter = [python, "-P"]
       env["PYTHONPATH"] = path or ""
     out = subprocess.run(
       [*interpreter, "-m", module, *[str(a) for a in args]],

@@ -121,31 +121,29 @@ def floors(results):
   {"name", "measured", "limit"} records: how close any bridge that runs the
   user's torch module in Python gets."""
   out = []
+
+  def add(name, measured, limit):
+    out.append({"name": name, "measured": measured, "limit": limit})
+
   td3 = results.get("td3", {})
   lean, torch_ = td3.get(LEAN_TD3), td3.get("pure torch")
   if lean and torch_:
-    out.append(
-      {
-        "name": "TD3 train step: leanest Python bridge / pure torch",
-        "measured": lean["ms_per_train_step"] / torch_["ms_per_train_step"],
-        "limit": "<= 1.10",
-      }
+    add(
+      "TD3 train step: leanest Python bridge / pure torch",
+      lean["ms_per_train_step"] / torch_["ms_per_train_step"],
+      "<= 1.10",
     )
     if "wall_s" in lean and "wall_s" in torch_:
-      out.append(
-        {
-          "name": "TD3 script's wall time: leanest Python bridge / pure torch",
-          "measured": lean["wall_s"] / torch_["wall_s"],
-          "limit": "<= 1.2",
-        }
+      add(
+        "TD3 script's wall time: leanest Python bridge / pure torch",
+        lean["wall_s"] / torch_["wall_s"],
+        "<= 1.2",
       )
     if "torchbridge" in td3:
-      out.append(
-        {
-          "name": "TD3 train step: torchbridge / leanest Python bridge",
-          "measured": td3["torchbridge"]["ms_per_train_step"] / lean["ms_per_train_step"],
-          "limit": "the bridge's own code",
-        }
+      add(
+        "TD3 train step: torchbridge / leanest Python bridge",
+        td3["torchbridge"]["ms_per_train_step"] / lean["ms_per_train_step"],
+        "the bridge's own code",
       )
   return out
 
