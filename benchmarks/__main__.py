@@ -66,6 +66,9 @@ def main(argv=None):
   if not args.quick:
     log("TD3 wall time, split: examples/td3_pendulum.py, a process per backend")
     _run_module("benchmarks.td3_wall", args)
+  if not args.quick:
+    log("TD3 train step with torch.compile on the torch side, a process per contender")
+    _run_module("benchmarks.compiled_step", args)
   log("pure torch before and after 1,000 bridged calls")
   results["torch_after_bridge"] = suite.torch_after_bridge(args.quick, args.threads, log=log)
   if not args.quick:

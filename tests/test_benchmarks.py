@@ -14,6 +14,7 @@ import tensorflow as tf
 import torchbridge as tb
 from torchbridge._native import _loader
 from benchmarks import bare_native
+from benchmarks import compiled_step
 from benchmarks import numpy_bridge
 from benchmarks import report
 from benchmarks import td3_venvs
@@ -495,3 +496,56 @@ def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
     assert record["train_steps"] == 20 and record["torch"] == torch.__version__
     assert record["torchbridge_file"] == tb.__file__
   assert runs["lean bridge"]["processes"][0]["actor_class"] == "LeanTorchModule"
+
+
+def _compiled_step_process(contender):
+  """`benchmarks.compiled_step --process CONTENDER`, two timed steps."""
+  out = subprocess.run(
+    [sys.executable, "-m", "benchmarks.compiled_step", "--process", contender]
+    + ["--calls", "2", "--repeats", "1", "--threads", "1"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
+def test_compiled_step_runs_inductors_code_inside_the_bridged_calls():
+  bridged = _compiled_step_process("torchbridge, compiled")
+  pure = _compiled_step_process("pure torch, compiled")
+  eager = _compiled_step_process("torchbridge")
+  for record in (bridged, pure):
+    # Two steps, one with the actor's update: the target actor and critic
+    # and the critic (3 calls), plus the actor and the critic (5); each
+    # call a compiled region, on TF's thread for the bridged step.
+    assert record["compiled_regions_per_step"] == 4
+    assert record["graphs_compiled"] > 0 and record["graphs_compiled_while_timed"] == 0
+    assert record["ms_per_step"] > 0 and record["first_step_s"] > 0
+  assert eager["compiled_regions_per_step"] == 0 and eager["graphs_compiled"] == 0
+  assert bridged["native_op_complete"] and bridged["pid"] != os.getpid()
+
+
+def test_compiled_step_table_has_each_ratio():
+  def contender(ms, first_s=1.0, regions=4.0):
+    process = {"ms_per_step": ms, "first_step_s": first_s, "compiled_regions_per_step": regions}
+    summary = {"ms_per_step": ms, "min": ms - 0.1, "max": ms + 0.1, "first_step_s": first_s}
+    return summary | {"processes": [process] * 3}
+
+  result = {
+    "pure torch": contender(4.0, 0.1, 0.0),
+    "pure torch, compiled": contender(5.0, 12.0),
+    "torchbridge": contender(5.2, 0.9, 0.0),
+    "torchbridge, compiled": contender(6.5, 5.0),
+  }
+  ratios = compiled_step.ratios(result)
+  assert ratios["torchbridge, compiled / pure torch"] == pytest.approx(1.625)
+  assert ratios["torchbridge, compiled / pure torch, compiled"] == pytest.approx(1.3)
+  assert ratios["torchbridge, compiled / torchbridge"] == pytest.approx(1.25)
+  text = compiled_step.markdown(result, rounds=3)
+  assert "| pure torch, compiled | 5.00 [4.90-5.10] | 1.25x | 12.00 | 4 |" in text
+  assert "| torchbridge | 5.20 [5.10-5.30] | 1.30x | 0.90 | 0 |" in text
+  assert "- torchbridge, compiled / pure torch, compiled: 1.30x" in text
