@@ -223,7 +223,16 @@ def main(argv=None):
   result = measure(args.rounds, args.threads, calls=args.calls, repeats=args.repeats)
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "compiled_step.json"), "w") as f:
-    json.dump({"rounds": args.rounds, "contenders": result, "ratios": ratios(result)}, f, indent=1)
+    json.dump(
+      {
+        "rounds": args.rounds,
+        "environment": harness.environment(args.threads, "cpu"),
+        "contenders": result,
+        "ratios": ratios(result),
+      },
+      f,
+      indent=1,
+    )
   text = markdown(result, args.rounds)
   with open(os.path.join(args.out, "compiled_step.md"), "w") as f:
     f.write(text)
