@@ -4,6 +4,7 @@ Usage:
   python -m benchmarks.td3_process
       {torchbridge,torch,tf,floor,floor-script,lean-script} --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
+      [--policy function|eager]
 
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
 (same loop, environment, replay buffer and timing window as a user's run,
@@ -106,14 +107,18 @@ def wall_split(wall_s, train_durations, policy_durations):
   }
 
 
-def run_script(backend, out, steps, start_steps, threads, policy_durations=None, modules=None):
+def run_script(
+  backend, out, steps, start_steps, threads, policy_durations=None, modules=None, eager_policy=False
+):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
   each policy call) timed; with `modules` ("bare" or "lean"), on
   `bare_native_agent`'s modules (`BareNativeModule(torch_outputs=True)` or
-  `LeanTorchModule`).
-  Returns the train steps' durations, the script's mean and the agent's
-  actor's class name."""
-  durations, actor_class = [], []
+  `LeanTorchModule`); with `eager_policy`, a TF agent's policy calls its
+  actor eagerly instead of through its `tf.function` `act`.
+  Returns the train steps' durations, the script's mean, the agent's
+  actor's class name and how many times a TF agent's `act` was traced
+  (None for pure torch)."""
+  durations, actor_class, act_functions = [], [], []
   script_run = td3_pendulum.Run
 
   class TimedRun(script_run):
@@ -124,6 +129,10 @@ def run_script(backend, out, steps, start_steps, threads, policy_durations=None,
         for name in ("actor", "critic", "actor_target", "critic_target"):
           setattr(self.agent, name, getattr(bare, name))
         self.agent.actor_opt, self.agent.critic_opt = bare.actor_opt, bare.critic_opt
+      if isinstance(self.agent, agents.TFAgent):
+        act_functions.append(self.agent.act)
+        if eager_policy:
+          self.agent.act = self.agent._act  # pylint: disable=protected-access
       actor_class.append(type(self.agent.actor).__name__)
       self.agent.train_step = _timed(self.agent.train_step, durations)
       if policy_durations is not None:
@@ -154,7 +163,8 @@ def run_script(backend, out, steps, start_steps, threads, policy_durations=None,
     td3_pendulum.Run = script_run
   with open(os.path.join(out, "results.json")) as f:
     script = json.load(f)
-  return durations, script["sec_per_train_step"], actor_class[0]
+  act_traces = act_functions[0].experimental_get_tracing_count() if act_functions else None
+  return durations, script["sec_per_train_step"], actor_class[0], act_traces
 
 
 def bare_native_agent(seed=0, torch_outputs=False, lean=False):
@@ -273,18 +283,25 @@ def main(argv=None):
     help="where graph calls run (TORCHBRIDGE_TORCH_THREAD): "
     "as the script chooses (TF's thread), or set here",
   )
+  parser.add_argument(
+    "--policy",
+    choices=["function", "eager"],
+    default="function",
+    help="a TF agent's policy call: through its tf.function (as the script), or eager",
+  )
   args = parser.parse_args(argv)
   if args.torch_thread != "script":
     os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[args.torch_thread]
 
   script_mean, wall_s, split, policy_durations, actor_class = None, None, None, [], None
+  act_traces = None
   compute, compute_s = None, 0.0
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
     modules = {"floor-script": "bare", "lean-script": "lean"}.get(args.backend)
     start = time.perf_counter()
-    durations, script_mean, actor_class = run_script(
+    durations, script_mean, actor_class, act_traces = run_script(
       "torchbridge" if modules else args.backend,
       args.out,
       args.steps,
@@ -292,6 +309,7 @@ def main(argv=None):
       args.threads,
       policy_durations,
       modules=modules,
+      eager_policy=args.policy == "eager",
     )
     wall_s = time.perf_counter() - start
     split = wall_split(wall_s, durations, policy_durations)
@@ -322,6 +340,8 @@ def main(argv=None):
         # Where its graph calls ran (TORCHBRIDGE_TORCH_THREAD, "0": TF's
         # thread), as the script or --torch-thread left it.
         "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),
+        "policy": args.policy,
+        "act_traces": act_traces,
         "script_ms_per_train_step": (None if script_mean is None else 1e3 * script_mean),
         # floor-script: torch's compute for a policy call and a train step,
         # and the seconds its timing took (in the process's wall time).

@@ -434,6 +434,14 @@ def test_td3_process_runs_graph_calls_where_asked(tmp_path, choice, placement):
   assert record["train_steps"] == 10 and record["wall_s"] > 0
 
 
+@pytest.mark.parametrize("policy,traces", [("function", 1), ("eager", 0)])
+def test_td3_process_calls_the_policy_as_asked(tmp_path, policy, traces):
+  record = _td3_process(tmp_path, "torchbridge", 30, "--policy", policy)
+  # Through the agent's tf.function `act` (traced once), or eagerly.
+  assert record["policy"] == policy and record["act_traces"] == traces
+  assert record["policy_calls"] == 10 + 5 * 200 and record["train_steps"] == 10
+
+
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_callback_cost_times_the_bridges_python_per_call():
   out = subprocess.run(

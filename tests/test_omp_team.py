@@ -149,3 +149,93 @@ def test_the_torch_threads_team_is_released_when_idle(path, release):
   else:
     assert result["released"] == 0, result
     assert result["idle"] == result["busy"], result
+
+
+MIXED_CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    import torch
+    import tensorflow as tf
+    import torchbridge as tb
+    from torchbridge._runtime import _omp_team
+
+    def threads():
+      return len(os.listdir("/proc/self/task"))
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 1))
+    mlp = tb.TorchModule(net, name="mlp")
+    one, batch = tf.ones([1, 3]), tf.ones([256, 3])
+    train = tf.function(lambda x: tf.reduce_sum(mlp(x)))
+    _omp_team.release_this_threads_team()
+    time.sleep(0.3)
+    bare = threads()
+    (torch.ones(256, 256) @ torch.ones(256, 256)).sum()
+    makes_worker = threads() > bare     # torch's OpenMP makes a worker here
+    mode = sys.argv[1]
+    if mode == "graph":
+      train(batch)                      # graph calls in use
+    mlp(one)                            # eager, as a policy acts
+    time.sleep(0.3)                     # a released worker exits
+    after_call = threads()
+    with tf.GradientTape() as tape:     # an eager forward and backward
+      loss = tf.reduce_sum(mlp(batch))
+    grads = tape.gradient(loss, mlp.trainable_variables)
+    time.sleep(0.3)
+    after_backward = threads()
+    with torch.no_grad():
+      (torch.ones(256, 256) @ torch.ones(256, 256)).sum()  # torch's own code
+    time.sleep(0.3)
+    own_code = threads()
+    expected = net(torch.ones(1, 3)).detach().numpy()
+    print(json.dumps({"makes_worker": makes_worker, "after_call": after_call, "after_backward": after_backward,
+                      "own_code": own_code, "releases": _omp_team.releases,
+                      "equal": bool((mlp(one).numpy() == expected).all()),
+                      "grads": len([g for g in grads if g is not None])}))
+    """)
+
+
+def run_mixed(mode, env_update=None):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2", **(env_update or {}))
+  out = subprocess.run(
+    [sys.executable, "-c", MIXED_CHILD, mode],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+@pytest.mark.parametrize("path", ["native", "py_function"])
+def test_eager_calls_release_their_team_while_graph_calls_are_in_use(path):
+  # The TD3 example acting eagerly and training in a tf.function ran each
+  # train step at half speed beside the team its eager calls made.
+  from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
+
+  if path == "native" and _loader.load() is None:
+    pytest.skip("needs the native op")
+  env = {"TORCHBRIDGE_DISABLE_NATIVE": "1" if path == "py_function" else "0"}
+  graph, eager_only = run_mixed("graph", env), run_mixed("eager", env)
+  if not eager_only["makes_worker"]:
+    pytest.skip("torch made no OpenMP worker here (no OpenMP build?)")
+  for result in (graph, eager_only):
+    assert result["equal"] and result["grads"] == 6
+  # With graph calls in use, each eager call (forward, backward) releases
+  # the team it made: one thread fewer than in the eager-only process,
+  # which keeps its team as before; the user's own torch code makes it again.
+  assert graph["after_call"] == graph["after_backward"] == eager_only["after_call"] - 1, graph
+  assert eager_only["after_backward"] == eager_only["after_call"], eager_only
+  assert graph["own_code"] == graph["after_call"] + 1, graph
+  assert graph["releases"] >= 3 + eager_only["releases"], (graph, eager_only)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_eager_calls_keep_their_team_when_the_release_is_turned_off():
+  result = run_mixed("graph", {"TORCHBRIDGE_RELEASE_USER_TEAM": "0"})
+  assert result["releases"] == 0 and result["equal"]
+  assert result["after_backward"] == result["after_call"] == result["own_code"], result

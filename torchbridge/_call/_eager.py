@@ -18,6 +18,7 @@ from torchbridge._call import _protocol
 from torchbridge._call import _saved
 from torchbridge._crossing import _exchange
 from torchbridge._frameworks import _compat
+from torchbridge._runtime import _placement
 from torchbridge._runtime import _timeline
 
 
@@ -36,7 +37,9 @@ def call_eager(
   if not (_compat.tape_could_record() and any(differentiable)):
     with torch.no_grad(), _timeline.span(_timeline.CALL):
       saved = forward(_views(args_tf[:n_used]), record=False)
-    return [_to_tf_or_none(o) for o in saved.outs_torch]
+    outs_tf = [_to_tf_or_none(o) for o in saved.outs_torch]
+    _placement.eager_call_done()
+    return outs_tf
 
   @tf.custom_gradient
   def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor | None], Any]:
@@ -61,7 +64,7 @@ def call_eager(
         del unused
         return _saved.backward(saved, sel_out, diff_args, dys_torch, record, none_ok=True)
 
-      grads_tf = call_eager(
+      grads_tf = call_eager(  # releases the team as the forward did
         backward,
         [dys_tf[i] for i in sel_out] + [args[j] for j in diff_args],
         [True] * (len(sel_out) + len(diff_args)),
@@ -71,7 +74,9 @@ def call_eager(
 
     return outs_tf, grad
 
-  return list(bridged(*args_tf))
+  outs_tf = list(bridged(*args_tf))
+  _placement.eager_call_done()
+  return outs_tf
 
 
 def _to_tf_or_none(out_torch: torch.Tensor | None) -> tf.Tensor | None:

@@ -17,7 +17,9 @@ So when the user's thread traces a bridged call into a `tf.function`, its
 idle team is released (`omp_pause_resource_all(omp_pause_soft)`, OpenMP
 5.0, which frees the calling thread's pool only). libgomp makes a new one
 if that thread runs a parallel region again (about 0.1 ms, once). Eager
-calls keep the team: they run on the user's thread.
+calls run on the user's thread and make its team again (a batch-of-one MLP
+forward does); while graph calls are in use, each releases it after it
+(`_placement.eager_call_done`).
 
 The same holds the other way: torch code the user's thread runs right after
 bridged graph calls met the torch thread's team, still alive, and ran at

@@ -15,7 +15,9 @@ and slow every torch op in the process; one torch thread (csrc/torch_thread.h
 for the native op, `_torch_thread` for the `tf.py_function` path) keeps one
 team, with the user's torch thread count (`remember_user_threads` on the
 user's thread, `apply_user_threads` on the torch thread). Eager calls stay on
-the caller's thread, where a hand-over would cost more than the call. GPU
+the caller's thread, where a hand-over would cost more than the call; while
+graph calls are in use, the team an eager call makes there is released after
+it (`eager_call_done`). GPU
 kernels use no OpenMP team and stay on TF's thread, which holds TF's stream.
 
 Why the order is right (no synchronization is missing or extra):
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -47,11 +50,37 @@ _gpu_call = threading.local()
 
 T = TypeVar("T")
 
+# When the last graph call's torch code started (time.monotonic()), and how
+# recent one must be for its thread's OpenMP team to count as in use.
+_last_graph_call = float("-inf")
+GRAPH_CALLS_IN_USE_S = 1.0
+
 
 def remember_user_threads() -> None:
   """Records torch's thread count on the user's thread (the one that makes
   an eager call or traces a tf.function), for the torch threads to use."""
   _torch_thread.remember_threads()
+
+
+def graph_call_ran() -> None:
+  """A graph call's torch code is about to run on this thread (the torch
+  thread, or TF's with `TORCHBRIDGE_TORCH_THREAD=0`): its OpenMP team is
+  in use (see `eager_call_done`)."""
+  global _last_graph_call
+  _last_graph_call = time.monotonic()
+
+
+def eager_call_done() -> None:
+  """On the user's thread, an eager call's torch code has run. It made
+  the thread's OpenMP team again (a batch-of-one MLP forward does) if
+  tracing had released it; while graph calls are in use, that team would
+  be a second one beside theirs, and libgomp would throttle both: the TD3
+  example acting eagerly and training in a `tf.function` took 13.7 ms a
+  train step against 6.7 (see `_omp_team`). So the team is released again
+  (the next eager call makes it, ~0.1 ms) while a graph call ran in the
+  last `GRAPH_CALLS_IN_USE_S` seconds."""
+  if time.monotonic() - _last_graph_call < GRAPH_CALLS_IN_USE_S:
+    _omp_team.release_user_team()
 
 
 def graph_call_traced() -> None:
@@ -63,14 +92,17 @@ def graph_call_traced() -> None:
 
 def run_graph_call(fn: Callable[..., T], *args: Any) -> T:
   """Runs a graph call of the `tf.py_function` path on the torch thread."""
+  graph_call_ran()
   return _torch_thread.run(fn, *args)
 
 
 def prepare_native_call() -> None:
   """On the thread the native op runs its callback on: the C++ torch thread
   takes the user's torch thread count; a GPU kernel's thread is left as is."""
+  global _last_graph_call
   if getattr(_gpu_call, "device", None) is None:  # current_gpu(), one frame less
     _torch_thread.apply_threads()
+    _last_graph_call = time.monotonic()  # graph_call_ran(), one frame less
 
 
 @contextlib.contextmanager
