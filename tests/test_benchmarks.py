@@ -310,31 +310,36 @@ def test_td3_floor_agent_trains_bare_native_modules():
   assert int(agent.critic_opt.iterations) == 2
 
 
-def _td3_process(tmp_path, backend, steps, *options, env=None):
-  """`benchmarks.td3_process BACKEND` over `steps` environment steps (20
-  random), in a process of its own: its JSON record."""
+def _module_record(module, *args, env=None, timeout=300):
+  """`python -m module *args` in a process of its own: the JSON record on
+  the last line of its output."""
   out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "benchmarks.td3_process",
-      backend,
-      "--steps",
-      str(steps),
-      "--start-steps",
-      "20",
-      *options,
-      "--out",
-      str(tmp_path / "run"),
-    ],
+    [sys.executable, "-m", module, *[str(a) for a in args]],
     cwd=ROOT,
     capture_output=True,
     text=True,
-    timeout=300,
+    timeout=timeout,
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2") if env is None else env,
   )
-  assert out.returncode == 0, out.stdout + out.stderr
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _td3_process(tmp_path, backend, steps, *options, env=None):
+  """`benchmarks.td3_process BACKEND` over `steps` environment steps (20
+  random), in a process of its own: its JSON record."""
+  return _module_record(
+    "benchmarks.td3_process",
+    backend,
+    "--steps",
+    steps,
+    "--start-steps",
+    20,
+    *options,
+    "--out",
+    tmp_path / "run",
+    env=env,
+  )
 
 
 def test_td3_process_times_the_scripts_train_steps(tmp_path):
@@ -444,16 +449,7 @@ def test_td3_process_calls_the_policy_as_asked(tmp_path, policy, traces):
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_callback_cost_times_the_bridges_python_per_call():
-  out = subprocess.run(
-    [sys.executable, "-m", "benchmarks.callback_cost", "--calls", "200"],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = _module_record("benchmarks.callback_cost", "--calls", 200)
   # Saving state for a backward is work an inference call skips.
   assert 0 < result["inference_us"] < result["training_forward_us"]
   for key in ("inference", "training_forward", "hand_back"):
@@ -508,17 +504,13 @@ def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
 
 def _compiled_step_process(contender):
   """`benchmarks.compiled_step --process CONTENDER`, two timed steps."""
-  out = subprocess.run(
-    [sys.executable, "-m", "benchmarks.compiled_step", "--process", contender]
-    + ["--calls", "2", "--repeats", "1", "--threads", "1"],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
+  return _module_record(
+    "benchmarks.compiled_step",
+    "--process",
+    contender,
+    *("--calls", 2, "--repeats", 1, "--threads", 1),
     timeout=600,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
   )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
