@@ -22,9 +22,10 @@ compiled bridged step against compiled pure torch, and each process's
 first step (tracing and compiling).
 
 Each process also shows that compiled code ran where it should: the
-`Torch-Compiled Region` events in torch's profiler over two steps (on
-every thread: the bridged calls run on TF's), and no graph compiled
-while the step was timed (dynamo's `unique_graphs` before and after).
+`Torch-Compiled Region` events in torch's profiler over two steps, on
+every thread and on the process's own (the bridged calls run on TF's),
+and no graph compiled while the step was timed (dynamo's `unique_graphs`
+before and after).
 
 `python -m benchmarks.compiled_step --process CONTENDER` runs one process
 and prints its JSON line.
@@ -37,6 +38,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Graph calls on TF's thread, as examples/td3_pendulum.py runs them (read at import).
+os.environ.setdefault("TORCHBRIDGE_TORCH_THREAD", "0")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (before TensorFlow)
@@ -54,6 +57,7 @@ CONTENDERS = {
 REFERENCE, COMPILED_REFERENCE = "pure torch", "pure torch, compiled"
 BATCHES = 16  # random batches made before timing, used in turn
 COMPILED_REGION = "Torch-Compiled Region"
+THIS_THREAD = "compiled_step: the timing thread"
 
 
 def _agent(backend, compiled):
@@ -89,12 +93,18 @@ def _graphs_compiled():
 
 def _compiled_regions(step, steps=2):
   """`Torch-Compiled Region` events per step in torch's profiler, on every
-  thread (the bridged calls run on TF's, not on the profiling one)."""
+  thread, and how many of them ran on the calling thread (the bridged
+  calls run on TF's)."""
   config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)  # pylint: disable=protected-access
   with torch.profiler.profile(experimental_config=config) as prof:
+    with torch.profiler.record_function(THIS_THREAD):  # torch's id for this thread
+      pass
     for _ in range(steps):
       step()
-  return sum(e.name.startswith(COMPILED_REGION) for e in prof.events()) / steps
+  [this_thread] = {e.thread for e in prof.events() if e.name == THIS_THREAD}
+  regions = [e for e in prof.events() if e.name.startswith(COMPILED_REGION)]
+  here = sum(e.thread == this_thread for e in regions)
+  return len(regions) / steps, here / steps
 
 
 def run_contender(name, threads, calls=0, repeats=7):
@@ -102,7 +112,6 @@ def run_contender(name, threads, calls=0, repeats=7):
   compiling), a warm-up of ~0.5 s, then `repeats` timings of `calls` steps
   (0: as many as take ~0.25 s). Returns the process's record."""
   harness.configure_threads(threads)
-  os.environ.setdefault("TORCHBRIDGE_TORCH_THREAD", "0")  # as examples/td3_pendulum.py
   backend, compiled = CONTENDERS[name]
   agent = _agent(backend, compiled)
   rng = np.random.default_rng(0)
@@ -129,6 +138,7 @@ def run_contender(name, threads, calls=0, repeats=7):
   graphs_before = _graphs_compiled()
   samples_us = harness.timed_repeats(step, repeats, calls or max(2, warm_calls // 2))
   graphs_after = _graphs_compiled()
+  regions, regions_here = _compiled_regions(step)
   return {
     "pid": os.getpid(),
     "contender": name,
@@ -137,7 +147,8 @@ def run_contender(name, threads, calls=0, repeats=7):
     "first_step_s": first_step_s,
     "graphs_compiled": graphs_after,
     "graphs_compiled_while_timed": graphs_after - graphs_before,
-    "compiled_regions_per_step": _compiled_regions(step),
+    "compiled_regions_per_step": regions,
+    "compiled_regions_per_step_on_this_thread": regions_here,
     # The first step compiles; inductor's on-disk caches make it faster
     # in later processes (a user's second run): how many graphs it found.
     "inductor_cache_hits": _counter("inductor", "fxgraph_cache_hit"),

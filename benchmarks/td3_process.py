@@ -290,6 +290,8 @@ def main(argv=None):
     help="a TF agent's policy call: through its tf.function (as the script), or eager",
   )
   args = parser.parse_args(argv)
+  if args.policy == "eager" and args.backend in ("torch", "floor"):
+    parser.error(f"--policy eager: the {args.backend} backend has no tf.function policy")
   if args.torch_thread != "script":
     os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[args.torch_thread]
 

@@ -447,6 +447,19 @@ def test_td3_process_calls_the_policy_as_asked(tmp_path, policy, traces):
   assert record["policy_calls"] == 10 + 5 * 200 and record["train_steps"] == 10
 
 
+def test_td3_process_refuses_an_eager_policy_without_a_tf_function(tmp_path):
+  out = subprocess.run(
+    [sys.executable, "-m", "benchmarks.td3_process", "torch", "--policy", "eager"]
+    + ["--out", str(tmp_path)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert out.returncode == 2
+  assert "--policy eager: the torch backend has no tf.function policy" in out.stderr
+
+
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_callback_cost_times_the_bridges_python_per_call():
   result = _module_record("benchmarks.callback_cost", "--calls", 200)
@@ -521,10 +534,13 @@ def test_compiled_step_runs_inductors_code_inside_the_bridged_calls():
   for record in (bridged, pure):
     # Two steps, one with the actor's update: the target actor and critic
     # and the critic (3 calls), plus the actor and the critic (5); each
-    # call a compiled region, on TF's thread for the bridged step.
+    # call a compiled region.
     assert record["compiled_regions_per_step"] == 4
     assert record["graphs_compiled"] > 0 and record["graphs_compiled_while_timed"] == 0
     assert record["ms_per_step"] > 0 and record["first_step_s"] > 0
+  # Pure torch runs them on the timing thread; the bridged step on TF's.
+  assert pure["compiled_regions_per_step_on_this_thread"] == 4
+  assert bridged["compiled_regions_per_step_on_this_thread"] == 0
   assert eager["compiled_regions_per_step"] == 0 and eager["graphs_compiled"] == 0
   assert bridged["native_op_complete"] and bridged["pid"] != os.getpid()
 

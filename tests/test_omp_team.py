@@ -6,7 +6,8 @@ test process has made its own): the user's thread makes a team (a parallel
 torch op on 2 threads adds its worker thread to the process), tracing a
 bridged `tf.function` releases it (the worker thread exits), and
 `TORCHBRIDGE_RELEASE_USER_TEAM=0` keeps it. Results stay right, and the
-team comes back when the user's thread runs parallel torch code again.
+team comes back when the user's thread runs parallel torch code again. An
+eager call made while graph calls are in use releases the team it made.
 """
 
 import json
@@ -14,6 +15,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -156,10 +159,23 @@ MIXED_CHILD = textwrap.dedent("""
     import torch
     import tensorflow as tf
     import torchbridge as tb
-    from torchbridge._runtime import _omp_team
+    from torchbridge._runtime import _omp_team, _placement
+
+    # However slow this machine, the eager calls below count as made while
+    # graph calls are in use (test_eager_call_done covers the window).
+    _placement.GRAPH_CALLS_IN_USE_S = 600.0
 
     def threads():
       return len(os.listdir("/proc/self/task"))
+
+    def release():                      # even with the bridge's release off
+      pause = _omp_team._find_pause()
+      if pause:
+        pause(1)                        # omp_pause_soft
+
+    def settled():                      # released workers and idle threads exit
+      time.sleep(0.4)
+      return threads()
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -169,36 +185,36 @@ MIXED_CHILD = textwrap.dedent("""
     mlp = tb.TorchModule(net, name="mlp")
     one, batch = tf.ones([1, 3]), tf.ones([256, 3])
     train = tf.function(lambda x: tf.reduce_sum(mlp(x)))
-    _omp_team.release_this_threads_team()
-    time.sleep(0.3)
-    bare = threads()
-    (torch.ones(256, 256) @ torch.ones(256, 256)).sum()
-    makes_worker = threads() > bare     # torch's OpenMP makes a worker here
-    mode = sys.argv[1]
-    if mode == "graph":
+    if sys.argv[1] == "graph":
       train(batch)                      # graph calls in use
+    release()
+    before = settled()                  # the user's thread has no team
+    (torch.ones(256, 256) @ torch.ones(256, 256)).sum()
+    makes_worker = settled() > before   # torch's OpenMP makes a worker here
+    release()
+    before = settled()
     mlp(one)                            # eager, as a policy acts
-    time.sleep(0.3)                     # a released worker exits
-    after_call = threads()
+    after_call = settled()
+    release()
+    settled()
     with tf.GradientTape() as tape:     # an eager forward and backward
       loss = tf.reduce_sum(mlp(batch))
     grads = tape.gradient(loss, mlp.trainable_variables)
-    time.sleep(0.3)
-    after_backward = threads()
+    after_backward = settled()
     with torch.no_grad():
       (torch.ones(256, 256) @ torch.ones(256, 256)).sum()  # torch's own code
-    time.sleep(0.3)
-    own_code = threads()
+    own_code = settled()
     expected = net(torch.ones(1, 3)).detach().numpy()
-    print(json.dumps({"makes_worker": makes_worker, "after_call": after_call, "after_backward": after_backward,
-                      "own_code": own_code, "releases": _omp_team.releases,
+    print(json.dumps({"makes_worker": makes_worker, "before": before,
+                      "after_call": after_call, "after_backward": after_backward,
+                      "own_code": own_code,
                       "equal": bool((mlp(one).numpy() == expected).all()),
                       "grads": len([g for g in grads if g is not None])}))
     """)
 
 
-def run_mixed(mode, env_update=None):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2", **(env_update or {}))
+def run_mixed(mode, env_update):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2", **env_update)
   out = subprocess.run(
     [sys.executable, "-c", MIXED_CHILD, mode],
     env=env,
@@ -207,35 +223,66 @@ def run_mixed(mode, env_update=None):
     timeout=300,
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  if not result["makes_worker"]:
+    pytest.skip("torch made no OpenMP worker here (no OpenMP build?)")
+  assert result["equal"] and result["grads"] == 6
+  return result
+
+
+def _path_env(path):
+  from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
+
+  if path == "native" and _loader.load() is None:
+    pytest.skip("needs the native op")
+  return {"TORCHBRIDGE_DISABLE_NATIVE": "1" if path == "py_function" else "0"}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
 @pytest.mark.parametrize("path", ["native", "py_function"])
 def test_eager_calls_release_their_team_while_graph_calls_are_in_use(path):
-  # The TD3 example acting eagerly and training in a tf.function ran each
-  # train step at half speed beside the team its eager calls made.
-  from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
-
-  if path == "native" and _loader.load() is None:
-    pytest.skip("needs the native op")
-  env = {"TORCHBRIDGE_DISABLE_NATIVE": "1" if path == "py_function" else "0"}
-  graph, eager_only = run_mixed("graph", env), run_mixed("eager", env)
-  if not eager_only["makes_worker"]:
-    pytest.skip("torch made no OpenMP worker here (no OpenMP build?)")
-  for result in (graph, eager_only):
-    assert result["equal"] and result["grads"] == 6
-  # With graph calls in use, each eager call (forward, backward) releases
-  # the team it made: one thread fewer than in the eager-only process,
-  # which keeps its team as before; the user's own torch code makes it again.
-  assert graph["after_call"] == graph["after_backward"] == eager_only["after_call"] - 1, graph
-  assert eager_only["after_backward"] == eager_only["after_call"], eager_only
-  assert graph["own_code"] == graph["after_call"] + 1, graph
-  assert graph["releases"] >= 3 + eager_only["releases"], (graph, eager_only)
+  # The TD3 example calling its policy eagerly and training in a
+  # tf.function ran each train step at half speed beside the team its
+  # eager calls made. Each eager call (forward, backward) now leaves no
+  # worker behind; the user's own torch code makes the team again.
+  result = run_mixed("graph", _path_env(path))
+  assert result["after_call"] == result["after_backward"] == result["before"], result
+  assert result["own_code"] == result["before"] + 1, result
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
-def test_eager_calls_keep_their_team_when_the_release_is_turned_off():
-  result = run_mixed("graph", {"TORCHBRIDGE_RELEASE_USER_TEAM": "0"})
-  assert result["releases"] == 0 and result["equal"]
-  assert result["after_backward"] == result["after_call"] == result["own_code"], result
+@pytest.mark.parametrize(
+  "mode,env", [("eager", {}), ("graph", {"TORCHBRIDGE_RELEASE_USER_TEAM": "0"})]
+)
+def test_eager_calls_keep_their_team_without_graph_calls_or_when_turned_off(mode, env):
+  result = run_mixed(mode, env)
+  assert result["after_call"] == result["after_backward"] == result["before"] + 1, result
+
+
+def test_eager_call_done_releases_only_while_graph_calls_are_in_use(monkeypatch):
+  from torchbridge._runtime import _omp_team  # pylint: disable=import-outside-toplevel
+  from torchbridge._runtime import _placement  # pylint: disable=import-outside-toplevel
+
+  released = []
+  monkeypatch.setattr(_omp_team, "release_user_team", lambda: released.append(1))
+  monkeypatch.setattr(_placement, "_last_graph_call", float("-inf"))
+  _placement.eager_call_done()
+  assert not released  # no graph call yet
+  now = time.monotonic()
+  monkeypatch.setattr(_placement, "_last_graph_call", now - 0.5)
+  _placement.eager_call_done()
+  assert len(released) == 1  # one started within the window
+  monkeypatch.setattr(_placement, "_last_graph_call", now - 2 * _placement.GRAPH_CALLS_IN_USE_S)
+  _placement.eager_call_done()
+  assert len(released) == 1  # the window has passed
+
+  def on_a_graph_thread():  # an eager call nested in a graph call's torch code
+    _placement.graph_call_ran()
+    _placement.eager_call_done()
+
+  worker = threading.Thread(target=on_a_graph_thread)
+  worker.start()
+  worker.join()
+  assert len(released) == 1  # that thread's team is the graph calls'
+  _placement.eager_call_done()  # on this thread, after that graph call: released
+  assert len(released) == 2

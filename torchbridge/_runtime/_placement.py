@@ -17,8 +17,8 @@ team, with the user's torch thread count (`remember_user_threads` on the
 user's thread, `apply_user_threads` on the torch thread). Eager calls stay on
 the caller's thread, where a hand-over would cost more than the call; while
 graph calls are in use, the team an eager call makes there is released after
-it (`eager_call_done`). GPU
-kernels use no OpenMP team and stay on TF's thread, which holds TF's stream.
+it (`eager_call_done`). GPU kernels use no OpenMP team and stay on TF's
+thread, which holds TF's stream.
 
 Why the order is right (no synchronization is missing or extra):
 - CPU kernel: TF's executor starts a kernel only when its inputs are
@@ -47,11 +47,14 @@ from torchbridge._runtime import _torch_thread
 
 # Set while a GPU kernel's callback runs on this thread: its CUDA device.
 _gpu_call = threading.local()
+# `runs_graph_calls` is set on a thread that runs graph calls' torch code.
+_graph_thread = threading.local()
 
 T = TypeVar("T")
 
-# When the last graph call's torch code started (time.monotonic()), and how
-# recent one must be for its thread's OpenMP team to count as in use.
+# When the last graph call started (time.monotonic()), and how recent one
+# must be for graph calls to count as in use (a graph call longer than this
+# amortizes a second team: see `eager_call_done`).
 _last_graph_call = float("-inf")
 GRAPH_CALLS_IN_USE_S = 1.0
 
@@ -63,23 +66,30 @@ def remember_user_threads() -> None:
 
 
 def graph_call_ran() -> None:
-  """A graph call's torch code is about to run on this thread (the torch
-  thread, or TF's with `TORCHBRIDGE_TORCH_THREAD=0`): its OpenMP team is
-  in use (see `eager_call_done`)."""
+  """A graph call is being made on this thread (TF's, running the
+  `tf.py_function` path's op): graph calls are in use (see
+  `eager_call_done`)."""
   global _last_graph_call
   _last_graph_call = time.monotonic()
+  _graph_thread.runs_graph_calls = True
 
 
 def eager_call_done() -> None:
-  """On the user's thread, an eager call's torch code has run. It made
-  the thread's OpenMP team again (a batch-of-one MLP forward does) if
-  tracing had released it; while graph calls are in use, that team would
-  be a second one beside theirs, and libgomp would throttle both: the TD3
-  example acting eagerly and training in a `tf.function` took 13.7 ms a
-  train step against 6.7 (see `_omp_team`). So the team is released again
-  (the next eager call makes it, ~0.1 ms) while a graph call ran in the
-  last `GRAPH_CALLS_IN_USE_S` seconds."""
-  if time.monotonic() - _last_graph_call < GRAPH_CALLS_IN_USE_S:
+  """On the calling thread, an eager call's torch code has run. On the
+  user's thread it made the thread's OpenMP team again if tracing had
+  released it (a batch-of-one MLP forward does: torch's GEMM runs a
+  parallel region); while graph calls are in use, that team is a second
+  one beside theirs, and libgomp throttles both: the TD3 example calling
+  its policy eagerly and training in a `tf.function` took 12.96 ms a train
+  step against 6.02 with its policy in the `tf.function` (2 cores). So the
+  team is released again (the next eager call makes it: 0.2-0.3 ms more a
+  call there) while a graph call started in the last
+  `GRAPH_CALLS_IN_USE_S` seconds. Not on a thread that runs graph calls
+  (an eager call nested in a graph call's torch code), whose team those
+  calls use."""
+  if time.monotonic() - _last_graph_call < GRAPH_CALLS_IN_USE_S and not (
+    getattr(_graph_thread, "runs_graph_calls", False) or _torch_thread.on_torch_thread()
+  ):
     _omp_team.release_user_team()
 
 
@@ -103,6 +113,7 @@ def prepare_native_call() -> None:
   if getattr(_gpu_call, "device", None) is None:  # current_gpu(), one frame less
     _torch_thread.apply_threads()
     _last_graph_call = time.monotonic()  # graph_call_ran(), one frame less
+    _graph_thread.runs_graph_calls = True
 
 
 @contextlib.contextmanager

@@ -267,6 +267,12 @@ def remember_threads() -> None:
   _THE_THREAD.remember_threads()
 
 
+def on_torch_thread() -> bool:
+  """Whether the calling thread is the `TorchThread` (the `tf.py_function`
+  path's graph calls run there)."""
+  return threading.get_ident() == _THE_THREAD._ident  # pylint: disable=protected-access
+
+
 def torch_thread() -> TorchThread:
   """The process's `TorchThread` (tests and benchmarks read its counters)."""
   return _THE_THREAD
