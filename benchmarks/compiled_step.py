@@ -38,8 +38,10 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Graph calls on TF's thread, as examples/td3_pendulum.py runs them (read at import).
-os.environ.setdefault("TORCHBRIDGE_TORCH_THREAD", "0")
+if __name__ == "__main__":  # not in a process that imports this module
+  # Graph calls on TF's thread, as examples/td3_pendulum.py runs them (read
+  # when torchbridge is imported, below).
+  os.environ.setdefault("TORCHBRIDGE_TORCH_THREAD", "0")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (before TensorFlow)
@@ -156,6 +158,8 @@ def run_contender(name, threads, calls=0, repeats=7):
     "torch": torch.__version__,
     "native_op_complete": bool(_loader.available()),
     "threads": threads,
+    # Where graph calls ran: "0", TF's thread, as the TD3 script has them.
+    "torch_thread": os.environ.get("TORCHBRIDGE_TORCH_THREAD"),
   }
 
 

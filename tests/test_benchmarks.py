@@ -1,10 +1,12 @@
 """The benchmark suite's quick mode runs end to end, so it cannot rot."""
 
+import ast
 import copy
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch  # before TensorFlow
 import numpy as np
@@ -543,6 +545,19 @@ def test_compiled_step_runs_inductors_code_inside_the_bridged_calls():
   assert bridged["compiled_regions_per_step_on_this_thread"] == 0
   assert eager["compiled_regions_per_step"] == 0 and eager["graphs_compiled"] == 0
   assert bridged["native_op_complete"] and bridged["pid"] != os.getpid()
+  assert bridged["torch_thread"] == "0"  # graph calls on TF's thread, as the script
+
+
+def test_no_benchmark_module_sets_a_torchbridge_variable_when_imported():
+  # compiled_step once set TORCHBRIDGE_TORCH_THREAD at import: every later
+  # subprocess of the test run (which imports it) ran on TF's thread.
+  setters = []
+  for path in sorted(Path(ROOT, "benchmarks").glob("*.py")):
+    for node in ast.parse(path.read_text()).body:  # the module's own statements
+      text = ast.get_source_segment(path.read_text(), node) or ""
+      if isinstance(node, (ast.Expr, ast.Assign)) and "TORCHBRIDGE_" in text:
+        setters.append(f"{path.name}: {text}")
+  assert not setters, setters
 
 
 def test_compiled_step_table_has_each_ratio():
