@@ -42,9 +42,14 @@ def measure(pythons, rounds, steps, threads, log=print):
       os.symlink(os.path.join(harness.ROOT, name), os.path.join(path, name))
 
     def job(python, backend):
-      out = os.path.join(tmp, f"{next(runs_started)}_{backend}", "run")
+      # A fresh run directory per run (see td3_wall.measure).
       return lambda: td3_wall.run_script_process(
-        backend, out, steps, threads, python=python, path=path
+        backend,
+        os.path.join(tmp, f"{next(runs_started)}_{backend}", "run"),
+        steps,
+        threads,
+        python=python,
+        path=path,
       )
 
     jobs = {

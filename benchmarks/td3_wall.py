@@ -81,8 +81,11 @@ def measure(rounds, steps, threads, log=print):
   with tempfile.TemporaryDirectory(prefix="td3_wall_") as tmp:
 
     def job(backend):
-      out = os.path.join(tmp, f"{next(runs_started)}_{backend}", "run")
-      return lambda: run_script_process(backend, out, steps, threads)
+      # A fresh run directory per run: in one used before, the script would
+      # resume from the last run's final checkpoint and train no step.
+      return lambda: run_script_process(
+        backend, os.path.join(tmp, f"{next(runs_started)}_{backend}", "run"), steps, threads
+      )
 
     runs = harness.alternated(
       {name: job(backend) for name, backend in BACKENDS.items()},

@@ -474,6 +474,31 @@ def test_callback_cost_times_the_bridges_python_per_call():
   assert 0 < result["loop_bare_op_us"] < result["loop_bridged_us"]
 
 
+@pytest.mark.parametrize("which", ["td3_wall", "td3_venvs"])
+def test_each_run_of_the_script_gets_a_fresh_run_directory(monkeypatch, which):
+  # In a directory used before, the script resumes from the last run's
+  # final checkpoint and trains no step (make bench's second round failed).
+  outs = []
+
+  def run(backend, out, steps, threads, **options):
+    outs.append(out)
+    record = {"ms_per_train_step": 5.0, "wall_s": 20.0, "policy_call_median_us": 500.0}
+    record |= {"script_wall_s": 19.0, "torch": torch.__version__, "torchbridge_file": ""}
+    record |= {"native_op_complete": True, "policy_calls": 10, "train_steps": 10}
+    record["wall_split"] = {part: 1.0 for part in td3_wall.SCRIPT_PARTS}
+    record["torch_compute"] = {"policy_call_us": 40.0, "train_step_ms": 3.0}
+    return record
+
+  monkeypatch.setattr(td3_wall, "run_script_process", run)
+  if which == "td3_wall":
+    td3_wall.measure(rounds=2, steps=30, threads=1, log=lambda m: None)
+    backends = len(td3_wall.BACKENDS)
+  else:
+    td3_venvs.measure([sys.executable], rounds=2, steps=30, threads=1, log=lambda m: None)
+    backends = len(td3_venvs.BACKENDS)
+  assert len(outs) == 2 * backends and len(set(outs)) == len(outs), outs
+
+
 def test_td3_venvs_table_has_each_venvs_ratios():
   def backend(ms, wall_s, torch_version="2.15.0+cu132"):
     return {
