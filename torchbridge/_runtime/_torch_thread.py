@@ -107,6 +107,10 @@ class TorchThread:
     """Records the calling thread's torch thread count for later calls."""
     self.threads = torch.get_num_threads()
 
+  def is_current(self) -> bool:
+    """Whether the calling thread is this torch thread."""
+    return threading.get_ident() == self._ident
+
   def run(self, fn: Callable[..., T], *args: Any, threads: int | None = None) -> T:
     """Returns `fn(*args)`, computed on the torch thread.
 
@@ -116,7 +120,7 @@ class TorchThread:
       threads: torch's intra-op thread count to run it with (default: the
         last one `remember_threads` recorded).
     """
-    if threading.get_ident() == self._ident:
+    if self.is_current():
       return fn(*args)  # already on the torch thread
     if threads is None:
       threads = self.threads
@@ -270,7 +274,7 @@ def remember_threads() -> None:
 def on_torch_thread() -> bool:
   """Whether the calling thread is the `TorchThread` (the `tf.py_function`
   path's graph calls run there)."""
-  return threading.get_ident() == _THE_THREAD._ident  # pylint: disable=protected-access
+  return _THE_THREAD.is_current()
 
 
 def torch_thread() -> TorchThread:
