@@ -32,6 +32,7 @@ and prints its JSON line.
 """
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -128,10 +129,10 @@ def run_contender(name, threads, calls=0, repeats=7):
     )
     for _ in range(BATCHES)
   ]
-  turn = iter(range(1 << 62))
+  in_turn = itertools.cycle(batches)
 
   def step():  # as the script calls it: numpy batches in, the losses fetched
-    return tuple(float(v) for v in agent.train_step(*batches[next(turn) % BATCHES]))
+    return tuple(float(v) for v in agent.train_step(*next(in_turn)))
 
   start = time.perf_counter()
   step()
