@@ -126,16 +126,7 @@ IDLE_CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("path", ["native", "py_function"])
 @pytest.mark.parametrize("release", [True, False])
 def test_the_torch_threads_team_is_released_when_idle(path, release):
-  from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
-
-  if path == "native" and _loader.load() is None:
-    pytest.skip("needs the native op")
-  env = dict(
-    os.environ,
-    TF_CPP_MIN_LOG_LEVEL="3",
-    OMP_NUM_THREADS="2",
-    TORCHBRIDGE_DISABLE_NATIVE="1" if path == "py_function" else "0",
-  )
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="2", **_path_env(path))
   if not release:
     env["TORCHBRIDGE_RELEASE_USER_TEAM"] = "0"
   out = subprocess.run(
