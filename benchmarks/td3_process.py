@@ -291,7 +291,10 @@ def main(argv=None):
   )
   args = parser.parse_args(argv)
   if args.policy == "eager" and args.backend in ("torch", "floor"):
-    parser.error(f"--policy eager: the {args.backend} backend has no tf.function policy")
+    parser.error(
+      f"--policy eager: the {args.backend} backend has no tf.function policy; "
+      "use --policy function, or a TF backend (torchbridge, tf, floor-script, lean-script)"
+    )
   if args.torch_thread != "script":
     os.environ["TORCHBRIDGE_TORCH_THREAD"] = {"on": "1", "off": "0"}[args.torch_thread]
 

@@ -460,6 +460,7 @@ def test_td3_process_refuses_an_eager_policy_without_a_tf_function(tmp_path):
   )
   assert out.returncode == 2
   assert "--policy eager: the torch backend has no tf.function policy" in out.stderr
+  assert "use --policy function, or a TF backend (torchbridge, tf," in out.stderr
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
