@@ -20,7 +20,10 @@ the floor (the same TF program, each bridged module a bare native op), the
 floor whose ops take and hand back torch tensors, and the same ops running
 the same torch modules through the leanest Python bridge one can write
 (`bare_native.LeanTorchModule`): what is left of the bridge's share once
-that one is taken out is torchbridge's own Python.
+that one is taken out is torchbridge's own Python. For TD3, also the same
+ops running the modules traced to TorchScript from C++, with no Python per
+call (`scripted_native.ScriptedTorchModule`), unrecorded and recorded: what
+is left once Python is taken out altogether.
 Writes step_breakdown.json and step_breakdown.md, and the last recorded
 step of each as a Chrome / Perfetto trace (step_trace_NAME.json) and a
 picture (step_trace_NAME.png).
@@ -200,6 +203,17 @@ def _rows(events, step_events, idle_row):
   return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6 for r in names}
 
 
+def _scripted_step(name):
+  """The TD3 step with its modules traced to TorchScript and run from the
+  native ops' kernel in C++ (`scripted_native.ScriptedTorchModule`): a
+  bridge with no Python per call. None for the small MLP."""
+  if name != "td3":
+    return None
+  from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
+
+  return _on_random_batches(td3_process.bare_native_agent(kind="scripted"))
+
+
 def _floor_step(name, torch_outputs=False, lean=False):
   """The same step with every bridged module a bare native op (no torch):
   the TF program around the bridged calls, their crossings included. With
@@ -210,7 +224,9 @@ def _floor_step(name, torch_outputs=False, lean=False):
   if name == "td3":
     from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
 
-    agent = td3_process.bare_native_agent(torch_outputs=torch_outputs, lean=lean)
+    agent = td3_process.bare_native_agent(
+      torch_outputs=torch_outputs, kind="lean" if lean else "bare"
+    )
     return _on_random_batches(agent)
   if lean:
     contender = train_step.LEAN_BRIDGE
@@ -228,15 +244,25 @@ def _timed(step, durations):
   return start, end
 
 
-def timeline_pass(step, floor, steps, floor_torch=None, lean=None):
+def timeline_pass(step, floor, steps, floor_torch=None, lean=None, scripted=None):
   """Blocks of BLOCK steps, alternated: unrecorded, recorded by
   `tb.timeline(annotate=False)` alone (no profiler), the floor step, and
-  (given) the floor step with torch tensors in and out of its ops and the
-  step through the leanest Python bridge.
+  (given) the floor step with torch tensors in and out of its ops, the
+  step through the leanest Python bridge, and the step through the bridge
+  with no Python per call, unrecorded and recorded (its kernels' phases:
+  the C++ callback is torch's compute in TorchScript's interpreter).
   Alternating keeps them on the same stretch of this noisy machine, so the
   recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
   floor_torch_ms, lean_ms = [], []
+  scripted_ms, scripted_recorded_ms, scripted_marks, scripted_events = [], [], [], []
+
+  def scripted_recorded_block():
+    with tb.timeline(annotate=False) as trace:
+      scripted()
+      for _ in range(BLOCK):
+        scripted_marks.append(_timed(scripted, scripted_recorded_ms))
+    scripted_events.extend(trace.events)
 
   def plain_block():
     step()
@@ -259,11 +285,17 @@ def timeline_pass(step, floor, steps, floor_torch=None, lean=None):
     floor()
     for _ in range(BLOCK):
       _timed(floor, floor_ms)
-    for other, durations in ((floor_torch, floor_torch_ms), (lean, lean_ms)):
+    for other, durations in (
+      (floor_torch, floor_torch_ms),
+      (lean, lean_ms),
+      (scripted, scripted_ms),
+    ):
       if other is not None:
         other()
         for _ in range(BLOCK):
           _timed(other, durations)
+    if scripted is not None:
+      scripted_recorded_block()
   spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
   rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
   begin, end = marks[-1]
@@ -286,11 +318,31 @@ def timeline_pass(step, floor, steps, floor_torch=None, lean=None):
     ),
     # The same step through the leanest Python bridge on the same ops.
     "lean_bridge_mean_ms": _trimmed_mean(lean_ms) if lean_ms else None,
+    # The same step with no Python per call, and its recorded rows.
+    "scripted_bridge_mean_ms": _trimmed_mean(scripted_ms) if scripted_ms else None,
+    "scripted_recorded_mean_ms": (
+      _trimmed_mean(scripted_recorded_ms) if scripted_recorded_ms else None
+    ),
+    "scripted_rows_ms": _scripted_rows(scripted_events, scripted_marks) if scripted_marks else None,
     "rows_ms": rows,
     "rows_sum_ms": float(sum(rows.values())),
     "steps": len(marks),
     "last_step": {"begin_ns": begin, "end_ns": end, "events": last},
   }
+
+
+# The no-Python bridge's kernel phases: its callback runs no Python, only
+# torch (TorchScript's interpreter, autograd) and DLPack in C++.
+SCRIPTED_CALLBACK = "torch, run from C++: forwards (TorchScript) and backwards, DLPack in and out"
+
+
+def _scripted_rows(events, marks):
+  spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
+  rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
+  callback = "bridge: C++ callback"  # classify()'s row for its phase
+  if callback in rows:
+    rows[SCRIPTED_CALLBACK] = rows.pop(callback)
+  return rows
 
 
 def plot_step(name, last_step, path):
@@ -372,12 +424,15 @@ def measure(name, steps):
   step, floor = STEPS[name](), _floor_step(name)
   floor_torch = _floor_step(name, torch_outputs=True)
   lean = _floor_step(name, lean=True)
+  scripted = _scripted_step(name)
   for _ in range(20):
     step()
     floor()
     floor_torch()
     lean()
-  recorded = timeline_pass(step, floor, steps, floor_torch, lean)
+    if scripted is not None:
+      scripted()
+  recorded = timeline_pass(step, floor, steps, floor_torch, lean, scripted)
   events, step_events = _profiled(step, steps)
   mean_rows = _rows(events, step_events, NO_THREAD)
   op_types = {}
@@ -457,6 +512,8 @@ def _step_markdown(name, r, placement):
       f"torch-tensor floor and torch: "
       f"{lean_ms - (t['floor_torch_outputs_mean_ms'] or t['floor_mean_ms']) - t['torch_compute_ms']:.2f} ms."
     )
+  if t.get("scripted_bridge_mean_ms") is not None:
+    lines += _scripted_markdown(t, step_ms)
   lines.append("")
   lines += _table(
     f"### {name}, {placement}, under TF's profiler: "
@@ -483,6 +540,32 @@ def _step_markdown(name, r, placement):
     + f"; the floor's step {sum(floor_rows.values()):.2f} ms.",
     "",
   ]
+  return lines
+
+
+def _scripted_markdown(t, step_ms):
+  """The no-Python bridge's line and its recorded rows."""
+  scripted_ms = t["scripted_bridge_mean_ms"]
+  rows = t["scripted_rows_ms"]
+  floor_ms = t["floor_torch_outputs_mean_ms"] or t["floor_mean_ms"]
+  compute = rows.get(SCRIPTED_CALLBACK, 0.0)
+  lines = [
+    f"- The same ops running the same torch modules with no Python per call "
+    f"(`scripted_native.ScriptedTorchModule`: traced to TorchScript, run from "
+    f"the ops' kernel in C++; alternated blocks): {scripted_ms:.2f} ms; "
+    f"torchbridge's step {step_ms / scripted_ms:.2f}x it. Recorded "
+    f"({t['scripted_recorded_mean_ms']:.2f} ms a step), its C++ callbacks "
+    f"(torch's compute, DLPack in and out) take {compute:.2f} ms; its share "
+    f"over the torch-tensor floor and them: {scripted_ms - floor_ms - compute:.2f} ms "
+    f"({(scripted_ms - floor_ms - compute) / scripted_ms:.0%} of its step).",
+    "",
+  ]
+  lines += _table(
+    "The no-Python bridge's step, recorded by tb.timeline(annotate=False)",
+    rows,
+    "recorded",
+    t["scripted_recorded_mean_ms"],
+  )
   return lines
 
 

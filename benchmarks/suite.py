@@ -32,6 +32,7 @@ FLOOR_TD3 = "floor: TD3 TF function + Keras Adam + bare native ops (6 per step o
 # (the library's default; the example runs them on TF's thread).
 TD3_TORCH_THREAD = "torchbridge, calls on the torch thread"
 LEAN_TD3 = report.LEAN_TD3
+SCRIPTED_TD3 = report.SCRIPTED_TD3
 
 EXCHANGE_SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "16MB": 16 << 20, "64MB": 64 << 20}
 
@@ -190,6 +191,7 @@ def td3(quick, threads, log=print):
     FLOOR_TD3: "floor",
     TD3_TORCH_THREAD: "torchbridge",
     LEAN_TD3: "lean-script",
+    SCRIPTED_TD3: "scripted-script",
   }
   runs_started = itertools.count()
   with tempfile.TemporaryDirectory(prefix="td3_bench_") as tmp:

@@ -2,7 +2,8 @@
 
 Usage:
   python -m benchmarks.td3_process
-      {torchbridge,torch,tf,floor,floor-script,lean-script} --out DIR
+      {torchbridge,torch,tf,floor,floor-script,lean-script,scripted-script}
+      --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
       [--policy function|eager]
 
@@ -32,6 +33,9 @@ wall time plus that compute is what no bridge can go below.
 `lean-script` runs the script with the four modules
 `bare_native.LeanTorchModule`s: the torch modules through the leanest
 Python bridge on the same native op (none of torchbridge's Python).
+`scripted-script` runs it with `scripted_native.ScriptedTorchModule`s: the
+torch modules traced to TorchScript and run from the op's kernel in C++
+(no Python per call at all).
 
 Prints one JSON line: the per-step mean, the process id, the step counts,
 and the script's wall time split (`wall_split`, seconds): the first policy
@@ -58,6 +62,7 @@ import tensorflow as tf  # noqa: E402
 import torchbridge  # noqa: E402
 from torchbridge._native import _loader  # noqa: E402
 from benchmarks import bare_native  # noqa: E402
+from benchmarks import scripted_native  # noqa: E402
 from benchmarks import harness  # noqa: E402
 
 EXAMPLES = os.path.join(harness.ROOT, "examples")
@@ -111,9 +116,8 @@ def run_script(
   backend, out, steps, start_steps, threads, policy_durations=None, modules=None, eager_policy=False
 ):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
-  each policy call) timed; with `modules` ("bare" or "lean"), on
-  `bare_native_agent`'s modules (`BareNativeModule(torch_outputs=True)` or
-  `LeanTorchModule`); with `eager_policy`, a TF agent's policy calls its
+  each policy call) timed; with `modules` ("bare", "lean" or "scripted"), on
+  `bare_native_agent`'s modules of that kind; with `eager_policy`, a TF agent's policy calls its
   actor eagerly instead of through its `tf.function` `act`.
   Returns the train steps' durations, the script's mean, the agent's
   actor's class name and how many times a TF agent's `act` was traced
@@ -125,7 +129,7 @@ def run_script(
     def __init__(self, args):
       super().__init__(args)
       if modules:
-        bare = bare_native_agent(seed=args.seed, torch_outputs=True, lean=modules == "lean")
+        bare = bare_native_agent(seed=args.seed, torch_outputs=True, kind=modules)
         for name in ("actor", "critic", "actor_target", "critic_target"):
           setattr(self.agent, name, getattr(bare, name))
         self.agent.actor_opt, self.agent.critic_opt = bare.actor_opt, bare.critic_opt
@@ -167,18 +171,21 @@ def run_script(
   return durations, script["sec_per_train_step"], actor_class[0], act_traces
 
 
-def bare_native_agent(seed=0, torch_outputs=False, lean=False):
+def bare_native_agent(seed=0, torch_outputs=False, kind="bare"):
   """The torchbridge TD3 agent with its four modules bare native modules
-  (`torch_outputs`: see `bare_native.BareNativeModule`), or with `lean`,
-  `bare_native.LeanTorchModule`s (the torch modules run, by the leanest
-  Python bridge)."""
+  (`torch_outputs`: see `bare_native.BareNativeModule`); with `kind`
+  "lean", `bare_native.LeanTorchModule`s (the torch modules run by the
+  leanest Python bridge); with "scripted",
+  `scripted_native.ScriptedTorchModule`s (traced, run from C++)."""
   hyper = agents.Hyper()
   agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed, hyper)
   actor_torch, critic_torch = agents.torch_networks(3, 1, 2.0, seed)
 
   def bare(module_torch, name):
-    if lean:
+    if kind == "lean":
       return bare_native.LeanTorchModule(copy.deepcopy(module_torch), name)
+    if kind == "scripted":
+      return scripted_native.ScriptedTorchModule(copy.deepcopy(module_torch), name)
     return bare_native.BareNativeModule(module_torch, name, torch_outputs=torch_outputs)
 
   agent.actor = bare(actor_torch, "actor")
@@ -270,7 +277,16 @@ def main(argv=None):
     prog="python -m benchmarks.td3_process", description=__doc__.split("\n\n")[0]
   )
   parser.add_argument(
-    "backend", choices=["torchbridge", "torch", "tf", "floor", "floor-script", "lean-script"]
+    "backend",
+    choices=[
+      "torchbridge",
+      "torch",
+      "tf",
+      "floor",
+      "floor-script",
+      "lean-script",
+      "scripted-script",
+    ],
   )
   parser.add_argument("--out", required=True, help="the script's run directory")
   parser.add_argument("--steps", type=int, default=3000)
@@ -304,7 +320,9 @@ def main(argv=None):
   if args.backend == "floor":
     durations = run_floor(args.steps - args.start_steps, args.threads)
   else:
-    modules = {"floor-script": "bare", "lean-script": "lean"}.get(args.backend)
+    modules = {"floor-script": "bare", "lean-script": "lean", "scripted-script": "scripted"}.get(
+      args.backend
+    )
     start = time.perf_counter()
     durations, script_mean, actor_class, act_traces = run_script(
       "torchbridge" if modules else args.backend,

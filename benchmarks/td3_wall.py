@@ -25,7 +25,10 @@ below (`floor_plus_torch_s`), and the torchbridge run's wall time minus it
 is the bridge's share (`bridge_share_s`). The `lean bridge` column runs the
 torch modules on the same ops through the leanest Python bridge one can
 write (`bare_native.LeanTorchModule`): how much of that share is
-torchbridge's own.
+torchbridge's own. The `no-Python bridge` column runs them traced to
+TorchScript, from the ops' kernel in C++ (`scripted_native.ScriptedTorchModule`):
+how much of the share is Python per call, the modules' own Python
+included.
 """
 
 import argparse
@@ -40,12 +43,14 @@ from benchmarks import harness
 
 FLOOR = "floor"
 LEAN = "lean bridge"
+SCRIPTED = "no-Python bridge"
 BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
   "keras": "tf",
   FLOOR: "floor-script",
   LEAN: "lean-script",
+  SCRIPTED: "scripted-script",
 }
 # The script's parts (`td3_process.wall_split`), then the process's own.
 SCRIPT_PARTS = ("first policy call", "first train step", "policy calls", "train steps", "the rest")
@@ -185,6 +190,15 @@ def markdown(result, rounds, steps):
       f"(`bare_native.LeanTorchModule`: none of torchbridge's Python): {lean_s:.2f} s, "
       f"{lean_s / torch_s:.2f}x pure torch's; torchbridge "
       f"{result['torchbridge']['wall_s'] / lean_s:.2f}x it.",
+    ]
+  if SCRIPTED in result:
+    scripted_s = result[SCRIPTED]["wall_s"]
+    lines += [
+      "",
+      f"The same run with no Python per call (`scripted_native.ScriptedTorchModule`: "
+      f"the modules traced to TorchScript and run from the ops' kernel in C++; "
+      f"its tracing included): {scripted_s:.2f} s, {scripted_s / torch_s:.2f}x "
+      f"pure torch's; torchbridge {result['torchbridge']['wall_s'] / scripted_s:.2f}x it.",
     ]
   return "\n".join(lines) + "\n"
 

@@ -32,7 +32,7 @@ const char* const kNames[kNumPhases] = {
     "torchbridge/kernel",      "torchbridge/wait for torch thread",
     "torchbridge/torch thread", "torchbridge/wrap inputs",
     "torchbridge/acquire GIL",  "torchbridge/callback (GIL held)",
-    "torchbridge/adopt outputs",
+    "torchbridge/adopt outputs", "torchbridge/C++ callback",
 };
 
 }  // namespace

@@ -31,6 +31,8 @@ enum Phase : int {
   kCallback,         // with the GIL: inputs to torch, the Python call,
                      // outputs checked and exported
   kAdoptOutputs,     // the outputs adopted as TF buffers
+  kNativeCallback,   // a C++ callback (native_callback.h), in place of
+                     // kAcquireGil and kCallback: no GIL, no Python
   kNumPhases,
 };
 

@@ -5,7 +5,8 @@
 //   2. calls the registered Python callable: directly on the CPU kernel of a
 //      torch_tensors op, else through torchbridge._native._loader._dispatch, with
 //      the indices of the outputs nothing in the graph consumes (Python may
-//      return None there) and on a GPU TF's CUDA stream and device index;
+//      return None there) and on a GPU TF's CUDA stream and device index
+//      (or, on the CPU, a C++ callback with no GIL: native_callback.h);
 //   3. checks every output (dlpack_check.h) and adopts it as a TF buffer
 //      without a copy; an output TF cannot adopt as it is goes to Python's
 //      _export_output (one counted copy, or the error that says why not).
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "adopted_buffer.h"
 #include "dlpack_check.h"
+#include "native_callback.h"
 #include "python_util.h"
 #include "timeline.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -157,21 +159,24 @@ class TorchbridgeCallOp : public OpKernel {
     }
     wrap.Stop();
     std::vector<Managed> outputs(num_outputs);
-    {
+    // Torch's default, not TF's: subnormal floats are kept (TF's threads
+    // flush them to zero; on the torch thread this is already so).
+    tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
+    if (!status.ok()) {
+      for (DLManagedTensor* m : inputs) {
+        if (m) m->deleter(m);  // a reference on a TF buffer: no GIL needed
+      }
+    } else if (NativeCallbackEntry native;
+               !kGpu && FindNativeCallback(callback_id_, &native)) {
+      timeline::Span callback(timeline::kNativeCallback);  // no GIL, no Python
+      status = RunNativeCallback(native, Where(), call.required, out_types_,
+                                 out_shapes_, &inputs, &outputs);
+    } else {
       timeline::Span gil_wait(timeline::kAcquireGil);
       GilLock gil;
       gil_wait.Stop();
       timeline::Span callback(timeline::kCallback);
-      if (!status.ok()) {
-        for (DLManagedTensor* m : inputs) {
-          if (m) m->deleter(m);
-        }
-      } else {
-        // Torch's default, not TF's: subnormal floats are kept (TF's threads
-        // flush them to zero; on the torch thread this is already so).
-        tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
-        status = CallPython(call, &inputs, &outputs);
-      }
+      status = CallPython(call, &inputs, &outputs);
     }
     timeline::Span adopt(timeline::kAdoptOutputs);
     for (int i = 0; i < num_outputs && status.ok(); ++i) {

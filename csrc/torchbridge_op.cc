@@ -8,6 +8,7 @@
 //   dlpack_check.{h,cc}  DLPack on TF's side: dtypes, the output check
 //   adopted_buffer.{h,cc} inputs as DLPack tensors, outputs as TF buffers
 //   python_util.{h,cc}   the GIL, PyRef, Python errors, the Python hooks
+//   native_callback.{h,cc} C++ callbacks the CPU kernel runs in place of Python
 //   torch_thread.h       the one thread that runs torch for the CPU kernel
 //   torchbridge_kernel.cc the kernels
 //   torch_interop.{h,cc} the only file with torch's C++ headers

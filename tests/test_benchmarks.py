@@ -172,6 +172,7 @@ def test_floors_take_the_targets_measures_on_the_lean_bridge():
       "torchbridge": run(12.0, 30.0),
       "pure torch": run(10.0, 25.0),
       report.LEAN_TD3: run(11.5, 27.5),
+      report.SCRIPTED_TD3: run(11.0, 26.25),
     }
   }
   floors = {f["name"]: f for f in report.floors(results)}
@@ -179,8 +180,15 @@ def test_floors_take_the_targets_measures_on_the_lean_bridge():
   assert floors["TD3 script's wall time: leanest Python bridge / pure torch"]["measured"] == 1.1
   own = floors["TD3 train step: torchbridge / leanest Python bridge"]["measured"]
   assert own == pytest.approx(12.0 / 11.5)
+  assert floors["TD3 train step: no-Python bridge / pure torch"]["measured"] == 1.1
+  assert floors["TD3 script's wall time: no-Python bridge / pure torch"]["measured"] == 1.05
   lines = report.floors_markdown(report.floors(results))
   assert "| TD3 train step: leanest Python bridge / pure torch (<= 1.10) | 1.15 |" in lines
+  assert "| TD3 train step: no-Python bridge / pure torch (<= 1.10) | 1.10 |" in lines
+  results["td3"]["floor: bare native ops"] = run(8.0, 20.0)
+  rows = dict(report.decomposition(results)["td3"])
+  assert rows[report.SCRIPTED_TD3] == 11.0
+  assert rows["bridged - no-Python bridge: Python per call, the module's included"] == 1.0
 
 
 def test_numpy_bridge_baseline_computes_the_same_gradients():
@@ -387,6 +395,7 @@ def test_td3_wall_table_has_every_part_the_ratio_and_the_floor():
     "keras": [record(1.25)] * 3,
     td3_wall.FLOOR: [record(1.1, {"policy_call_us": 40.0, "train_step_ms": 3.0})] * 3,
     td3_wall.LEAN: [record(1.4)] * 3,
+    td3_wall.SCRIPTED: [record(1.2)] * 3,
   }
   result = td3_wall.summarize(runs)
   floor = result[td3_wall.FLOOR]
@@ -399,12 +408,13 @@ def test_td3_wall_table_has_every_part_the_ratio_and_the_floor():
   text = td3_wall.markdown(result, rounds=3, steps=3000)
   for part in td3_wall.PARTS:
     assert f"| {part} |" in text
-  assert "| **whole run** | 31.50 | 21.00 | 26.25 | 23.10 | 29.40 | +10.50 |" in text
+  assert "| **whole run** | 31.50 | 21.00 | 26.25 | 23.10 | 29.40 | 25.20 | +10.50 |" in text
   assert "torchbridge / pure torch: 1.50x; keras / pure torch: 1.25x" in text
   assert "40 us a policy call, 3.00 ms a train step" in text
   assert "23.74 s, 1.13x pure torch's run" in text
   assert "The bridge's share of the torchbridge run: 7.76 s (25%)" in text
   assert "none of torchbridge's Python): 29.40 s, 1.40x pure torch's; torchbridge 1.07x it" in text
+  assert "its tracing included): 25.20 s, 1.20x pure torch's; torchbridge 1.25x it" in text
 
 
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
@@ -426,6 +436,15 @@ def test_td3_process_lean_script_runs_the_lean_bridge(tmp_path):
   assert record["torch_compute"] is None
   script = json.loads((tmp_path / "run" / "results.json").read_text())
   # The script ran to its evaluation on the lean bridge's actor.
+  [(step, episode_return)] = script["eval_returns"]
+  assert step == 30 and np.isfinite(episode_return)
+
+
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
+def test_td3_process_scripted_script_runs_the_no_python_bridge(tmp_path):
+  record = _td3_process(tmp_path, "scripted-script", 30)
+  assert record["actor_class"] == "ScriptedTorchModule" and record["train_steps"] == 10
+  script = json.loads((tmp_path / "run" / "results.json").read_text())
   [(step, episode_return)] = script["eval_returns"]
   assert step == 30 and np.isfinite(episode_return)
 

@@ -99,3 +99,45 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
   assert "| **sum of the rows**" in text
   assert "The floor with torch tensors in and out of its ops" in text
   assert "through the leanest Python bridge" in text
+
+
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
+def test_the_no_python_bridges_rows_hold_no_python(tmp_path):
+  out = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.step_breakdown",
+      "--steps",
+      "10",
+      "--only",
+      "td3",
+      "--placement",
+      "tf-thread",
+      "--no-plot",
+      "--out",
+      str(tmp_path),
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads((tmp_path / "step_breakdown.json").read_text())
+  t = result["placements"]["tf-thread"]["td3"]["timeline"]
+  rows = t["scripted_rows_ms"]
+  # Its recorded rows add up to its recorded step, as the bridged step's do.
+  assert sum(rows.values()) == pytest.approx(t["scripted_recorded_mean_ms"], rel=0.01)
+  # Its calls are kernel phases and C++ callbacks only: no GIL, no Python.
+  assert rows[sb.SCRIPTED_CALLBACK] > 0
+  assert rows[sb.TF_SIDE] > 0
+  python_rows = {sb.BRIDGE[p] for p in ("torchbridge/acquire GIL", "torchbridge/python call")}
+  assert not python_rows & set(rows)
+  assert not set(sb.TORCH.values()) & set(rows)
+  assert 0 < t["scripted_bridge_mean_ms"]
+  text = sb.markdown(result)
+  assert "with no Python per call" in text
+  assert "The no-Python bridge's step, recorded" in text
+  assert f"| {sb.SCRIPTED_CALLBACK} | {rows[sb.SCRIPTED_CALLBACK]:.3f} |" in text

@@ -8,6 +8,7 @@ collected (as `tf.py_function` does for its functions).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import weakref
@@ -31,11 +32,56 @@ _next_id = itertools.count(1)
 _ids_of_graph: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
 
+@dataclasses.dataclass(frozen=True)
+class NativeCallback:
+  """A C function the op's CPU kernel runs instead of Python.
+
+  `function` is the address of a `torchbridge::NativeCallback`
+  (csrc/native_callback.h: DLPack tensors in and out, no GIL) and `context`
+  the pointer it is called with; `owner` keeps alive whatever `context`
+  points into while the op's graph lives. Passed to `_op.call` in place of
+  a Python callable: its calls then run no Python at all
+  (benchmarks/scripted_native.py measures what that saves).
+  """
+
+  function: int
+  context: int
+  owner: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+  def __call__(self, *unused: Any) -> Any:
+    # The kernel calls Python only where it cannot run the C function.
+    raise RuntimeError(
+      "a C++ callback runs only in the native op's CPU kernel; this call "
+      "reached Python (a GPU kernel, or a library loaded without "
+      "torchbridge_set_native_callback). Place the op on the CPU."
+    )
+
+
+# torchbridge_set_native_callback(id, function, context) of the loaded
+# library (ctypes), once the loader has connected it.
+_set_native: Callable[[int, int | None, int | None], None] | None = None
+
+
+def connect_native(set_native: Callable[[int, int | None, int | None], None]) -> None:
+  """Called by the loader with the library's C entry point."""
+  global _set_native
+  _set_native = set_native
+
+
 def register(callback: Callable[..., Any], graph: tf.Graph | None) -> int:
-  """Registers `callback`; with a graph, until that graph is collected."""
+  """Registers `callback`; with a graph, until that graph is collected.
+
+  A `NativeCallback` is registered with the library too (its C function
+  then runs in place of Python).
+  """
   with _registry_lock:
     callback_id = next(_next_id)
     registry[callback_id] = callback
+    if isinstance(callback, NativeCallback):
+      if _set_native is None:
+        del registry[callback_id]
+        raise RuntimeError("a C++ callback needs the native op loaded (_loader.load())")
+      _set_native(callback_id, callback.function, callback.context)
     if graph is not None:
       ids = _ids_of_graph.get(graph)
       if ids is None:
@@ -49,7 +95,9 @@ def register(callback: Callable[..., Any], graph: tf.Graph | None) -> int:
 def release(ids: Sequence[int]) -> None:
   with _registry_lock:
     for callback_id in ids:
-      registry.pop(callback_id, None)
+      callback = registry.pop(callback_id, None)
+      if isinstance(callback, NativeCallback) and _set_native is not None:
+        _set_native(callback_id, None, None)
 
 
 def registered_count() -> int:

@@ -20,6 +20,7 @@ Its callbacks are in `_callbacks`; `_op.call` emits it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -91,6 +92,7 @@ def load() -> Any:
         # tf.function that holds it gives None gradients instead of failing
         # the call with a LookupError.
         tf.no_gradient("TorchbridgeCall")
+        _connect_native(path)
         _timeline.connect(path)
         _library_path = path
         if _interop:
@@ -118,6 +120,14 @@ def load() -> Any:
         _LOG.warning(_status)
     _tried = True
     return _library
+
+
+def _connect_native(path: Path) -> None:
+  """Hands `_callbacks` the library's registry of C++ callbacks."""
+  set_native = ctypes.CDLL(str(path)).torchbridge_set_native_callback
+  set_native.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+  set_native.restype = None
+  _callbacks.connect_native(set_native)
 
 
 def has_torch_interop() -> bool:

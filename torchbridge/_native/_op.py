@@ -36,7 +36,9 @@ def call(
       which makes sure of that); or None for an output that
       `output_required` says nothing consumes. It is called on TF's threads,
       possibly from several at once. With `torch_tensors`, it receives and
-      returns torch tensors instead (see below).
+      returns torch tensors instead (see below). Or a
+      `_callbacks.NativeCallback`: a C function the CPU kernel runs in place
+      of Python.
     inputs_tf: list of TF tensors.
     out_dtypes: list of TF dtypes of the outputs.
     out_shapes: list of shapes (`tf.TensorShape`, lists with None for
@@ -79,7 +81,11 @@ def call(
     shapes = [tf.TensorShape(s) for s in out_shapes]
     if len(shapes) != len(out_dtypes):
       raise ValueError(f"{len(shapes)} out_shapes for {len(out_dtypes)} out_dtypes")
-  if torch_tensors and not _loader.has_torch_interop():
+  if (
+    torch_tensors
+    and not isinstance(callback, _callbacks.NativeCallback)
+    and not _loader.has_torch_interop()
+  ):
     callback, torch_tensors = _callbacks.torch_callback(callback), False
   eager = tf.executing_eagerly()
   graph = None if eager else tf.compat.v1.get_default_graph()

@@ -1,0 +1,183 @@
+"""A bridge with no Python per call: the floor of "the module's Python off
+the call path", measured.
+
+`ScriptedTorchModule` stands where a `tb.TorchModule` stood, as
+`bare_native.LeanTorchModule` does, on the same native op and variables,
+but its calls never enter Python: the torch module is traced once
+(`torch.jit.trace` of `torch.func.functional_call`, so that the parameters
+are the traced function's inputs, as TF hands them to each call) and each
+forward and backward op runs it from C++ (`benchmarks/csrc/scripted_call.cc`,
+registered as the ops' C++ callbacks, `csrc/native_callback.h`): no GIL, no
+Python frame, no parameter swap, the module's own Python replaced by
+TorchScript's interpreter and autograd run in C++.
+
+That changes what the module may do (TorchScript traces one path through
+the Python; data-dependent control flow is frozen), which is why torchbridge
+runs the user's module as it is. This is a measurement, for the benchmarks
+only: float32, fixed shapes, no double backward.
+"""
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np  # noqa: F401
+import tensorflow as tf
+import torch
+
+from benchmarks import bare_native
+from torchbridge._native import _callbacks
+from torchbridge._native import _compiler
+from torchbridge._native import _op
+from torchbridge._runtime import _omp_team
+
+_SOURCE = Path(__file__).resolve().parent / "csrc" / "scripted_call.cc"
+_library = None
+
+
+def library():
+  """The C++ callbacks' library (built once per source and torch, cached)."""
+  global _library
+  if _library is not None:
+    return _library
+  flags = _compiler.torch_interop_flags(_SOURCE.parent.parent.parent / "csrc")
+  if flags is None:
+    raise RuntimeError(
+      "torch's C++ headers or libraries are missing: cannot build scripted_call.cc"
+    )
+  compile_flags, link_flags = flags
+  key = hashlib.sha256(
+    _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(compile_flags).encode()
+  ).hexdigest()[:16]
+  cache = Path(os.environ.get("TORCHBRIDGE_CACHE_DIR", Path.home() / ".cache" / "torchbridge"))
+  target = cache / f"scripted_call_{key}.so"
+  if not target.is_file():
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+      out = Path(tmp) / target.name
+      command = [
+        _compiler.find_compiler(),
+        "-O2",
+        "-fPIC",
+        "-shared",
+        *compile_flags,
+        str(_SOURCE),
+        "-o",
+        str(out),
+        *link_flags,
+      ]
+      done = subprocess.run(command, capture_output=True, text=True, check=False)
+      if done.returncode != 0:
+        raise RuntimeError(f"building {_SOURCE.name} failed:\n{done.stderr[-4000:]}")
+      os.replace(out, target)
+  lib = ctypes.CDLL(str(target))
+  lib.tbs_load.restype = ctypes.c_void_p
+  lib.tbs_load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
+  lib.tbs_records.restype = ctypes.c_int64
+  lib.tbs_records.argtypes = [ctypes.c_void_p]
+  _library = lib
+  return lib
+
+
+class _Functional(torch.nn.Module):
+  """`module`'s forward with its parameters as arguments after its inputs.
+
+  The parameters are swapped in for the traced call (as a bridge's call
+  swaps them in); `module` is held unregistered, so the traced module
+  keeps none of its tensors.
+  """
+
+  def __init__(self, module, n_in):
+    super().__init__()
+    object.__setattr__(self, "_held", module)
+    by_id = {id(p): k for k, p in enumerate(module.parameters())}
+    self._slots = [
+      (sub._parameters, key, by_id[id(p)])  # pylint: disable=protected-access
+      for sub in module.modules()
+      for key, p in sub._parameters.items()  # pylint: disable=protected-access
+      if p is not None
+    ]
+    self.n_in = n_in
+
+  def forward(self, *args):
+    params = args[self.n_in :]
+    originals = [table[key] for table, key, _ in self._slots]
+    for table, key, k in self._slots:
+      table[key] = params[k]
+    try:
+      return self._held(*args[: self.n_in])
+    finally:
+      for (table, key, _), original in zip(self._slots, originals):
+        table[key] = original
+
+
+class ScriptedTorchModule(bare_native.BareNativeModule):
+  """The torch module traced to TorchScript and run from the native op's
+  kernel in C++: a bridge whose calls run no Python at all."""
+
+  def __init__(self, module_torch, name="scripted_bridge"):
+    super().__init__(module_torch, name, torch_outputs=True)
+    self._traced = {}  # input shapes -> (module context, forward, backward)
+
+  def _callbacks_for(self, key):
+    if key not in self._traced:
+      module = self._module_torch
+      params = [p.detach() for p in module.parameters()]
+      example = tuple(torch.zeros(s) for s in key) + tuple(params)
+      with torch.no_grad():
+        traced = torch.jit.trace(_Functional(module, len(key)), example, check_trace=False)
+      # Tracing ran the module on this thread: its OpenMP team is released
+      # again, as `_outputs_for` does (see there).
+      _omp_team.release_user_team()
+      lib = library()
+      with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "module.pt")
+        traced.save(path)
+        error = ctypes.create_string_buffer(1024)
+        context = lib.tbs_load(path.encode(), error, len(error))
+      if not context:
+        raise RuntimeError(f"loading the traced module failed: {error.value.decode()}")
+      address = ctypes.cast(lib.tbs_forward, ctypes.c_void_p).value
+      backward = ctypes.cast(lib.tbs_backward, ctypes.c_void_p).value
+      self._traced[key] = (
+        _callbacks.NativeCallback(address, context, owner=self),
+        _callbacks.NativeCallback(backward, context, owner=self),
+        context,
+      )
+    return self._traced[key]
+
+  def records(self):
+    """Forward records alive (freed with their handles), over all shapes."""
+    return sum(library().tbs_records(c) for _, _, c in self._traced.values())
+
+  @tf.autograph.experimental.do_not_convert
+  def __call__(self, *inputs_tf):
+    shapes, single = self._outputs_for(inputs_tf)
+    forward, backward, _ = self._callbacks_for(tuple(tuple(x.shape) for x in inputs_tf))
+
+    @tf.custom_gradient
+    def call(*args_tf):  # the inputs, then the variables' values
+      results = _op.call(
+        forward,
+        list(args_tf),
+        [tf.int8] + [tf.float32] * len(shapes),
+        [[1]] + list(shapes),
+      )
+      handle_tf, outs_tf = results[0], results[1:]
+
+      def grad(*dys_tf):
+        dys_tf = [tf.zeros(s) if d is None else d for d, s in zip(dys_tf, shapes)]
+        return _op.call(
+          backward,
+          [handle_tf, *dys_tf],
+          [a.dtype for a in args_tf],
+          [a.shape for a in args_tf],
+        )
+
+      return outs_tf, grad
+
+    outs_tf = call(*inputs_tf, *[tf.convert_to_tensor(v) for v in self.params])
+    return outs_tf[0] if single else tuple(outs_tf)
