@@ -79,6 +79,13 @@ class BareNativeModule(tf.Module):
       _omp_team.release_user_team()
     return self._out_shapes[key]
 
+  def _bare_op(self, count, inputs_tf, dtypes, out_shapes):
+    """One bare op: outputs of `dtypes` and `out_shapes` (its first `count`
+    inputs handed back, or fresh torch tensors like them)."""
+    if self._torch_outputs:
+      return _op.call(_fresh_torch(count), inputs_tf, dtypes, out_shapes, torch_tensors=True)
+    return _op.call(_hand_back(count), inputs_tf, dtypes, out_shapes)
+
   # As `tb.TorchModule.__call__`: autograph would otherwise convert this
   # method and the torch code `_outputs_for` runs (seconds, at trace time).
   @tf.autograph.experimental.do_not_convert
@@ -86,11 +93,7 @@ class BareNativeModule(tf.Module):
     shapes, single = self._outputs_for(inputs_tf)
     zeros_tf = [tf.constant(np.zeros(s, np.float32)) for s in shapes]
     n_args = len(inputs_tf) + len(self.params)
-
-    def bare_op(count, inputs_tf, dtypes, out_shapes):
-      if self._torch_outputs:
-        return _op.call(_fresh_torch(count), inputs_tf, dtypes, out_shapes, torch_tensors=True)
-      return _op.call(_hand_back(count), inputs_tf, dtypes, out_shapes)
+    bare_op = self._bare_op
 
     @tf.custom_gradient
     def call(*args_tf):  # the inputs, then the variables' values

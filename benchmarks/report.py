@@ -119,7 +119,8 @@ def decomposition(results):
       out["td3"] += [
         (SCRIPTED_TD3, ms[SCRIPTED_TD3]),
         (
-          "bridged - no-Python bridge: Python per call, the module's included",
+          "bridged - no-Python bridge: Python per call (the module's own included, "
+          "and eager torch against TorchScript's interpreter)",
           b - ms[SCRIPTED_TD3],
         ),
       ]

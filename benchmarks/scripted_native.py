@@ -24,13 +24,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import numpy as np  # noqa: F401
 import tensorflow as tf
 import torch
 
 from benchmarks import bare_native
 from torchbridge._native import _callbacks
 from torchbridge._native import _compiler
+from torchbridge._native import _loader
 from torchbridge._native import _op
 from torchbridge._runtime import _omp_team
 
@@ -77,9 +77,36 @@ def library():
   lib.tbs_load.restype = ctypes.c_void_p
   lib.tbs_load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
   lib.tbs_records.restype = ctypes.c_int64
-  lib.tbs_records.argtypes = [ctypes.c_void_p]
+  lib.tbs_records.argtypes = [ctypes.c_void_p, ctypes.c_int]
+  lib.tbs_bare_new.restype = ctypes.c_void_p
+  lib.tbs_bare_new.argtypes = [
+    ctypes.c_int64,
+    ctypes.POINTER(ctypes.c_int64),
+    ctypes.POINTER(ctypes.c_int64),
+  ]
   _library = lib
   return lib
+
+
+def unavailable():
+  """Why the no-Python bridge cannot run here (a line), or None if it can.
+
+  It needs the native op with its torch side (C++ callbacks are run by its
+  CPU kernel) and a build of `scripted_call.cc`, which this makes (once).
+  """
+  if not _loader.has_torch_interop():
+    return f"the native op with its torch side is not loaded ({_loader.status()})"
+  try:
+    library()
+  except (RuntimeError, OSError, _compiler.BuildError) as err:
+    return " ".join(str(err).split())[:300]
+  return None
+
+
+def _call_on_cpu(callback, inputs_tf, dtypes, shapes):
+  # C++ callbacks run in the CPU kernel only.
+  with tf.device("/CPU:0"):
+    return _op.call(callback, inputs_tf, dtypes, shapes)
 
 
 class _Functional(torch.nn.Module):
@@ -149,9 +176,10 @@ class ScriptedTorchModule(bare_native.BareNativeModule):
       )
     return self._traced[key]
 
-  def records(self):
-    """Forward records alive (freed with their handles), over all shapes."""
-    return sum(library().tbs_records(c) for _, _, c in self._traced.values())
+  def records(self, made=False):
+    """Forward records alive (freed with their handles), or made so far
+    (`made`), over all shapes."""
+    return sum(library().tbs_records(c, int(made)) for _, _, c in self._traced.values())
 
   @tf.autograph.experimental.do_not_convert
   def __call__(self, *inputs_tf):
@@ -160,7 +188,7 @@ class ScriptedTorchModule(bare_native.BareNativeModule):
 
     @tf.custom_gradient
     def call(*args_tf):  # the inputs, then the variables' values
-      results = _op.call(
+      results = _call_on_cpu(
         forward,
         list(args_tf),
         [tf.int8] + [tf.float32] * len(shapes),
@@ -170,7 +198,7 @@ class ScriptedTorchModule(bare_native.BareNativeModule):
 
       def grad(*dys_tf):
         dys_tf = [tf.zeros(s) if d is None else d for d, s in zip(dys_tf, shapes)]
-        return _op.call(
+        return _call_on_cpu(
           backward,
           [handle_tf, *dys_tf],
           [a.dtype for a in args_tf],
@@ -181,3 +209,32 @@ class ScriptedTorchModule(bare_native.BareNativeModule):
 
     outs_tf = call(*inputs_tf, *[tf.convert_to_tensor(v) for v in self.params])
     return outs_tf[0] if single else tuple(outs_tf)
+
+
+class NoPythonFloorModule(bare_native.BareNativeModule):
+  """The floor of a bridge with no Python per call: the ops of
+  `BareNativeModule(torch_outputs=True)`, whose callback (`tbs_bare`, in
+  C++) hands back fresh, uncomputed torch tensors of the outputs' shapes
+  as that one's does from Python. The step built
+  on it costs what the TF program and the crossings cost, no torch compute
+  and no Python."""
+
+  def __init__(self, module_torch, name="no_python_floor"):
+    super().__init__(module_torch, name, torch_outputs=True)
+    self._bare = {}  # output shapes -> NativeCallback
+
+  def _bare_callback(self, shapes):
+    key = tuple(tuple(int(d) for d in s) for s in shapes)
+    if key not in self._bare:
+      ranks = (ctypes.c_int64 * len(key))(*[len(s) for s in key])
+      flat = [d for s in key for d in s]
+      dims = (ctypes.c_int64 * max(1, len(flat)))(*flat)
+      lib = library()
+      context = lib.tbs_bare_new(len(key), ranks, dims)
+      address = ctypes.cast(lib.tbs_bare, ctypes.c_void_p).value
+      self._bare[key] = _callbacks.NativeCallback(address, context, owner=self)
+    return self._bare[key]
+
+  def _bare_op(self, count, inputs_tf, dtypes, out_shapes):
+    del count  # fresh tensors of the declared shapes, made in C++
+    return _call_on_cpu(self._bare_callback(out_shapes), inputs_tf, dtypes, out_shapes)

@@ -50,6 +50,7 @@ import torchbridge as tb  # noqa: E402
 from torchbridge._native import _loader  # noqa: E402
 from torchbridge._runtime import _timeline  # noqa: E402
 from benchmarks import harness  # noqa: E402
+from benchmarks import scripted_native  # noqa: E402
 from benchmarks import train_step  # noqa: E402
 
 sys.path.insert(0, os.path.join(harness.ROOT, "examples"))
@@ -203,15 +204,20 @@ def _rows(events, step_events, idle_row):
   return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6 for r in names}
 
 
-def _scripted_step(name):
-  """The TD3 step with its modules traced to TorchScript and run from the
-  native ops' kernel in C++ (`scripted_native.ScriptedTorchModule`): a
-  bridge with no Python per call. None for the small MLP."""
-  if name != "td3":
-    return None
+def _no_python_steps(name):
+  """For TD3, (the step with its modules traced to TorchScript and run
+  from the native ops' kernel in C++, `scripted_native.ScriptedTorchModule`:
+  a bridge with no Python per call; its floor, the same ops handing back
+  fresh torch tensors from C++, `scripted_native.NoPythonFloorModule`).
+  (None, None) for the small MLP, or where they cannot run."""
+  if name != "td3" or scripted_native.unavailable():
+    return None, None
   from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
 
-  return _on_random_batches(td3_process.bare_native_agent(kind="scripted"))
+  return (
+    _on_random_batches(td3_process.bare_native_agent(kind="scripted")),
+    _on_random_batches(td3_process.bare_native_agent(kind="no-python-floor")),
+  )
 
 
 def _floor_step(name, torch_outputs=False, lean=False):
@@ -244,18 +250,28 @@ def _timed(step, durations):
   return start, end
 
 
-def timeline_pass(step, floor, steps, floor_torch=None, lean=None, scripted=None):
+def timeline_pass(
+  step, floor, steps, floor_torch=None, lean=None, scripted=None, scripted_floor=None
+):
   """Blocks of BLOCK steps, alternated: unrecorded, recorded by
   `tb.timeline(annotate=False)` alone (no profiler), the floor step, and
   (given) the floor step with torch tensors in and out of its ops, the
   step through the leanest Python bridge, and the step through the bridge
-  with no Python per call, unrecorded and recorded (its kernels' phases:
-  the C++ callback is torch's compute in TorchScript's interpreter).
+  with no Python per call, unrecorded and recorded in turn as the bridged
+  step is (its kernels' phases: the C++ callback is torch's compute in
+  TorchScript's interpreter), with its floor (the same ops, fresh torch
+  tensors handed back from C++).
   Alternating keeps them on the same stretch of this noisy machine, so the
   recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
   floor_torch_ms, lean_ms = [], []
   scripted_ms, scripted_recorded_ms, scripted_marks, scripted_events = [], [], [], []
+  scripted_floor_ms = []
+
+  def scripted_plain_block():
+    scripted()
+    for _ in range(BLOCK):
+      _timed(scripted, scripted_ms)
 
   def scripted_recorded_block():
     with tb.timeline(annotate=False) as trace:
@@ -288,14 +304,17 @@ def timeline_pass(step, floor, steps, floor_torch=None, lean=None, scripted=None
     for other, durations in (
       (floor_torch, floor_torch_ms),
       (lean, lean_ms),
-      (scripted, scripted_ms),
+      (scripted_floor, scripted_floor_ms),
     ):
       if other is not None:
         other()
         for _ in range(BLOCK):
           _timed(other, durations)
     if scripted is not None:
-      scripted_recorded_block()
+      # In turn after another program's block, as the bridged step's two.
+      pair = (scripted_plain_block, scripted_recorded_block)
+      for block in pair if k % 2 == 0 else pair[::-1]:
+        block()
   spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
   rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
   begin, end = marks[-1]
@@ -324,6 +343,7 @@ def timeline_pass(step, floor, steps, floor_torch=None, lean=None, scripted=None
       _trimmed_mean(scripted_recorded_ms) if scripted_recorded_ms else None
     ),
     "scripted_rows_ms": _scripted_rows(scripted_events, scripted_marks) if scripted_marks else None,
+    "scripted_floor_mean_ms": _trimmed_mean(scripted_floor_ms) if scripted_floor_ms else None,
     "rows_ms": rows,
     "rows_sum_ms": float(sum(rows.values())),
     "steps": len(marks),
@@ -424,7 +444,7 @@ def measure(name, steps):
   step, floor = STEPS[name](), _floor_step(name)
   floor_torch = _floor_step(name, torch_outputs=True)
   lean = _floor_step(name, lean=True)
-  scripted = _scripted_step(name)
+  scripted, scripted_floor = _no_python_steps(name)
   for _ in range(20):
     step()
     floor()
@@ -432,7 +452,8 @@ def measure(name, steps):
     lean()
     if scripted is not None:
       scripted()
-  recorded = timeline_pass(step, floor, steps, floor_torch, lean, scripted)
+      scripted_floor()
+  recorded = timeline_pass(step, floor, steps, floor_torch, lean, scripted, scripted_floor)
   events, step_events = _profiled(step, steps)
   mean_rows = _rows(events, step_events, NO_THREAD)
   op_types = {}
@@ -544,20 +565,22 @@ def _step_markdown(name, r, placement):
 
 
 def _scripted_markdown(t, step_ms):
-  """The no-Python bridge's line and its recorded rows."""
-  scripted_ms = t["scripted_bridge_mean_ms"]
+  """The no-Python bridge's lines and its recorded rows."""
+  scripted_ms, floor_ms = t["scripted_bridge_mean_ms"], t["scripted_floor_mean_ms"]
   rows = t["scripted_rows_ms"]
-  floor_ms = t["floor_torch_outputs_mean_ms"] or t["floor_mean_ms"]
   compute = rows.get(SCRIPTED_CALLBACK, 0.0)
+  share = scripted_ms - floor_ms - compute
   lines = [
     f"- The same ops running the same torch modules with no Python per call "
     f"(`scripted_native.ScriptedTorchModule`: traced to TorchScript, run from "
     f"the ops' kernel in C++; alternated blocks): {scripted_ms:.2f} ms; "
-    f"torchbridge's step {step_ms / scripted_ms:.2f}x it. Recorded "
-    f"({t['scripted_recorded_mean_ms']:.2f} ms a step), its C++ callbacks "
-    f"(torch's compute, DLPack in and out) take {compute:.2f} ms; its share "
-    f"over the torch-tensor floor and them: {scripted_ms - floor_ms - compute:.2f} ms "
-    f"({(scripted_ms - floor_ms - compute) / scripted_ms:.0%} of its step).",
+    f"torchbridge's step {step_ms / scripted_ms:.2f}x it. Its floor, the same "
+    f"ops handing back fresh torch tensors from C++ "
+    f"(`scripted_native.NoPythonFloorModule`; alternated blocks): {floor_ms:.2f} ms. "
+    f"Recorded ({t['scripted_recorded_mean_ms']:.2f} ms a step), its C++ "
+    f"callbacks (torch's compute, DLPack in and out) take {compute:.2f} ms; "
+    f"its share (its step - its floor - its callbacks): {share:.2f} ms, "
+    f"{share / scripted_ms:.0%} of its step.",
     "",
   ]
   lines += _table(

@@ -22,6 +22,7 @@ from torchbridge._native import _op
 from benchmarks import harness
 from benchmarks import numpy_bridge
 from benchmarks import report
+from benchmarks import scripted_native
 from benchmarks import train_step
 
 # Bridged calls per TD3 train step: the target actor's and target critic's
@@ -193,6 +194,10 @@ def td3(quick, threads, log=print):
     LEAN_TD3: "lean-script",
     SCRIPTED_TD3: "scripted-script",
   }
+  why_not = scripted_native.unavailable()  # builds its C++ callbacks once, here
+  if why_not:
+    log(f"    td3: no no-Python bridge contender: {why_not}")
+    del backends[SCRIPTED_TD3]
   runs_started = itertools.count()
   with tempfile.TemporaryDirectory(prefix="td3_bench_") as tmp:
 

@@ -176,7 +176,9 @@ def bare_native_agent(seed=0, torch_outputs=False, kind="bare"):
   (`torch_outputs`: see `bare_native.BareNativeModule`); with `kind`
   "lean", `bare_native.LeanTorchModule`s (the torch modules run by the
   leanest Python bridge); with "scripted",
-  `scripted_native.ScriptedTorchModule`s (traced, run from C++)."""
+  `scripted_native.ScriptedTorchModule`s (traced, run from C++); with
+  "no-python-floor", `scripted_native.NoPythonFloorModule`s (bare ops whose
+  callbacks are C++)."""
   hyper = agents.Hyper()
   agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed, hyper)
   actor_torch, critic_torch = agents.torch_networks(3, 1, 2.0, seed)
@@ -186,6 +188,8 @@ def bare_native_agent(seed=0, torch_outputs=False, kind="bare"):
       return bare_native.LeanTorchModule(copy.deepcopy(module_torch), name)
     if kind == "scripted":
       return scripted_native.ScriptedTorchModule(copy.deepcopy(module_torch), name)
+    if kind == "no-python-floor":
+      return scripted_native.NoPythonFloorModule(module_torch, name)
     return bare_native.BareNativeModule(module_torch, name, torch_outputs=torch_outputs)
 
   agent.actor = bare(actor_torch, "actor")

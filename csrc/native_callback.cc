@@ -77,6 +77,8 @@ absl::Status RunNativeCallback(
     }
     return status;
   }
+  // Every output adopted counts as a zero-copy crossing; a copy the
+  // callback made to hand it over is its own.
   int64_t crossed = num_inputs;
   for (size_t i = 0; i < n; ++i) {
     if (taken[i]) ++crossed;
@@ -92,7 +94,9 @@ extern "C" {
 
 // Registers `function` (a torchbridge::NativeCallback) with `context` for
 // the ops carrying `callback_id`; a null `function` removes the entry. The
-// caller keeps `context` alive while the entry is registered.
+// caller keeps `context` valid while the entry is registered and while any
+// call that found it may still run (a call copies the entry and runs
+// unlocked).
 void torchbridge_set_native_callback(int64_t callback_id, void* function,
                                      void* context) {
   using torchbridge::g_callbacks;

@@ -188,7 +188,8 @@ def test_floors_take_the_targets_measures_on_the_lean_bridge():
   results["td3"]["floor: bare native ops"] = run(8.0, 20.0)
   rows = dict(report.decomposition(results)["td3"])
   assert rows[report.SCRIPTED_TD3] == 11.0
-  assert rows["bridged - no-Python bridge: Python per call, the module's included"] == 1.0
+  [own] = [v for k, v in rows.items() if k.startswith("bridged - no-Python bridge")]
+  assert own == 1.0
 
 
 def test_numpy_bridge_baseline_computes_the_same_gradients():

@@ -116,6 +116,10 @@ def test_an_inference_call_records_nothing(scripted_native):
   q1, _ = tf.function(lambda: module(obs, action))()
   assert q1.shape == (6, 1)
   # Nothing consumed the handle: no autograd record was made.
+  assert module.records(made=True) == 0
+  # A training call makes one (and frees it with its handle).
+  tf.function(_loss_and_grads)(module, obs, action)
+  assert module.records(made=True) == 1
   assert module.records() == 0
 
 
@@ -135,8 +139,19 @@ def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_n
   # own check, after which it frees what the callback made.
   with pytest.raises(tf.errors.InvalidArgumentError, match="shape"):
     _op.call(forward, args, [tf.int8, tf.float32, tf.float32], [[1], [5, 1], [6, 1]])
+  # A backward op whose outputs are not its forward's arguments.
+  _, backward, _ = module._callbacks_for(((6, 3), (6, 1)))
+
+  @tf.function
+  def mismatched():
+    handle, q1, q2 = _op.call(forward, args, [tf.int8, tf.float32, tf.float32])
+    return _op.call(backward, [handle, q1, q2], [tf.float32])
+
+  with pytest.raises(tf.errors.InternalError, match="do not match its forward"):
+    mismatched()
   q1, q2 = module(obs, action)
   assert q1.shape == q2.shape == (6, 1)
+  gc.collect()
   assert module.records() == 0
 
 
@@ -178,3 +193,16 @@ def test_the_tf_side_is_unchanged_for_python_callbacks():
   [y] = _op.call(lambda args, unused: [args[0] * 2], [x], [tf.float32], [[2]], torch_tensors=True)
   np.testing.assert_array_equal(y.numpy(), [2.0, 4.0])
   assert tb.native_available()
+
+
+def test_the_no_python_floor_hands_back_fresh_tensors_of_the_shapes(scripted_native):
+  critic_torch = _critic()
+  floor = scripted_native.NoPythonFloorModule(critic_torch, "floor")
+  obs, action = _inputs()
+  (q1, q2), grads = tf.function(_loss_and_grads)(floor, obs, action)
+  assert q1.shape == q2.shape == (6, 1)
+  assert [tuple(g.shape) for g in grads] == [(6, 1)] + [
+    tuple(p.shape) for p in critic_torch.parameters()
+  ]
+  # Its ops run C++ only: the kernel did not call the registered object.
+  assert all(isinstance(c, _callbacks.NativeCallback) for c in floor._bare.values())

@@ -136,8 +136,12 @@ def test_the_no_python_bridges_rows_hold_no_python(tmp_path):
   python_rows = {sb.BRIDGE[p] for p in ("torchbridge/acquire GIL", "torchbridge/python call")}
   assert not python_rows & set(rows)
   assert not set(sb.TORCH.values()) & set(rows)
-  assert 0 < t["scripted_bridge_mean_ms"]
+  assert 0 < t["scripted_floor_mean_ms"] < t["scripted_bridge_mean_ms"]
   text = sb.markdown(result)
   assert "with no Python per call" in text
+  assert (
+    f"ops handing back fresh torch tensors from C++ (`scripted_native.NoPythonFloorModule`; alternated blocks): {t['scripted_floor_mean_ms']:.2f} ms"
+    in text
+  )
   assert "The no-Python bridge's step, recorded" in text
   assert f"| {sb.SCRIPTED_CALLBACK} | {rows[sb.SCRIPTED_CALLBACK]:.3f} |" in text

@@ -10,7 +10,13 @@
 // graph consumes. The handle is a one-byte torch tensor whose memory's
 // deleter frees the forward's record when TF frees the handle.
 //
+// `tbs_bare` is the floor of such a bridge: a callback that hands back
+// fresh, uncomputed torch tensors of the shapes given to `tbs_bare_new`,
+// as benchmarks/bare_native.py's floor does from Python.
+//
 // For the benchmarks only: float inputs, fixed shapes, no double backward.
+// Modules and shape lists are never freed (a handle's deleter may run
+// after its forward's op is gone): one of each per traced shape.
 
 #include <ATen/DLConvertor.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -37,6 +43,11 @@ struct Module {
   torch::jit::Module module;
   std::mutex mutex;
   std::unordered_map<void*, std::unique_ptr<Record>> records;  // handle -> record
+  int64_t records_made = 0;
+};
+
+struct Shapes {
+  std::vector<std::vector<int64_t>> outputs;
 };
 
 void SetError(char* error, int64_t size, const std::string& message) {
@@ -59,6 +70,7 @@ at::Tensor MakeHandle(Module* m, std::unique_ptr<Record> record) {
   {
     std::lock_guard<std::mutex> lock(m->mutex);
     m->records[memory] = std::move(record);
+    ++m->records_made;
   }
   return at::from_blob(
       memory, {1},
@@ -92,12 +104,38 @@ void* tbs_load(const char* path, char* error, int64_t error_size) {
   }
 }
 
-void tbs_free(void* module) { delete static_cast<Module*>(module); }
-
-int64_t tbs_records(void* module) {
+// Records alive (`made`: 0), or made so far (`made`: 1).
+int64_t tbs_records(void* module, int made) {
   auto* m = static_cast<Module*>(module);
   std::lock_guard<std::mutex> lock(m->mutex);
-  return static_cast<int64_t>(m->records.size());
+  return made ? m->records_made : static_cast<int64_t>(m->records.size());
+}
+
+// A `tbs_bare` context: `num_outputs` shapes, their ranks in `ranks` and
+// their dimensions one after the other in `dims`.
+void* tbs_bare_new(int64_t num_outputs, const int64_t* ranks, const int64_t* dims) {
+  auto* shapes = new Shapes;
+  for (int64_t i = 0; i < num_outputs; ++i) {
+    shapes->outputs.emplace_back(dims, dims + ranks[i]);
+    dims += ranks[i];
+  }
+  return shapes;
+}
+
+int tbs_bare(void* context, DLManagedTensor** inputs, int64_t num_inputs,
+             const uint8_t* required, DLManagedTensor** outputs,
+             int64_t num_outputs, char* error, int64_t error_size) {
+  (void)required;
+  for (int64_t i = 0; i < num_inputs; ++i) inputs[i]->deleter(inputs[i]);
+  const auto& shapes = static_cast<Shapes*>(context)->outputs;
+  if (static_cast<int64_t>(shapes.size()) != num_outputs) {
+    SetError(error, error_size, "tbs_bare: the op's outputs are not the context's");
+    return 1;
+  }
+  for (int64_t i = 0; i < num_outputs; ++i) {
+    outputs[i] = at::toDLPack(at::empty(shapes[i], at::kFloat));
+  }
+  return 0;
 }
 
 int tbs_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
@@ -105,6 +143,11 @@ int tbs_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
                 int64_t num_outputs, char* error, int64_t error_size) {
   auto* m = static_cast<Module*>(context);
   std::vector<DLManagedTensor*> made;
+  if (num_outputs < 1) {  // the handle, then the module's outputs
+    for (int64_t i = 0; i < num_inputs; ++i) inputs[i]->deleter(inputs[i]);
+    SetError(error, error_size, "tbs_forward: an op with no handle output");
+    return 1;
+  }
   try {
     const bool record = required[0] != 0;
     std::vector<at::Tensor> args;
@@ -161,6 +204,10 @@ int tbs_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   std::vector<DLManagedTensor*> made;
   try {
     std::vector<at::Tensor> in;
+    if (num_inputs < 1) {
+      SetError(error, error_size, "tbs_backward: an op with no handle input");
+      return 1;
+    }
     for (int64_t i = 0; i < num_inputs; ++i) {
       in.push_back(at::fromDLPack(inputs[i]));
       inputs[i] = nullptr;
@@ -173,6 +220,14 @@ int tbs_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
     }
     if (rec == nullptr) {
       SetError(error, error_size, "no forward record for this handle");
+      return 1;
+    }
+    if (num_outputs != static_cast<int64_t>(rec->args.size()) ||
+        num_inputs != static_cast<int64_t>(rec->outs.size()) + 1) {
+      SetError(error, error_size,
+               "tbs_backward: the op's inputs (the handle, one gradient per "
+               "output) or outputs (one per forward argument) do not match "
+               "its forward");
       return 1;
     }
     std::vector<at::Tensor> wanted;

@@ -26,7 +26,9 @@ from torchbridge._runtime import _placement
 
 
 registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
-_registry_lock = threading.Lock()
+# Reentrant: a graph collected while `register` holds it runs `release`
+# (its finalizer) on the same thread.
+_registry_lock = threading.RLock()
 _next_id = itertools.count(1)
 # graph -> the ids registered for it (weakly: the graph owns them).
 _ids_of_graph: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
@@ -38,8 +40,9 @@ class NativeCallback:
 
   `function` is the address of a `torchbridge::NativeCallback`
   (csrc/native_callback.h: DLPack tensors in and out, no GIL) and `context`
-  the pointer it is called with; `owner` keeps alive whatever `context`
-  points into while the op's graph lives. Passed to `_op.call` in place of
+  the pointer it is called with, which must stay valid while the op's
+  graph lives and any call of it runs; `owner` is held as long as the
+  registration (the object that owns `context`, where Python owns it). Passed to `_op.call` in place of
   a Python callable: its calls then run no Python at all
   (benchmarks/scripted_native.py measures what that saves).
   """
