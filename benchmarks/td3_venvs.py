@@ -3,8 +3,9 @@
 `python -m benchmarks.td3_venvs --python A --python B [--rounds R] [--steps N]`
 runs examples/td3_pendulum.py (N environment steps, the first third
 random, at most 1,000) through `benchmarks.td3_process` for the
-torchbridge and pure-torch backends and the leanest Python bridge on the
-same native op, in each venv, each run a process of its own, the
+torchbridge and pure-torch backends, the leanest Python bridge on the
+same native op and the bridge with no Python per call
+(`scripted_native.ScriptedTorchModule`), in each venv, each run a process of its own, the
 (venv, backend) pairs' order rotating from round to round. Each process
 imports torch, TensorFlow and torchbridge from its venv (`-P`, with only
 benchmarks/ and examples/ on its path), as `benchmarks.per_call_venvs`
@@ -27,7 +28,12 @@ import numpy as np
 from benchmarks import harness
 from benchmarks import td3_wall
 
-BACKENDS = {"torchbridge": "torchbridge", "pure torch": "torch", "lean bridge": "lean-script"}
+BACKENDS = {
+  "torchbridge": "torchbridge",
+  "pure torch": "torch",
+  "lean bridge": "lean-script",
+  "no-Python bridge": "scripted-script",
+}
 
 
 def measure(pythons, rounds, steps, threads, log=print):
@@ -90,11 +96,17 @@ def markdown(result, rounds, steps):
     ("train step, ms: torchbridge", "torchbridge", "ms_per_train_step"),
     ("train step, ms: pure torch", "pure torch", "ms_per_train_step"),
     ("train step, ms: leanest Python bridge", "lean bridge", "ms_per_train_step"),
+    ("train step, ms: no-Python bridge", "no-Python bridge", "ms_per_train_step"),
     ("whole run, s: torchbridge", "torchbridge", "wall_s"),
     ("whole run, s: pure torch", "pure torch", "wall_s"),
     ("whole run, s: leanest Python bridge", "lean bridge", "wall_s"),
+    ("whole run, s: no-Python bridge", "no-Python bridge", "wall_s"),
   )
-  for label, backend, key in rows:
+
+  def measured(*backends):
+    return all(b in result[v] for v in venvs for b in backends)
+
+  for label, backend, key in (r for r in rows if measured(r[1])):
     lines.append(
       f"| {label} | " + " | ".join(f"{result[v][backend][key]:.2f}" for v in venvs) + " |"
     )
@@ -117,10 +129,17 @@ def markdown(result, rounds, steps):
       "lean bridge",
       "ms_per_train_step",
     ),
+    (
+      "train step: no-Python bridge / pure torch",
+      "no-Python bridge",
+      "pure torch",
+      "ms_per_train_step",
+    ),
     ("whole run: torchbridge / pure torch (target 1.2)", "torchbridge", "pure torch", "wall_s"),
     ("whole run: leanest Python bridge / pure torch", "lean bridge", "pure torch", "wall_s"),
+    ("whole run: no-Python bridge / pure torch", "no-Python bridge", "pure torch", "wall_s"),
   )
-  for label, a, b, key in ratios:
+  for label, a, b, key in (r for r in ratios if measured(r[1], r[2])):
     lines.append(
       f"| {label} | "
       + " | ".join(f"{result[v][a][key] / result[v][b][key]:.2f}x" for v in venvs)

@@ -540,16 +540,24 @@ def test_td3_venvs_table_has_each_venvs_ratios():
       "torchbridge": backend(6.6, 20.0),
       "pure torch": backend(6.0, 16.0),
       "lean bridge": backend(6.5, 19.0),
+      "no-Python bridge": backend(6.3, 17.6),
     },
   }
   text = td3_venvs.markdown(result, rounds=3, steps=3000)
+  # The no-Python bridge was measured in one venv only: no row for it.
+  assert "no-Python" not in text
+  result["/dev/venv/bin/python"]["no-Python bridge"] = backend(5.25, 16.5, "2.13.0+cpu")
+  text = td3_venvs.markdown(result, rounds=3, steps=3000)
+  assert "| train step, ms: no-Python bridge | 5.25 | 6.30 |" in text
+  assert "| train step: no-Python bridge / pure torch | 1.05x | 1.05x |" in text
+  assert "| whole run: no-Python bridge / pure torch | 1.10x | 1.10x |" in text
   assert "| | torch 2.13.0+cpu (complete op) | torch 2.15.0+cu132 (complete op) |" in text
   assert "| train step: torchbridge / pure torch (target 1.10) | 1.20x | 1.10x |" in text
   assert "| train step: torchbridge / leanest Python bridge | 1.09x | 1.02x |" in text
   assert "| whole run: torchbridge / pure torch (target 1.2) | 1.20x | 1.25x |" in text
 
 
-@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
 def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
   # This venv's Python, as `make bench-user` passes it: -P, only
   # benchmarks/ and examples/ on the path, torchbridge from the venv.
@@ -561,6 +569,7 @@ def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
     assert record["train_steps"] == 20 and record["torch"] == torch.__version__
     assert record["torchbridge_file"] == tb.__file__
   assert runs["lean bridge"]["processes"][0]["actor_class"] == "LeanTorchModule"
+  assert runs["no-Python bridge"]["processes"][0]["actor_class"] == "ScriptedTorchModule"
 
 
 def _compiled_step_process(contender):

@@ -54,6 +54,16 @@ def _inputs():
   )
 
 
+def _traced_critic(scripted_native):
+  """A traced critic, its forward and backward callbacks, and its forward
+  op's arguments for `_inputs()`."""
+  module = scripted_native.ScriptedTorchModule(_critic(), "critic")
+  obs, action = _inputs()
+  module(obs, action)  # traces it
+  forward, backward, _ = module._callbacks_for(((6, 3), (6, 1)))
+  return module, forward, backward, [obs, action, *[tf.convert_to_tensor(v) for v in module.params]]
+
+
 def _reference(critic_torch, obs_tf, action_tf):
   """Outputs and gradients of the loss below, by torch autograd."""
   obs = torch.from_numpy(obs_tf.numpy())
@@ -124,11 +134,7 @@ def test_an_inference_call_records_nothing(scripted_native):
 
 
 def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_native):
-  module = scripted_native.ScriptedTorchModule(_critic(), "critic")
-  obs, action = _inputs()
-  module(obs, action)  # traces it
-  forward, _, _ = module._callbacks_for(((6, 3), (6, 1)))
-  args = [obs, action, *[tf.convert_to_tensor(v) for v in module.params]]
+  module, forward, backward, args = _traced_critic(scripted_native)
   # Three outputs declared besides the handle; the module returns two.
   with pytest.raises(
     tf.errors.InternalError,
@@ -139,9 +145,8 @@ def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_n
   # own check, after which it frees what the callback made.
   with pytest.raises(tf.errors.InvalidArgumentError, match="shape"):
     _op.call(forward, args, [tf.int8, tf.float32, tf.float32], [[1], [5, 1], [6, 1]])
-  # A backward op whose outputs are not its forward's arguments.
-  _, backward, _ = module._callbacks_for(((6, 3), (6, 1)))
 
+  # A backward op whose outputs are not its forward's arguments.
   @tf.function
   def mismatched():
     handle, q1, q2 = _op.call(forward, args, [tf.int8, tf.float32, tf.float32])
@@ -149,18 +154,14 @@ def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_n
 
   with pytest.raises(tf.errors.InternalError, match="do not match its forward"):
     mismatched()
-  q1, q2 = module(obs, action)
+  q1, q2 = module(*args[:2])
   assert q1.shape == q2.shape == (6, 1)
   gc.collect()
   assert module.records() == 0
 
 
 def test_a_graphs_cpp_callbacks_are_unregistered_with_it(scripted_native):
-  module = scripted_native.ScriptedTorchModule(_critic(), "critic")
-  obs, action = _inputs()
-  module(obs, action)  # traces it
-  forward, _, _ = module._callbacks_for(((6, 3), (6, 1)))
-  args = [obs, action, *[tf.convert_to_tensor(v) for v in module.params]]
+  _, forward, _, args = _traced_critic(scripted_native)
   gc.collect()
   before = _native_count()
 

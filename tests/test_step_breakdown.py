@@ -38,22 +38,11 @@ def test_each_instant_goes_to_the_span_begun_last():
   assert rows[sb.BRIDGE["torchbridge/kernel"]] == 2 + 2  # 10-12, 78-80
 
 
-@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
-def test_the_rows_add_up_to_the_measured_step(tmp_path):
+def _breakdown(tmp_path, *args):
+  """`python -m benchmarks.step_breakdown --steps 10 ARGS`'s JSON."""
   out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "benchmarks.step_breakdown",
-      "--steps",
-      "10",
-      "--only",
-      "small_mlp",
-      "--placement",
-      "both",
-      "--out",
-      str(tmp_path),
-    ],
+    [sys.executable, "-m", "benchmarks.step_breakdown", "--steps", "10", *args]
+    + ["--out", str(tmp_path)],
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -61,7 +50,12 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads((tmp_path / "step_breakdown.json").read_text())
+  return json.loads((tmp_path / "step_breakdown.json").read_text())
+
+
+@pytest.mark.skipif(not _loader.available(), reason="needs the native op")
+def test_the_rows_add_up_to_the_measured_step(tmp_path):
+  result = _breakdown(tmp_path, "--only", "small_mlp", "--placement", "both")
   assert sorted(result["placements"]) == sorted(sb.PLACEMENTS)
   for placement, steps in result["placements"].items():
     r = steps["small_mlp"]
@@ -103,29 +97,7 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
 
 @pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
 def test_the_no_python_bridges_rows_hold_no_python(tmp_path):
-  out = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "benchmarks.step_breakdown",
-      "--steps",
-      "10",
-      "--only",
-      "td3",
-      "--placement",
-      "tf-thread",
-      "--no-plot",
-      "--out",
-      str(tmp_path),
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=600,
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads((tmp_path / "step_breakdown.json").read_text())
+  result = _breakdown(tmp_path, "--only", "td3", "--placement", "tf-thread", "--no-plot")
   t = result["placements"]["tf-thread"]["td3"]["timeline"]
   rows = t["scripted_rows_ms"]
   # Its recorded rows add up to its recorded step, as the bridged step's do.
