@@ -23,11 +23,13 @@ class _BuildPyWithOpSource(build_py):
 
   def run(self):
     super().run()
-    target = Path(self.build_lib, "torchbridge", "csrc")
-    target.mkdir(parents=True, exist_ok=True)
-    for pattern in ("*.cc", "*.h"):
-      for source in (_ROOT / "csrc").glob(pattern):
-        shutil.copy(source, target / source.name)
+    # csrc/ and csrc/traced/ (torchscript=True's call path, built apart).
+    for folder in ("", "traced"):
+      target = Path(self.build_lib, "torchbridge", "csrc", folder)
+      target.mkdir(parents=True, exist_ok=True)
+      for pattern in ("*.cc", "*.h"):
+        for source in (_ROOT / "csrc" / folder).glob(pattern):
+          shutil.copy(source, target / source.name)
 
 
 setup(cmdclass={"build_py": _BuildPyWithOpSource})

@@ -26,6 +26,8 @@ LEAN_TD3 = "leanest Python bridge on the same ops (bare_native.LeanTorchModule)"
 # The one whose modules are traced to TorchScript and run from the ops'
 # kernel in C++, with no Python per call (scripted_native.ScriptedTorchModule).
 SCRIPTED_TD3 = "no-Python bridge on the same ops (scripted_native.ScriptedTorchModule)"
+# torchbridge with its modules' graph calls traced and run in C++.
+TORCHSCRIPT_TD3 = "torchbridge, torchscript=True"
 
 
 def _median(timings, name):
@@ -159,6 +161,18 @@ def floors(results):
         td3["torchbridge"]["ms_per_train_step"] / lean["ms_per_train_step"],
         "the bridge's own code",
       )
+  for name in (TORCHSCRIPT_TD3,):
+    ts = td3.get(name)
+    if ts and torch_:
+      add(
+        f"TD3 train step: {name} / pure torch",
+        ts["ms_per_train_step"] / torch_["ms_per_train_step"],
+        "<= 1.10",
+      )
+      if "wall_s" in ts and "wall_s" in torch_:
+        add(
+          f"TD3 script's wall time: {name} / pure torch", ts["wall_s"] / torch_["wall_s"], "<= 1.2"
+        )
   scripted = td3.get(SCRIPTED_TD3)
   if scripted and torch_:
     add(

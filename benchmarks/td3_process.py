@@ -2,12 +2,14 @@
 
 Usage:
   python -m benchmarks.td3_process
-      {torchbridge,torch,tf,floor,floor-script,lean-script,scripted-script}
-      --out DIR
+      {torchbridge,torchbridge-torchscript,torch,tf,floor,floor-script,
+       lean-script,scripted-script} --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
       [--policy function|eager]
 
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
+(`torchbridge-torchscript`: the torchbridge backend with `--torchscript`,
+its modules' graph calls run from C++)
 (same loop, environment, replay buffer and timing window as a user's run,
 evaluation and checkpoints only at the end) with a hook that records each
 train step's time: the script's `sec_per_train_step` is a mean that
@@ -113,11 +115,20 @@ def wall_split(wall_s, train_durations, policy_durations):
 
 
 def run_script(
-  backend, out, steps, start_steps, threads, policy_durations=None, modules=None, eager_policy=False
+  backend,
+  out,
+  steps,
+  start_steps,
+  threads,
+  policy_durations=None,
+  modules=None,
+  eager_policy=False,
+  torchscript=False,
 ):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
   each policy call) timed; with `modules` ("bare", "lean" or "scripted"), on
-  `bare_native_agent`'s modules of that kind; with `eager_policy`, a TF agent's policy calls its
+  `bare_native_agent`'s modules of that kind; with `torchscript`, the
+  script's `--torchscript`; with `eager_policy`, a TF agent's policy calls its
   actor eagerly instead of through its `tf.function` `act`.
   Returns the train steps' durations, the script's mean, the agent's
   actor's class name and how many times a TF agent's `act` was traced
@@ -161,6 +172,7 @@ def run_script(
           str(threads),
           "--out",
           out,
+          *(["--torchscript"] if torchscript else []),
         ]
       )
   finally:
@@ -284,6 +296,7 @@ def main(argv=None):
     "backend",
     choices=[
       "torchbridge",
+      "torchbridge-torchscript",
       "torch",
       "tf",
       "floor",
@@ -328,8 +341,9 @@ def main(argv=None):
       args.backend
     )
     start = time.perf_counter()
+    torchscript = args.backend == "torchbridge-torchscript"
     durations, script_mean, actor_class, act_traces = run_script(
-      "torchbridge" if modules else args.backend,
+      "torchbridge" if modules or torchscript else args.backend,
       args.out,
       args.steps,
       args.start_steps,
@@ -337,6 +351,7 @@ def main(argv=None):
       policy_durations,
       modules=modules,
       eager_policy=args.policy == "eager",
+      torchscript=torchscript,
     )
     wall_s = time.perf_counter() - start
     split = wall_split(wall_s, durations, policy_durations)

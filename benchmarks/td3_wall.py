@@ -28,7 +28,8 @@ write (`bare_native.LeanTorchModule`): how much of that share is
 torchbridge's own. The `no-Python bridge` column runs them traced to
 TorchScript, from the ops' kernel in C++ (`scripted_native.ScriptedTorchModule`):
 how much of the share is Python per call, the modules' own Python
-included.
+included. The `torchbridge, torchscript=True` column is the torchbridge
+run with `--torchscript`: its modules' graph calls traced and run in C++.
 """
 
 import argparse
@@ -45,6 +46,7 @@ from benchmarks import scripted_native
 FLOOR = "floor"
 LEAN = "lean bridge"
 SCRIPTED = "no-Python bridge"
+TORCHSCRIPT = "torchbridge, torchscript=True"
 BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
@@ -52,6 +54,7 @@ BACKENDS = {
   FLOOR: "floor-script",
   LEAN: "lean-script",
   SCRIPTED: "scripted-script",
+  TORCHSCRIPT: "torchbridge-torchscript",
 }
 # The script's parts (`td3_process.wall_split`), then the process's own.
 SCRIPT_PARTS = ("first policy call", "first train step", "policy calls", "train steps", "the rest")
@@ -196,6 +199,15 @@ def markdown(result, rounds, steps):
       f"(`bare_native.LeanTorchModule`: none of torchbridge's Python): {lean_s:.2f} s, "
       f"{lean_s / torch_s:.2f}x pure torch's; torchbridge "
       f"{result['torchbridge']['wall_s'] / lean_s:.2f}x it.",
+    ]
+  if TORCHSCRIPT in result:
+    ts_s = result[TORCHSCRIPT]["wall_s"]
+    lines += [
+      "",
+      f"torchbridge with `torchscript=True` (its graph calls traced and run in C++): "
+      f"{ts_s:.2f} s, {ts_s / torch_s:.2f}x pure torch's; its train steps "
+      f"{result[TORCHSCRIPT]['ms_per_train_step']:.2f} ms, "
+      f"{result[TORCHSCRIPT]['ms_per_train_step'] / result['pure torch']['ms_per_train_step']:.2f}x.",
     ]
   if SCRIPTED in result:
     scripted_s = result[SCRIPTED]["wall_s"]

@@ -1,8 +1,9 @@
 // C++ callbacks: a TorchbridgeCall op whose callback_id has a C function
 // registered here runs that function instead of Python (CPU kernel only),
 // with no GIL and no Python object made. For code that runs a torch model
-// without Python (a TorchScript module, an AOT-compiled one): what a call
-// costs when nothing of it is Python (benchmarks/scripted_native.py).
+// without Python: the traced modules of `TorchModule(..., torchscript=True)`
+// (traced/traced_call.cc), and the benchmarks' no-Python bridge
+// (benchmarks/scripted_native.py).
 //
 // The ABI is C and DLPack, so the library that registers a callback needs
 // none of this library's headers, TF's or torch's in common.

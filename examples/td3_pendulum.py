@@ -57,13 +57,22 @@ def parse_args(argv=None):
   p.add_argument("--checkpoint-every", type=int, default=2000)
   p.add_argument("--threads", type=int, default=2, help="threads for each framework's kernels")
   p.add_argument(
+    "--torchscript",
+    action="store_true",
+    help="torchbridge backend: the four modules' graph calls run a trace "
+    "of each in C++, no Python per call (tb.TorchModule(torchscript=True))",
+  )
+  p.add_argument(
     "--export",
     action="store_true",
     help="torchbridge backend: at the end, translate the actor to "
     "TF ops (tb.translate), save it as a SavedModel and serve "
     "it in a process without torch (DIR/actor_savedmodel)",
   )
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  if args.torchscript and args.backend != "torchbridge":
+    p.error(f"--torchscript is for the torchbridge backend, not --backend {args.backend}")
+  return args
 
 
 class Run:
@@ -81,7 +90,13 @@ class Run:
       self.agent = agents.TorchAgent(obs_dim, act_dim, self.max_action, args.seed, self.hyper)
     else:
       self.agent = agents.TFAgent(
-        args.backend, obs_dim, act_dim, self.max_action, args.seed, self.hyper
+        args.backend,
+        obs_dim,
+        act_dim,
+        self.max_action,
+        args.seed,
+        self.hyper,
+        torchscript=args.torchscript,
       )
       self.tf_checkpoint = tf.train.CheckpointManager(
         tf.train.Checkpoint(**self.agent.checkpoint_items()),

@@ -33,8 +33,10 @@ def _batch(rng, n=32):
   )
 
 
-@pytest.mark.parametrize("backend", ["torchbridge", "tf"])
-def test_tf_backends_match_pure_torch_step_by_step(backend):
+@pytest.mark.parametrize(
+  "backend,torchscript", [("torchbridge", False), ("torchbridge", True), ("tf", False)]
+)
+def test_tf_backends_match_pure_torch_step_by_step(backend, torchscript):
   # Without target-policy noise the algorithm is deterministic: the same
   # initial weights and batches must give the same losses and actions. SGD
   # in both frameworks (Keras' and torch's Adam place epsilon differently).
@@ -42,7 +44,7 @@ def test_tf_backends_match_pure_torch_step_by_step(backend):
   reference = agents.TorchAgent(3, 1, 2.0, seed=3, hyper=hyper)
   reference.actor_opt = torch.optim.SGD(reference.actor.parameters(), hyper.lr)
   reference.critic_opt = torch.optim.SGD(reference.critic.parameters(), hyper.lr)
-  agent = agents.TFAgent(backend, 3, 1, 2.0, seed=3, hyper=hyper)
+  agent = agents.TFAgent(backend, 3, 1, 2.0, seed=3, hyper=hyper, torchscript=torchscript)
   agent.actor_opt = tf.keras.optimizers.SGD(hyper.lr)
   agent.critic_opt = tf.keras.optimizers.SGD(hyper.lr)
   rng = np.random.default_rng(0)
@@ -126,6 +128,30 @@ def test_short_run_writes_results_curve_and_checkpoints(tmp_path, backend):
   if backend == "torchbridge":
     assert results["exchange_stats"]["zero_copy"] > 0
     assert "crossed the TF/torch boundary" in log
+
+
+def test_short_run_with_torchscript_and_its_refusal_elsewhere(tmp_path):
+  out = tmp_path / "torchscript"
+  proc = _run(out, steps=300, extra=("--torchscript",))
+  log, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 0, log
+  results = json.loads((out / "results.json").read_text())
+  assert results["train_steps"] == 200
+  assert all(np.isfinite(r) for _, r in results["eval_returns"])
+  if _loader_complete():
+    # Every graph call ran in C++: no call said it took the Python path.
+    assert "takes the Python path" not in log
+  else:
+    assert "takes the Python path" in log
+  proc = _run(tmp_path / "torch", backend="torch", steps=10, extra=("--torchscript",))
+  log, _ = proc.communicate(timeout=240)
+  assert proc.returncode != 0 and "--torchscript is for the torchbridge backend" in log
+
+
+def _loader_complete():
+  from torchbridge._native import _loader
+
+  return _loader.has_torch_interop()
 
 
 def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):

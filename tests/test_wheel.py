@@ -57,8 +57,17 @@ def test_the_wheel_ships_the_package_its_sources_and_its_types(dist):
   [wheel] = dist.glob("torchbridge-*.whl")
   [sdist] = dist.glob("torchbridge-*.tar.gz")
   names = zipfile.ZipFile(wheel).namelist()
-  sources = sorted(p.name for p in (ROOT / "csrc").iterdir() if p.suffix in (".cc", ".h"))
-  assert sorted(n.split("/")[-1] for n in names if n.startswith("torchbridge/csrc/")) == sources
+  sources = sorted(
+    str(p.relative_to(ROOT / "csrc"))
+    for p in (ROOT / "csrc").rglob("*")
+    if p.suffix in (".cc", ".h")
+  )
+  shipped = sorted(
+    n[len("torchbridge/csrc/") :] for n in names if n.startswith("torchbridge/csrc/")
+  )
+  # torchscript=True's call path too (csrc/traced/), built apart from the op.
+  assert "traced/traced_call.cc" in sources
+  assert shipped == sources
   assert "torchbridge/py.typed" in names
   assert "torchbridge/__init__.py" in names and "torchbridge/ray/_ray.py" in names
   assert sdist.stat().st_size > 0

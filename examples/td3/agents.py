@@ -38,7 +38,7 @@ def torch_networks(obs_dim, act_dim, max_action, seed):
 class TFAgent:
   """TD3 on TF modules: `tb.TorchModule`s or Keras models, Keras Adam."""
 
-  def __init__(self, backend, obs_dim, act_dim, max_action, seed, hyper):
+  def __init__(self, backend, obs_dim, act_dim, max_action, seed, hyper, torchscript=False):
     self.hyper, self.max_action = hyper, max_action
     actor_torch, critic_torch = torch_networks(obs_dim, act_dim, max_action, seed)
     if backend == "torchbridge":
@@ -47,13 +47,15 @@ class TFAgent:
       # kernels for matmuls import torch._dynamo, ~1 s once per process).
       actor_out = tf.TensorSpec([None, act_dim], tf.float32)
       critic_out = (tf.TensorSpec([None, 1], tf.float32),) * 2  # the twin Q heads
-      self.actor = tb.TorchModule(actor_torch, name="actor", output_signature=actor_out)
-      self.critic = tb.TorchModule(critic_torch, name="critic", output_signature=critic_out)
+      # torchscript=True: graph calls run a trace of each module in C++.
+      ts = {"torchscript": torchscript}
+      self.actor = tb.TorchModule(actor_torch, name="actor", output_signature=actor_out, **ts)
+      self.critic = tb.TorchModule(critic_torch, name="critic", output_signature=critic_out, **ts)
       self.actor_target = tb.TorchModule(
-        copy.deepcopy(actor_torch), name="actor_target", output_signature=actor_out
+        copy.deepcopy(actor_torch), name="actor_target", output_signature=actor_out, **ts
       )
       self.critic_target = tb.TorchModule(
-        copy.deepcopy(critic_torch), name="critic_target", output_signature=critic_out
+        copy.deepcopy(critic_torch), name="critic_target", output_signature=critic_out, **ts
       )
       self._critic_call = lambda m, o, a: m(o, a)
     elif backend == "tf":
@@ -68,6 +70,8 @@ class TFAgent:
       self._critic_call = lambda m, o, a: m([o, a])
     else:
       raise ValueError(f"TFAgent backend must be 'torchbridge' or 'tf', got {backend!r}")
+    if torchscript and backend != "torchbridge":
+      raise ValueError(f"torchscript=True is for the torchbridge backend, not {backend!r}")
     self.actor_opt = tf.keras.optimizers.Adam(hyper.lr)
     self.critic_opt = tf.keras.optimizers.Adam(hyper.lr)
     # Slots exist before the first step, so a restore can match them all.

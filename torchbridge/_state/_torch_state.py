@@ -26,6 +26,7 @@ from torchbridge._state import _module_checks
 from torchbridge._state import _swap
 from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
+from torchbridge._state import _torchscript
 from torchbridge._state import _weights
 from torchbridge._state import _write_recorder
 
@@ -67,6 +68,7 @@ class TorchState:
     # Graph calls that write buffers: read, op and assign as one step.
     self._exclusive = _exclusive.ExclusiveCalls(owner_name)
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
+    self.torchscript: _torchscript.TorchScriptCalls | None = None  # use_torchscript()
     self._modules = list(module.modules())
     self.variables: dict[str, Any] = {}  # tf.Variable or keras.Variable
     for n, t in list(params.items()) + list(buffers.items()):
@@ -86,6 +88,11 @@ class TorchState:
       module,
       {n: (t, self.variables[n]) for n, t in list(params.items()) + list(buffers.items())},
     )
+
+  def use_torchscript(self) -> None:
+    """Graph calls from now on run a trace of the forward in C++, where
+    they can (`_torchscript`)."""
+    self.torchscript = _torchscript.TorchScriptCalls(self.name)
 
   def sync_torch(self) -> torch.nn.Module:
     """Points the torch module's tensors at the variables; returns it.
@@ -246,6 +253,12 @@ class TorchState:
     # Should the output specs have to be found by a real run while tracing,
     # the weights are the variables' current values.
     stand_ins = [functools.partial(self._current_value, n) for n in names]
+    if self.torchscript is not None and not tf.executing_eagerly():
+      traced = self.torchscript.call_or_none(
+        mode_key, vars_tf + call.args_tf, stand_ins, run, differentiable, self._mutated_buffers
+      )
+      if traced is not None:  # else this call takes the Python path
+        return traced
     outputs = _call.call_bridged(
       run,
       vars_tf + call.args_tf,

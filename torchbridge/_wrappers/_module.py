@@ -51,6 +51,19 @@ class TorchModule(tf.Module):
   `torch_module` gives back the torch module holding the current TF values;
   `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
 
+  `torchscript=True` runs graph calls with no Python per call: on the first
+  call of each signature inside `tf.function` (argument shapes and dtypes,
+  torch modes), the forward runs once for real and is traced
+  (`torch.jit.trace`, the weights as arguments, so TF's updates reach every
+  call); the native op's CPU kernel then runs the trace in C++, forward and
+  backward. For forwards a trace reproduces: no decision on tensor values
+  (torch's tracer warning on one is an error), no buffer written in that
+  mode, a tensor or a flat tuple or list of tensors returned; no
+  second-order gradient. Eager calls, and graph calls on a GPU, in a
+  `tf.distribute` replica, with shapes not fully known or without the
+  complete native op, take the Python path (the last four say so once, at
+  WARNING).
+
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> torch.manual_seed(0) and None
@@ -68,28 +81,43 @@ class TorchModule(tf.Module):
   """
 
   def __init__(
-    self, module: torch.nn.Module, name: str | None = None, output_signature: Any = None
+    self,
+    module: torch.nn.Module,
+    name: str | None = None,
+    output_signature: Any = None,
+    torchscript: bool = False,
   ) -> None:
     _module_checks.check_is_module(module, "TorchModule(module)")
     _call.check_output_signature(output_signature, "TorchModule()")
+    if not isinstance(torchscript, (bool, np.bool_)):
+      raise TypeError(
+        f"TorchModule(torchscript=...) takes True or False, got {torchscript!r} "
+        f"({type(torchscript).__name__}); pass torchscript=True to run graph calls "
+        "from C++, or leave it out."
+      )
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable)
-    self._init_untracked(state, output_signature)
+    self._init_untracked(state, output_signature, bool(torchscript))
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
-  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state", "_output_signature")).union(
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state", "_output_signature", "_torchscript")).union(
     tf.Module._TF_MODULE_IGNORED_PROPERTIES
   )
 
   @_compat.no_dependency_tracking
-  def _init_untracked(self, state: _torch_state.TorchState, output_signature: Any) -> None:
+  def _init_untracked(
+    self, state: _torch_state.TorchState, output_signature: Any, torchscript: bool
+  ) -> None:
     state.name = self.name  # errors raised by calls name the module
+    if torchscript:
+      state.use_torchscript()
     self._state = state
     self._output_signature = output_signature
+    self._torchscript = torchscript
 
   @property
   def torch_module(self) -> torch.nn.Module:
@@ -127,13 +155,15 @@ class TorchModule(tf.Module):
     import copy  # pylint: disable=import-outside-toplevel
 
     module_copy = copy.deepcopy(self.torch_module, memo)
-    return _rebuild_torch_module(type(self), module_copy, self.name, self._output_signature)
+    return _rebuild_torch_module(
+      type(self), module_copy, self.name, self._output_signature, self._torchscript
+    )
 
   def __reduce__(self) -> tuple[Any, ...]:
     # Pickled as its torch module (holding the current values) and name.
     return (
       _rebuild_torch_module,
-      (type(self), self.torch_module, self.name, self._output_signature),
+      (type(self), self.torch_module, self.name, self._output_signature, self._torchscript),
     )
 
   def get_weights(self) -> dict[str, np.ndarray]:
@@ -169,10 +199,16 @@ class TorchModule(tf.Module):
 
 
 def _rebuild_torch_module(
-  cls: type[TorchModule], module: torch.nn.Module, name: str, output_signature: Any = None
+  cls: type[TorchModule],
+  module: torch.nn.Module,
+  name: str,
+  output_signature: Any = None,
+  torchscript: bool = False,
 ) -> TorchModule:
   wrapper = cls.__new__(cls)
-  TorchModule.__init__(wrapper, module, name=name, output_signature=output_signature)
+  TorchModule.__init__(
+    wrapper, module, name=name, output_signature=output_signature, torchscript=torchscript
+  )
   return wrapper
 
 

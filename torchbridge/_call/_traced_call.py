@@ -1,0 +1,76 @@
+"""A graph call run from C++: the forward and backward ops of a
+`_native._traced.TracedModule`, with TF's gradient.
+
+The forward op returns a one-byte handle besides the outputs; the handle
+owns the forward's autograd record in C++ and is what the backward op
+takes, with the upstream gradients. Gradients reach the arguments marked
+differentiable; a tape that would record the backward itself (a
+second-order gradient) gets an error that names the fix, since the C++
+backward builds no graph of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
+import tensorflow as tf
+
+from torchbridge._frameworks import _compat
+from torchbridge._native import _op
+
+
+def call_traced(
+  traced: Any,  # a `_native._traced.TracedModule`
+  args_tf: Sequence[tf.Tensor],
+  out_specs: Sequence[tf.TensorSpec],
+  differentiable: Sequence[bool],
+  name: str,
+) -> list[tf.Tensor]:
+  """The traced module on `args_tf` as one differentiable TF op (in a graph).
+
+  Args:
+    traced: the module and its two C++ callbacks.
+    args_tf: flat list of TF tensors, the traced function's arguments.
+    out_specs: its outputs' `tf.TensorSpec`s (static shapes).
+    differentiable: one bool per argument: which get gradients.
+    name: the op's name.
+  """
+
+  @tf.custom_gradient
+  def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
+    with tf.device("/CPU:0"):  # C++ callbacks run in the CPU kernel
+      results = _op.call(
+        traced.forward,
+        list(args),
+        [tf.int8] + [s.dtype for s in out_specs],
+        [[1]] + [s.shape for s in out_specs],
+        name=name,
+      )
+    handle_tf, outs_tf = results[0], results[1:]
+
+    def grad(*dys_tf: tf.Tensor | None) -> list[tf.Tensor | None]:
+      if _compat.tape_could_record():
+        raise NotImplementedError(
+          f"{name}: a second-order gradient (a tape recording this backward) "
+          "through a torchscript=True module: its backward runs in C++ and "
+          "builds no graph to differentiate. Use torchscript=False for this "
+          "module (the Python path gives every order)."
+        )
+      dys = [tf.zeros(s.shape, s.dtype) if dy is None else dy for dy, s in zip(dys_tf, out_specs)]
+      with tf.device("/CPU:0"):
+        grads = _op.call(
+          traced.backward,
+          [handle_tf, *dys],
+          [a.dtype for a in args],
+          [a.shape for a in args],
+          name=name + "_grad",
+        )
+      # Arguments that get no gradient: None, so TF never asks the op for
+      # theirs (the kernel computes only the gradients TF consumes).
+      return [g if diff else None for g, diff in zip(grads, differentiable)]
+
+    return outs_tf, grad
+
+  return list(bridged(*args_tf))

@@ -1,0 +1,143 @@
+"""The C++ call path of `TorchModule(..., torchscript=True)`: its library
+(csrc/traced/traced_call.cc, built on first use and cached beside the op's)
+and the traced modules it runs.
+
+A `TracedModule` is a TorchScript module loaded into that library, with
+the two C++ callbacks (`_callbacks.NativeCallback`) that the native op's CPU
+kernel runs for its forward and backward ops, with no GIL and no Python per
+call. Nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch  # noqa: F401  (before tensorflow)
+
+from torchbridge._native import _build
+from torchbridge._native import _callbacks
+from torchbridge._native import _compiler
+
+_SOURCE = Path("traced") / "traced_call.cc"
+_STEM = "torchbridge_traced"
+_lock = threading.Lock()
+_library: Any = None
+
+
+def library() -> Any:
+  """The loaded library (ctypes), building it on first use.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  global _library
+  if _library is not None:
+    return _library
+  with _lock:
+    if _library is None:
+      _library = _load(_build_or_reuse())
+  return _library
+
+
+def _build_or_reuse() -> Path:
+  sources = _build.source_dir()
+  source = sources / _SOURCE
+  flags = _compiler.torch_interop_flags(sources)
+  if flags is None or not source.is_file():
+    raise _compiler.BuildError(
+      "torchscript=True needs torch's C++ headers and libraries "
+      "(torch/include, torch/lib) and csrc/traced/traced_call.cc"
+    )
+  compile_flags, link_flags = flags
+  digest = hashlib.sha256()
+  for part in (_build._versions(), " ".join(compile_flags + link_flags)):
+    digest.update(part.encode() + b"\0")
+  digest.update(source.read_bytes())
+  digest.update((sources / "native_callback.h").read_bytes())
+  target = _build.cache_dir() / f"{_STEM}-{digest.hexdigest()[:20]}.so"
+  if target.is_file():
+    return target
+  compiler = _compiler.find_compiler()
+  target.parent.mkdir(parents=True, exist_ok=True)
+  with _build._file_lock(target.with_suffix(".lock")):
+    if target.is_file():
+      return target
+    _build._say(
+      logging.INFO,
+      "torchbridge: building the C++ call path of torchscript=True (%s) into %s, "
+      "once per set-up (10-30 s on 2 cores)",
+      _SOURCE,
+      target.parent,
+    )
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{_STEM}-") as work:
+      output = Path(work, target.name)
+      common = [compiler, "-fPIC", "-O2", "-I" + str(sources), *compile_flags]
+      plan = _compiler.Plan(
+        files={},
+        compiles=[common + ["-c", str(source), "-o", f"{output}.o"]],
+        link=[compiler, "-shared", "-o", str(output), f"{output}.o", *link_flags],
+      )
+      failure = _compiler.run(plan, target.with_suffix(".log"))
+      if failure:
+        raise _compiler.BuildError(failure.replace("the native op (csrc/)", str(_SOURCE)))
+      os.chmod(output, 0o755)
+      os.replace(output, target)
+    _build._say(
+      logging.INFO,
+      "torchbridge: built the C++ call path in %.1f s: %s",
+      time.monotonic() - started,
+      target,
+    )
+  return target
+
+
+def _load(path: Path) -> Any:
+  lib = ctypes.CDLL(str(path))
+  lib.tbt_load.restype = ctypes.c_void_p
+  lib.tbt_load.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+  lib.tbt_records.restype = ctypes.c_int64
+  lib.tbt_records.argtypes = [ctypes.c_void_p, ctypes.c_int]
+  return lib
+
+
+class TracedModule:
+  """A TorchScript module run by the native op's kernel, from C++.
+
+  `forward` and `backward` are the callbacks of its two ops: the forward
+  op takes the module's arguments and returns a one-byte handle and the
+  outputs (with no record made when nothing consumes the handle); the
+  backward op takes the handle and one gradient per output and returns one
+  gradient per argument (those the graph consumes).
+  """
+
+  def __init__(self, script_module: torch.jit.ScriptModule, num_threads: int) -> None:
+    lib = library()
+    with tempfile.TemporaryDirectory(prefix="torchbridge_traced_") as tmp:
+      path = os.path.join(tmp, "module.pt")
+      script_module.save(path)
+      error = ctypes.create_string_buffer(1024)
+      context = lib.tbt_load(path.encode(), num_threads, error, len(error))
+    if not context:
+      raise RuntimeError(f"loading the traced module into C++ failed: {error.value.decode()}")
+    self._context = context
+    self.forward = _callbacks.NativeCallback(_address(lib.tbt_forward), context, owner=self)
+    self.backward = _callbacks.NativeCallback(_address(lib.tbt_backward), context, owner=self)
+
+  def records(self, made: bool = False) -> int:
+    """Forward records alive (each freed with its handle), or made so far."""
+    return int(library().tbt_records(self._context, int(made)))
+
+
+def _address(function: Any) -> int:
+  """A ctypes function's address."""
+  return int(ctypes.cast(function, ctypes.c_void_p).value or 0)
