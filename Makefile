@@ -89,7 +89,8 @@ USER_VENV := .venv-user
 USER_PY := $(USER_VENV)/bin/python
 USER_REQUIREMENTS ?= requirements-user.txt
 USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
-	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py
+	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py \
+	test_module_torchscript.py
 user-venv:
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
