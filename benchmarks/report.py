@@ -142,49 +142,32 @@ def floors(results):
     out.append({"name": name, "measured": measured, "limit": limit})
 
   td3 = results.get("td3", {})
-  lean, torch_ = td3.get(LEAN_TD3), td3.get("pure torch")
-  if lean and torch_:
+  torch_ = td3.get("pure torch")
+  labels = {
+    LEAN_TD3: "leanest Python bridge",
+    TORCHSCRIPT_TD3: TORCHSCRIPT_TD3,
+    SCRIPTED_TD3: "no-Python bridge",
+  }
+  for contender, label in labels.items():
+    record = td3.get(contender)
+    if not (record and torch_):
+      continue
     add(
-      "TD3 train step: leanest Python bridge / pure torch",
-      lean["ms_per_train_step"] / torch_["ms_per_train_step"],
+      f"TD3 train step: {label} / pure torch",
+      record["ms_per_train_step"] / torch_["ms_per_train_step"],
       "<= 1.10",
     )
-    if "wall_s" in lean and "wall_s" in torch_:
+    if "wall_s" in record and "wall_s" in torch_:
       add(
-        "TD3 script's wall time: leanest Python bridge / pure torch",
-        lean["wall_s"] / torch_["wall_s"],
+        f"TD3 script's wall time: {label} / pure torch",
+        record["wall_s"] / torch_["wall_s"],
         "<= 1.2",
       )
-    if "torchbridge" in td3:
+    if contender == LEAN_TD3 and "torchbridge" in td3:
       add(
         "TD3 train step: torchbridge / leanest Python bridge",
-        td3["torchbridge"]["ms_per_train_step"] / lean["ms_per_train_step"],
+        td3["torchbridge"]["ms_per_train_step"] / record["ms_per_train_step"],
         "the bridge's own code",
-      )
-  for name in (TORCHSCRIPT_TD3,):
-    ts = td3.get(name)
-    if ts and torch_:
-      add(
-        f"TD3 train step: {name} / pure torch",
-        ts["ms_per_train_step"] / torch_["ms_per_train_step"],
-        "<= 1.10",
-      )
-      if "wall_s" in ts and "wall_s" in torch_:
-        add(
-          f"TD3 script's wall time: {name} / pure torch", ts["wall_s"] / torch_["wall_s"], "<= 1.2"
-        )
-  scripted = td3.get(SCRIPTED_TD3)
-  if scripted and torch_:
-    add(
-      "TD3 train step: no-Python bridge / pure torch",
-      scripted["ms_per_train_step"] / torch_["ms_per_train_step"],
-      "<= 1.10",
-    )
-    if "wall_s" in scripted and "wall_s" in torch_:
-      add(
-        "TD3 script's wall time: no-Python bridge / pure torch",
-        scripted["wall_s"] / torch_["wall_s"],
-        "<= 1.2",
       )
   return out
 

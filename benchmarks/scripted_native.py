@@ -4,17 +4,19 @@ the call path", measured.
 `ScriptedTorchModule` stands where a `tb.TorchModule` stood, as
 `bare_native.LeanTorchModule` does, on the same native op and variables,
 but its calls never enter Python: the torch module is traced once
-(`torch.jit.trace` of `torch.func.functional_call`, so that the parameters
-are the traced function's inputs, as TF hands them to each call) and each
-forward and backward op runs it from C++ (`benchmarks/csrc/scripted_call.cc`,
-registered as the ops' C++ callbacks, `csrc/native_callback.h`): no GIL, no
-Python frame, no parameter swap, the module's own Python replaced by
-TorchScript's interpreter and autograd run in C++.
+(`torch.jit.trace` with the parameters swapped for the traced function's
+inputs, as TF hands them to each call) and each forward and backward op
+runs it from C++ (torchbridge's own C++ call path, csrc/traced/, through
+the ops' C++ callbacks, `csrc/native_callback.h`): no GIL, no Python
+frame, no parameter swap, the module's own Python replaced by
+TorchScript's interpreter and autograd run in C++. It is
+`TorchModule(torchscript=True)`'s path with none of the wrapper around it
+(binding, modes, checks, the fallbacks); it was measured first with a
+copy of that runner of its own, then merged into it. Its floor,
+`NoPythonFloorModule`, hands back fresh torch tensors from C++
+(`benchmarks/csrc/scripted_call.cc`).
 
-That changes what the module may do (TorchScript traces one path through
-the Python; data-dependent control flow is frozen), which is why torchbridge
-runs the user's module as it is. This is a measurement, for the benchmarks
-only: float32, fixed shapes, no double backward.
+For the benchmarks only: float32, fixed shapes, no double backward.
 """
 
 import ctypes
@@ -32,6 +34,7 @@ from torchbridge._native import _callbacks
 from torchbridge._native import _compiler
 from torchbridge._native import _loader
 from torchbridge._native import _op
+from torchbridge._native import _traced
 from torchbridge._runtime import _omp_team
 
 _SOURCE = Path(__file__).resolve().parent / "csrc" / "scripted_call.cc"
@@ -39,7 +42,7 @@ _library = None
 
 
 def library():
-  """The C++ callbacks' library (built once per source and torch, cached)."""
+  """The floor's C++ callback library (built once per source and torch, cached)."""
   global _library
   if _library is not None:
     return _library
@@ -74,10 +77,6 @@ def library():
         raise RuntimeError(f"building {_SOURCE.name} failed:\n{done.stderr[-4000:]}")
       os.replace(out, target)
   lib = ctypes.CDLL(str(target))
-  lib.tbs_load.restype = ctypes.c_void_p
-  lib.tbs_load.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64]
-  lib.tbs_records.restype = ctypes.c_int64
-  lib.tbs_records.argtypes = [ctypes.c_void_p, ctypes.c_int]
   lib.tbs_bare_new.restype = ctypes.c_void_p
   lib.tbs_bare_new.argtypes = [
     ctypes.c_int64,
@@ -92,12 +91,14 @@ def unavailable():
   """Why the no-Python bridge cannot run here (a line), or None if it can.
 
   It needs the native op with its torch side (C++ callbacks are run by its
-  CPU kernel) and a build of `scripted_call.cc`, which this makes (once).
+  CPU kernel) and builds of `scripted_call.cc` and of torchbridge's C++
+  call path, which this makes (once).
   """
   if not _loader.has_torch_interop():
     return f"the native op with its torch side is not loaded ({_loader.status()})"
   try:
     library()
+    _traced.library()
   except (RuntimeError, OSError, _compiler.BuildError) as err:
     return " ".join(str(err).split())[:300]
   return None
@@ -159,27 +160,14 @@ class ScriptedTorchModule(bare_native.BareNativeModule):
       # Tracing ran the module on this thread: its OpenMP team is released
       # again, as `_outputs_for` does (see there).
       _omp_team.release_user_team()
-      lib = library()
-      with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "module.pt")
-        traced.save(path)
-        error = ctypes.create_string_buffer(1024)
-        context = lib.tbs_load(path.encode(), error, len(error))
-      if not context:
-        raise RuntimeError(f"loading the traced module failed: {error.value.decode()}")
-      address = ctypes.cast(lib.tbs_forward, ctypes.c_void_p).value
-      backward = ctypes.cast(lib.tbs_backward, ctypes.c_void_p).value
-      self._traced[key] = (
-        _callbacks.NativeCallback(address, context, owner=self),
-        _callbacks.NativeCallback(backward, context, owner=self),
-        context,
-      )
+      traced_cpp = _traced.TracedModule(traced, torch.get_num_threads())
+      self._traced[key] = (traced_cpp.forward, traced_cpp.backward, traced_cpp)
     return self._traced[key]
 
   def records(self, made=False):
     """Forward records alive (freed with their handles), or made so far
     (`made`), over all shapes."""
-    return sum(library().tbs_records(c, int(made)) for _, _, c in self._traced.values())
+    return sum(t.records(made) for _, _, t in self._traced.values())
 
   @tf.autograph.experimental.do_not_convert
   def __call__(self, *inputs_tf):

@@ -191,32 +191,23 @@ def markdown(result, rounds, steps):
     f"The bridge's share of the torchbridge run: {floor['bridge_share_s']:.2f} s "
     f"({floor['bridge_share_s'] / result['torchbridge']['wall_s']:.0%}).",
   ]
-  if LEAN in result:
-    lean_s = result[LEAN]["wall_s"]
+  others = {
+    LEAN: "The same run through the leanest Python bridge on the same ops "
+    "(`bare_native.LeanTorchModule`: none of torchbridge's Python)",
+    TORCHSCRIPT: "torchbridge with `torchscript=True` (its graph calls traced and run in C++)",
+    SCRIPTED: "The same run with no Python per call (`scripted_native.ScriptedTorchModule`: "
+    "the modules traced to TorchScript and run from the ops' kernel in C++; "
+    "its tracing included)",
+  }
+  for column, label in others.items():
+    if column not in result:
+      continue
+    wall_s, step_ms = result[column]["wall_s"], result[column]["ms_per_train_step"]
     lines += [
       "",
-      f"The same run through the leanest Python bridge on the same ops "
-      f"(`bare_native.LeanTorchModule`: none of torchbridge's Python): {lean_s:.2f} s, "
-      f"{lean_s / torch_s:.2f}x pure torch's; torchbridge "
-      f"{result['torchbridge']['wall_s'] / lean_s:.2f}x it.",
-    ]
-  if TORCHSCRIPT in result:
-    ts_s = result[TORCHSCRIPT]["wall_s"]
-    lines += [
-      "",
-      f"torchbridge with `torchscript=True` (its graph calls traced and run in C++): "
-      f"{ts_s:.2f} s, {ts_s / torch_s:.2f}x pure torch's; its train steps "
-      f"{result[TORCHSCRIPT]['ms_per_train_step']:.2f} ms, "
-      f"{result[TORCHSCRIPT]['ms_per_train_step'] / result['pure torch']['ms_per_train_step']:.2f}x.",
-    ]
-  if SCRIPTED in result:
-    scripted_s = result[SCRIPTED]["wall_s"]
-    lines += [
-      "",
-      f"The same run with no Python per call (`scripted_native.ScriptedTorchModule`: "
-      f"the modules traced to TorchScript and run from the ops' kernel in C++; "
-      f"its tracing included): {scripted_s:.2f} s, {scripted_s / torch_s:.2f}x "
-      f"pure torch's; torchbridge {result['torchbridge']['wall_s'] / scripted_s:.2f}x it.",
+      f"{label}: {wall_s:.2f} s, {wall_s / torch_s:.2f}x pure torch's; its train steps "
+      f"{step_ms:.2f} ms, {step_ms / result['pure torch']['ms_per_train_step']:.2f}x; "
+      f"torchbridge {result['torchbridge']['wall_s'] / wall_s:.2f}x it.",
     ]
   return "\n".join(lines) + "\n"
 

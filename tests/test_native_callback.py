@@ -138,7 +138,7 @@ def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_n
   # Three outputs declared besides the handle; the module returns two.
   with pytest.raises(
     tf.errors.InternalError,
-    match="C\\+\\+ callback failed: the module returned 2 tensors, the op declares 3",
+    match="C\\+\\+ callback failed: the traced module returned 2 tensors, the op declares 3",
   ):
     _op.call(forward, args, [tf.int8] + [tf.float32] * 3)
   # A shape the graph declared that the output does not have: the kernel's

@@ -93,6 +93,16 @@ at::Tensor MakeHandle(Module* m, std::unique_ptr<Record> record) {
       at::TensorOptions().dtype(at::kChar));
 }
 
+// A callback's failure: what it owned freed, the message written.
+int Fail(DLManagedTensor** inputs, int64_t num_inputs,
+         std::vector<DLManagedTensor*>* made, const std::exception& e,
+         char* error, int64_t error_size) {
+  FreeAll(inputs, num_inputs);
+  FreeAll(made->data(), static_cast<int64_t>(made->size()));
+  SetError(error, error_size, e.what());
+  return 1;
+}
+
 bool Differentiable(const at::Tensor& t) {
   return at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
 }
@@ -174,10 +184,7 @@ int tbt_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
     for (size_t i = 0; i < made.size(); ++i) outputs[i + 1] = made[i];
     return 0;
   } catch (const std::exception& e) {
-    FreeAll(inputs, num_inputs);
-    FreeAll(made.data(), static_cast<int64_t>(made.size()));
-    SetError(error, error_size, e.what());
-    return 1;
+    return Fail(inputs, num_inputs, &made, e, error, error_size);
   }
 }
 
@@ -255,10 +262,7 @@ int tbt_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
     for (int64_t k = 0; k < num_outputs; ++k) outputs[k] = result[k];
     return 0;
   } catch (const std::exception& e) {
-    FreeAll(inputs, num_inputs);
-    FreeAll(made.data(), static_cast<int64_t>(made.size()));
-    SetError(error, error_size, e.what());
-    return 1;
+    return Fail(inputs, num_inputs, &made, e, error, error_size);
   }
 }
 
