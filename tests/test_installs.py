@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -289,9 +290,17 @@ def test_user_install_runs_the_installed_package_beside_triton():
   assert "site-packages" in torchbridge.__file__, torchbridge.__file__
   assert TRITON_INSTALLED
   # The op's C++ sources ship inside the package (built on first use).
-  # Every .cc/.h of the checkout's csrc/ ships, and nothing else.
-  csrc = os.path.join(os.path.dirname(torchbridge.__file__), "csrc")
-  checkout_csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
-  expected = sorted(name for name in os.listdir(checkout_csrc) if name.endswith((".cc", ".h")))
+  # Every .cc/.h of the checkout's csrc/ ships (torchscript=True's call
+  # path in csrc/traced/ too), and nothing else.
+  csrc = Path(torchbridge.__file__).parent / "csrc"
+  checkout_csrc = Path(__file__).resolve().parents[1] / "csrc"
+
+  expected = sorted(
+    str(p.relative_to(checkout_csrc))
+    for p in checkout_csrc.rglob("*")
+    if p.is_file() and p.suffix in (".cc", ".h")
+  )
   assert "torch_thread.h" in expected and "torchbridge_op.cc" in expected
-  assert sorted(os.listdir(csrc)) == expected
+  assert "traced/traced_call.cc" in expected
+  shipped = sorted(str(p.relative_to(csrc)) for p in csrc.rglob("*") if p.is_file())
+  assert shipped == expected
