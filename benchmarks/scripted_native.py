@@ -20,10 +20,6 @@ For the benchmarks only: float32, fixed shapes, no double backward.
 """
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 import tensorflow as tf
@@ -42,40 +38,12 @@ _library = None
 
 
 def library():
-  """The floor's C++ callback library (built once per source and torch, cached)."""
+  """The floor's C++ callback library, built on first use and cached."""
   global _library
   if _library is not None:
     return _library
-  flags = _compiler.torch_interop_flags(_SOURCE.parent.parent.parent / "csrc")
-  if flags is None:
-    raise RuntimeError(
-      "torch's C++ headers or libraries are missing: cannot build scripted_call.cc"
-    )
-  compile_flags, link_flags = flags
-  key = hashlib.sha256(
-    _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(compile_flags).encode()
-  ).hexdigest()[:16]
-  cache = Path(os.environ.get("TORCHBRIDGE_CACHE_DIR", Path.home() / ".cache" / "torchbridge"))
-  target = cache / f"scripted_call_{key}.so"
-  if not target.is_file():
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-      out = Path(tmp) / target.name
-      command = [
-        _compiler.find_compiler(),
-        "-O2",
-        "-fPIC",
-        "-shared",
-        *compile_flags,
-        str(_SOURCE),
-        "-o",
-        str(out),
-        *link_flags,
-      ]
-      done = subprocess.run(command, capture_output=True, text=True, check=False)
-      if done.returncode != 0:
-        raise RuntimeError(f"building {_SOURCE.name} failed:\n{done.stderr[-4000:]}")
-      os.replace(out, target)
+  # Built as torchbridge builds its own torch-side library (cached, locked).
+  target = _traced.build_torch_library(_SOURCE, "benchmarks_scripted_call")
   lib = ctypes.CDLL(str(target))
   lib.tbs_bare_new.restype = ctypes.c_void_p
   lib.tbs_bare_new.argtypes = [

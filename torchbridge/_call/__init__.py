@@ -22,6 +22,7 @@ from torchbridge._call._call_bridged import call_bridged
 from torchbridge._call._gradients import is_differentiable
 from torchbridge._call._protocol import Forward
 from torchbridge._call._protocol import Outputs
+from torchbridge._call._signature import stand_in_args
 from torchbridge._call._traced_call import call_traced
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
   "check_not_xla",
   "check_output_signature",
   "is_differentiable",
+  "stand_in_args",
 ]

@@ -166,6 +166,21 @@ def _run_real(
   stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None,
   random_floats: bool = False,
 ) -> list[torch.Tensor]:
+  args = stand_in_args(args_specs, size, stand_ins, random_floats)
+  with torch.no_grad(), _compiled.run_uncompiled():
+    return run(args)
+
+
+def stand_in_args(
+  args_specs: Sequence[tf.TensorSpec],
+  size: int,
+  stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None = None,
+  random_floats: bool = False,
+) -> list[torch.Tensor]:
+  """Torch tensors to run a forward on for real while tracing: each
+  argument's stand-in where given (a module's weights), else ones (zeros
+  for bools; with `random_floats`, seeded normal floats) of its spec's
+  shape, `size` for each unknown dimension."""
   args = []
   generator = torch.Generator().manual_seed(0)
   for k, spec in enumerate(args_specs):
@@ -179,8 +194,7 @@ def _run_real(
       args.append(torch.zeros(_shape(spec, size), dtype=dtype))
     else:
       args.append(torch.ones(_shape(spec, size), dtype=dtype))
-  with torch.no_grad(), _compiled.run_uncompiled():
-    return run(args)
+  return args
 
 
 def _trace_error(

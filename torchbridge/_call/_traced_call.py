@@ -17,6 +17,7 @@ from typing import Any
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
+from torchbridge._call import _call_bridged
 from torchbridge._frameworks import _compat
 from torchbridge._native import _op
 
@@ -35,8 +36,9 @@ def call_traced(
     args_tf: flat list of TF tensors, the traced function's arguments.
     out_specs: its outputs' `tf.TensorSpec`s (static shapes).
     differentiable: one bool per argument: which get gradients.
-    name: the op's name.
+    name: the call's name, for errors and (cleaned) the ops' names.
   """
+  op_name = _call_bridged._op_name(name)
 
   @tf.custom_gradient
   def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
@@ -46,7 +48,7 @@ def call_traced(
         list(args),
         [tf.int8] + [s.dtype for s in out_specs],
         [[1]] + [s.shape for s in out_specs],
-        name=name,
+        name=op_name,
       )
     handle_tf, outs_tf = results[0], results[1:]
 
@@ -65,7 +67,7 @@ def call_traced(
           [handle_tf, *dys],
           [a.dtype for a in args],
           [a.shape for a in args],
-          name=name + "_grad",
+          name=op_name + "_grad",
         )
       # Arguments that get no gradient: None, so TF never asks the op for
       # theirs (the kernel computes only the gradients TF consumes).

@@ -117,7 +117,12 @@ def build_or_reuse(force: bool = False) -> Path:
     BuildError: no compiler, or the build failed (the message names the
       log in the cache directory).
   """
-  target = library_path()
+  return build_once(library_path(), _build, force)
+
+
+def build_once(target: Path, build: Callable[[str, Path], None], force: bool = False) -> Path:
+  """`target`, made by `build(compiler, target)` unless it exists (or with
+  `force`), under a file lock beside it: concurrent processes build once."""
   if target.is_file() and not force:
     return target
   compiler = _compiler.find_compiler()
@@ -125,7 +130,7 @@ def build_or_reuse(force: bool = False) -> Path:
   with _file_lock(target.with_suffix(".lock")):
     if target.is_file() and not force:  # another process built it meanwhile
       return target
-    _build(compiler, target)
+    build(compiler, target)
   return target
 
 

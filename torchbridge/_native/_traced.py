@@ -17,6 +17,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,36 +51,43 @@ def library() -> Any:
 
 def _build_or_reuse() -> Path:
   sources = _build.source_dir()
-  source = sources / _SOURCE
+  return build_torch_library(sources / _SOURCE, _STEM, [sources / "native_callback.h"])
+
+
+def build_torch_library(source: Path, stem: str, headers: Sequence[Path] = ()) -> Path:
+  """`source` compiled against torch's C++ headers and libraries (none of
+  TF's) into a shared library cached beside the op's, keyed by the set-up,
+  the flags, `source` and the `headers` it includes; built once per key
+  (said through the "torchbridge" logger).
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  sources = _build.source_dir()
   flags = _compiler.torch_interop_flags(sources)
   if flags is None or not source.is_file():
     raise _compiler.BuildError(
-      "torchscript=True needs torch's C++ headers and libraries "
-      "(torch/include, torch/lib) and csrc/traced/traced_call.cc"
+      f"building {source.name} needs torch's C++ headers and libraries "
+      f"(torch/include, torch/lib) and {source}"
     )
   compile_flags, link_flags = flags
   digest = hashlib.sha256()
   for part in (_build._versions(), " ".join(compile_flags + link_flags)):
     digest.update(part.encode() + b"\0")
-  digest.update(source.read_bytes())
-  digest.update((sources / "native_callback.h").read_bytes())
-  target = _build.cache_dir() / f"{_STEM}-{digest.hexdigest()[:20]}.so"
-  if target.is_file():
-    return target
-  compiler = _compiler.find_compiler()
-  target.parent.mkdir(parents=True, exist_ok=True)
-  with _build._file_lock(target.with_suffix(".lock")):
-    if target.is_file():
-      return target
+  for path in (source, *headers):
+    digest.update(path.read_bytes())
+  target = _build.cache_dir() / f"{stem}-{digest.hexdigest()[:20]}.so"
+
+  def build(compiler: str, target: Path) -> None:
     _build._say(
       logging.INFO,
-      "torchbridge: building the C++ call path of torchscript=True (%s) into %s, "
-      "once per set-up (10-30 s on 2 cores)",
-      _SOURCE,
+      "torchbridge: building %s into %s, once per set-up (10-30 s on 2 cores)",
+      source.name,
       target.parent,
     )
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{_STEM}-") as work:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{stem}-") as work:
       output = Path(work, target.name)
       common = [compiler, "-fPIC", "-O2", "-I" + str(sources), *compile_flags]
       plan = _compiler.Plan(
@@ -89,16 +97,18 @@ def _build_or_reuse() -> Path:
       )
       failure = _compiler.run(plan, target.with_suffix(".log"))
       if failure:
-        raise _compiler.BuildError(failure.replace("the native op (csrc/)", str(_SOURCE)))
+        raise _compiler.BuildError(failure.replace("the native op (csrc/)", source.name))
       os.chmod(output, 0o755)
       os.replace(output, target)
     _build._say(
       logging.INFO,
-      "torchbridge: built the C++ call path in %.1f s: %s",
+      "torchbridge: built %s in %.1f s: %s",
+      source.name,
       time.monotonic() - started,
       target,
     )
-  return target
+
+  return _build.build_once(target, build)
 
 
 def _load(path: Path) -> Any:

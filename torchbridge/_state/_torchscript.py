@@ -89,10 +89,13 @@ class TorchScriptCalls:
       return None
     key = (mode_key, tuple((tuple(a.shape), a.dtype.name) for a in args_tf))
     if key not in self._traced:
-      example = [f() for f in stand_ins] + [_stand_in(a) for a in args_tf[len(stand_ins) :]]
+      specs = [tf.TensorSpec(a.shape, a.dtype) for a in args_tf]
+      example = _call.stand_in_args(
+        specs, 1, list(stand_ins) + [None] * (len(specs) - len(stand_ins))
+      )
       self._traced[key] = self._trace(example, run, mutated_buffers, mode_key)
     traced, out_specs, kind = self._traced[key]
-    outs_tf = _call.call_traced(traced, args_tf, out_specs, differentiable, _op_name(self._name))
+    outs_tf = _call.call_traced(traced, args_tf, out_specs, differentiable, self._name)
     if kind == "tensor":
       return outs_tf[0]
     return tuple(outs_tf) if kind == "tuple" else list(outs_tf)
@@ -162,12 +165,3 @@ def _result_kind(result: Any, name: str) -> str:
     f"flat tuple or list of tensors; it returned {type(result).__name__}. Use "
     "torchscript=False for nested results, dicts, numbers or None."
   )
-
-
-def _op_name(name: str) -> str:
-  return "".join(c if c.isalnum() or c in "_.-/" else "_" for c in name).lstrip("_-/") or "torch"
-
-
-def _stand_in(arg_tf: tf.Tensor) -> torch.Tensor:
-  """Zeros of a graph tensor's (known) shape and dtype, for the real run."""
-  return torch.zeros(arg_tf.shape.as_list(), dtype=_adopt.torch_dtype(arg_tf.dtype))
