@@ -20,10 +20,12 @@ the floor (the same TF program, each bridged module a bare native op), the
 floor whose ops take and hand back torch tensors, and the same ops running
 the same torch modules through the leanest Python bridge one can write
 (`bare_native.LeanTorchModule`): what is left of the bridge's share once
-that one is taken out is torchbridge's own Python. For TD3, also the same
-ops running the modules traced to TorchScript from C++, with no Python per
-call (`scripted_native.ScriptedTorchModule`), unrecorded and recorded: what
-is left once Python is taken out altogether.
+that one is taken out is torchbridge's own Python. For TD3, also the
+step with `tb.TorchModule(..., torchscript=True)` (each module traced, its
+graph calls run from the native op's kernel in C++: no Python per call),
+unrecorded and recorded, against its own floor (the same ops handing back
+fresh torch tensors from C++): what is left once Python is taken out
+altogether.
 Writes step_breakdown.json and step_breakdown.md, and the last recorded
 step of each as a Chrome / Perfetto trace (step_trace_NAME.json) and a
 picture (step_trace_NAME.png).
@@ -205,17 +207,18 @@ def _rows(events, step_events, idle_row):
 
 
 def _no_python_steps(name):
-  """For TD3, (the step with its modules traced to TorchScript and run
-  from the native ops' kernel in C++, `scripted_native.ScriptedTorchModule`:
-  a bridge with no Python per call; its floor, the same ops handing back
-  fresh torch tensors from C++, `scripted_native.NoPythonFloorModule`).
-  (None, None) for the small MLP, or where they cannot run."""
+  """For TD3, (the step with `torchscript=True` modules: each traced and
+  run from the native ops' kernel in C++, no Python per call; its floor,
+  the same ops handing back fresh torch tensors from C++,
+  `scripted_native.NoPythonFloorModule`). (None, None) for the small MLP,
+  or where they cannot run."""
   if name != "td3" or scripted_native.unavailable():
     return None, None
   from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
 
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), torchscript=True)
   return (
-    _on_random_batches(td3_process.bare_native_agent(kind="scripted")),
+    _on_random_batches(agent),
     _on_random_batches(td3_process.bare_native_agent(kind="no-python-floor")),
   )
 
@@ -256,11 +259,11 @@ def timeline_pass(
   """Blocks of BLOCK steps, alternated: unrecorded, recorded by
   `tb.timeline(annotate=False)` alone (no profiler), the floor step, and
   (given) the floor step with torch tensors in and out of its ops, the
-  step through the leanest Python bridge, and the step through the bridge
-  with no Python per call, unrecorded and recorded in turn as the bridged
-  step is (its kernels' phases: the C++ callback is torch's compute in
-  TorchScript's interpreter), with its floor (the same ops, fresh torch
-  tensors handed back from C++).
+  step through the leanest Python bridge, and the step with
+  `torchscript=True` modules (no Python per call), unrecorded and recorded
+  in turn as the bridged step is (its kernels' phases: the C++ callback is
+  torch's compute in TorchScript's interpreter), with its floor (the same
+  ops, fresh torch tensors handed back from C++).
   Alternating keeps them on the same stretch of this noisy machine, so the
   recorded rows can be held against the unrecorded step."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
@@ -337,13 +340,16 @@ def timeline_pass(
     ),
     # The same step through the leanest Python bridge on the same ops.
     "lean_bridge_mean_ms": _trimmed_mean(lean_ms) if lean_ms else None,
-    # The same step with no Python per call, and its recorded rows.
-    "scripted_bridge_mean_ms": _trimmed_mean(scripted_ms) if scripted_ms else None,
-    "scripted_recorded_mean_ms": (
+    # The same step with torchscript=True (no Python per call), its
+    # recorded rows and its floor.
+    "torchscript_mean_ms": _trimmed_mean(scripted_ms) if scripted_ms else None,
+    "torchscript_recorded_mean_ms": (
       _trimmed_mean(scripted_recorded_ms) if scripted_recorded_ms else None
     ),
-    "scripted_rows_ms": _scripted_rows(scripted_events, scripted_marks) if scripted_marks else None,
-    "scripted_floor_mean_ms": _trimmed_mean(scripted_floor_ms) if scripted_floor_ms else None,
+    "torchscript_rows_ms": _scripted_rows(scripted_events, scripted_marks)
+    if scripted_marks
+    else None,
+    "no_python_floor_mean_ms": _trimmed_mean(scripted_floor_ms) if scripted_floor_ms else None,
     "rows_ms": rows,
     "rows_sum_ms": float(sum(rows.values())),
     "steps": len(marks),
@@ -351,7 +357,7 @@ def timeline_pass(
   }
 
 
-# The no-Python bridge's kernel phases: its callback runs no Python, only
+# torchscript=True's kernel phases: its callback runs no Python, only
 # torch (TorchScript's interpreter, autograd) and DLPack in C++.
 SCRIPTED_CALLBACK = "torch, run from C++: forwards (TorchScript) and backwards, DLPack in and out"
 
@@ -533,7 +539,7 @@ def _step_markdown(name, r, placement):
       f"torch-tensor floor and torch: "
       f"{lean_ms - (t['floor_torch_outputs_mean_ms'] or t['floor_mean_ms']) - t['torch_compute_ms']:.2f} ms."
     )
-  if t.get("scripted_bridge_mean_ms") is not None:
+  if t.get("torchscript_mean_ms") is not None:
     lines += _scripted_markdown(t, step_ms)
   lines.append("")
   lines += _table(
@@ -565,29 +571,29 @@ def _step_markdown(name, r, placement):
 
 
 def _scripted_markdown(t, step_ms):
-  """The no-Python bridge's lines and its recorded rows."""
-  scripted_ms, floor_ms = t["scripted_bridge_mean_ms"], t["scripted_floor_mean_ms"]
-  rows = t["scripted_rows_ms"]
+  """torchscript=True's lines and its recorded rows."""
+  scripted_ms, floor_ms = t["torchscript_mean_ms"], t["no_python_floor_mean_ms"]
+  rows = t["torchscript_rows_ms"]
   compute = rows.get(SCRIPTED_CALLBACK, 0.0)
   share = scripted_ms - floor_ms - compute
   lines = [
-    f"- The same ops running the same torch modules with no Python per call "
-    f"(`scripted_native.ScriptedTorchModule`: traced to TorchScript, run from "
-    f"the ops' kernel in C++; alternated blocks): {scripted_ms:.2f} ms; "
-    f"torchbridge's step {step_ms / scripted_ms:.2f}x it. Its floor, the same "
-    f"ops handing back fresh torch tensors from C++ "
+    f"- The same step with `tb.TorchModule(..., torchscript=True)` (each "
+    f"module traced to TorchScript, its graph calls run from the native op's "
+    f"kernel in C++: no Python per call; alternated blocks): "
+    f"{scripted_ms:.2f} ms; the Python path's step {step_ms / scripted_ms:.2f}x "
+    f"it. Its floor, the same ops handing back fresh torch tensors from C++ "
     f"(`scripted_native.NoPythonFloorModule`; alternated blocks): {floor_ms:.2f} ms. "
-    f"Recorded ({t['scripted_recorded_mean_ms']:.2f} ms a step), its C++ "
+    f"Recorded ({t['torchscript_recorded_mean_ms']:.2f} ms a step), its C++ "
     f"callbacks (torch's compute, DLPack in and out) take {compute:.2f} ms; "
     f"its share (its step - its floor - its callbacks): {share:.2f} ms, "
     f"{share / scripted_ms:.0%} of its step.",
     "",
   ]
   lines += _table(
-    "The no-Python bridge's step, recorded by tb.timeline(annotate=False)",
+    "The torchscript=True step, recorded by tb.timeline(annotate=False)",
     rows,
     "recorded",
-    t["scripted_recorded_mean_ms"],
+    t["torchscript_recorded_mean_ms"],
   )
   return lines
 

@@ -62,6 +62,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import torchbridge  # noqa: E402
+from torchbridge._native import _callbacks  # noqa: E402
 from torchbridge._native import _loader  # noqa: E402
 from benchmarks import bare_native  # noqa: E402
 from benchmarks import scripted_native  # noqa: E402
@@ -393,6 +394,9 @@ def main(argv=None):
         "torch": torch.__version__,
         "torchbridge_file": torchbridge.__file__,
         "native_op_complete": _loader.has_torch_interop(),
+        # C++ callbacks registered at the end: above 0 where graph calls
+        # ran from C++ (torchscript=True, the no-Python bridge).
+        "cpp_callbacks": _callbacks.native_count(),
         "torch_compute_s": compute_s,
       }
     )

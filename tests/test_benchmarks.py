@@ -451,6 +451,7 @@ def test_td3_process_lean_script_runs_the_lean_bridge(tmp_path):
 def test_td3_process_scripted_script_runs_the_no_python_bridge(tmp_path):
   record = _td3_process(tmp_path, "scripted-script", 30)
   assert record["actor_class"] == "ScriptedTorchModule" and record["train_steps"] == 10
+  assert record["cpp_callbacks"] > 0
   script = json.loads((tmp_path / "run" / "results.json").read_text())
   [(step, episode_return)] = script["eval_returns"]
   assert step == 30 and np.isfinite(episode_return)
@@ -546,17 +547,22 @@ def test_td3_venvs_table_has_each_venvs_ratios():
       "torchbridge": backend(6.6, 20.0),
       "pure torch": backend(6.0, 16.0),
       "lean bridge": backend(6.5, 19.0),
-      "no-Python bridge": backend(6.3, 17.6),
+      "torchscript=True": backend(6.3, 17.6),
     },
   }
   text = td3_venvs.markdown(result, rounds=3, steps=3000)
-  # The no-Python bridge was measured in one venv only: no row for it.
-  assert "no-Python" not in text
-  result["/dev/venv/bin/python"]["no-Python bridge"] = backend(5.25, 16.5, "2.13.0+cpu")
+  # torchscript=True was measured in one venv only: no row for it.
+  assert "torchscript=True" not in text
+  result["/dev/venv/bin/python"]["torchscript=True"] = backend(5.25, 16.5, "2.13.0+cpu")
   text = td3_venvs.markdown(result, rounds=3, steps=3000)
-  assert "| train step, ms: no-Python bridge | 5.25 | 6.30 |" in text
-  assert "| train step: no-Python bridge / pure torch | 1.05x | 1.05x |" in text
-  assert "| whole run: no-Python bridge / pure torch | 1.10x | 1.10x |" in text
+  assert "| train step, ms: torchbridge, torchscript=True | 5.25 | 6.30 |" in text
+  assert (
+    "| train step: torchbridge, torchscript=True / pure torch (target 1.10) | 1.05x | 1.05x |"
+    in text
+  )
+  assert (
+    "| whole run: torchbridge, torchscript=True / pure torch (target 1.2) | 1.10x | 1.10x |" in text
+  )
   assert "| | torch 2.13.0+cpu (complete op) | torch 2.15.0+cu132 (complete op) |" in text
   assert "| train step: torchbridge / pure torch (target 1.10) | 1.20x | 1.10x |" in text
   assert "| train step: torchbridge / leanest Python bridge | 1.09x | 1.02x |" in text
@@ -575,7 +581,9 @@ def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
     assert record["train_steps"] == 20 and record["torch"] == torch.__version__
     assert record["torchbridge_file"] == tb.__file__
   assert runs["lean bridge"]["processes"][0]["actor_class"] == "LeanTorchModule"
-  assert runs["no-Python bridge"]["processes"][0]["actor_class"] == "ScriptedTorchModule"
+  # torchscript=True's graph calls ran from C++; the Python path's did not.
+  assert runs["torchscript=True"]["processes"][0]["cpp_callbacks"] > 0
+  assert runs["torchbridge"]["processes"][0]["cpp_callbacks"] == 0
 
 
 def _compiled_step_process(contender):

@@ -264,3 +264,22 @@ def test_copies_keep_it():
   traced = tb.TorchModule(_mlp(), torchscript=True)
   assert copy.deepcopy(traced)._torchscript is True
   assert tb.TorchModule(_mlp())._torchscript is False
+
+
+@native_cpp
+def test_a_result_copied_in_cpp_is_counted_as_the_python_path_counts_it():
+  # The critic's gradients for `obs` and `action` are columns of its
+  # concatenation's gradient (strided): each is copied once to be handed
+  # to TF, on either path, and tb.exchange_stats() counts it once.
+  make, inputs_np = _cases()["td3 critic"]
+  inputs = [tf.constant(x) for x in inputs_np]
+  stats = {}
+  for module in _pair(make):
+    step = tf.function(_loss_and_grads)
+    step(module, inputs)
+    tb.reset_exchange_stats()
+    step(module, inputs)
+    stats[module._torchscript] = tb.exchange_stats()
+  assert stats[True]["copied"] == stats[False]["copied"] == 2
+  assert stats[True]["bytes_copied"] == stats[False]["bytes_copied"] == 5 * 4 * 4
+  assert stats[True]["zero_copy"] > 0

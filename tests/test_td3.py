@@ -131,13 +131,20 @@ def test_short_run_writes_results_curve_and_checkpoints(tmp_path, backend):
 
 
 def test_short_run_with_torchscript_and_its_refusal_elsewhere(tmp_path):
+  # make demo's flags: --torchscript --export.
   out = tmp_path / "torchscript"
-  proc = _run(out, steps=300, extra=("--torchscript",))
+  proc = _run(out, steps=300, extra=("--torchscript", "--export"))
   log, _ = proc.communicate(timeout=240)
   assert proc.returncode == 0, log
   results = json.loads((out / "results.json").read_text())
   assert results["train_steps"] == 200
   assert all(np.isfinite(r) for _, r in results["eval_returns"])
+  assert results["export"]["equal"] and results["export"]["torch_importable_in_server"] is False
+  # The critic's gradient for the action, a strided column, is copied once
+  # on every second step (the actor's update), C++ path or Python path.
+  stats = results["exchange_stats"]
+  assert stats["copied"] == results["train_steps"] // 2
+  assert stats["bytes_copied"] == stats["copied"] * 256 * 4
   if _loader_complete():
     # Every graph call ran in C++: no call said it took the Python path.
     assert "takes the Python path" not in log

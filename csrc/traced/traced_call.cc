@@ -21,6 +21,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -45,6 +46,11 @@ struct Module {
   int64_t records_made = 0;
 };
 
+// Results copied to be handed over (strided or misaligned), and their
+// bytes: tb.exchange_stats() reads them (tbt_copies).
+std::atomic<int64_t> g_copies{0};
+std::atomic<int64_t> g_copied_bytes{0};
+
 void SetError(char* error, int64_t size, const std::string& message) {
   if (size <= 0) return;
   std::strncpy(error, message.c_str(), static_cast<size_t>(size - 1));
@@ -64,6 +70,8 @@ DLManagedTensor* Export(at::Tensor t) {
   t = t.detach();
   if (!t.is_contiguous() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 64 != 0) {
     t = t.clone(at::MemoryFormat::Contiguous);
+    g_copies.fetch_add(1, std::memory_order_relaxed);
+    g_copied_bytes.fetch_add(static_cast<int64_t>(t.nbytes()), std::memory_order_relaxed);
   }
   return at::toDLPack(t);
 }
@@ -122,6 +130,12 @@ void* tbt_load(const char* path, int64_t num_threads, char* error,
     SetError(error, error_size, e.what());
     return nullptr;
   }
+}
+
+// Results copied to be handed over so far: counts[0] tensors, counts[1] bytes.
+void tbt_copies(int64_t* counts) {
+  counts[0] = g_copies.load(std::memory_order_relaxed);
+  counts[1] = g_copied_bytes.load(std::memory_order_relaxed);
 }
 
 // Records alive (`made`: 0), or made so far (`made`: 1).

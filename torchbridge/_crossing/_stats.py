@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 _stats_lock = threading.Lock()
 _stats = {"zero_copy": 0, "copied": 0, "bytes_copied": 0}
-# Counters kept outside Python (the native op's C++ crossings): callables
-# returning a running count, and their sum at the last reset.
-_zero_copy_sources: list[Callable[[], int]] = []
-_zero_copy_baseline = 0
+_KEYS = ("zero_copy", "copied", "bytes_copied")
+# Counters kept outside Python (crossings made in C++): callables returning
+# running counts, one per key, and their sums at the last reset.
+_sources: list[Callable[[], tuple[int, int, int]]] = []
+_baseline = [0, 0, 0]
 
 
 def exchange_stats() -> dict[str, int]:
@@ -32,9 +33,8 @@ def exchange_stats() -> dict[str, int]:
     {'zero_copy': 1, 'copied': 0, 'bytes_copied': 0}
   """
   with _stats_lock:
-    stats = dict(_stats)
-    stats["zero_copy"] += _external_zero_copy()
-    return stats
+    external = _external()
+    return {key: _stats[key] + external[i] for i, key in enumerate(_KEYS)}
 
 
 def reset_exchange_stats() -> None:
@@ -47,24 +47,25 @@ def reset_exchange_stats() -> None:
     >>> tb.exchange_stats()
     {'zero_copy': 0, 'copied': 0, 'bytes_copied': 0}
   """
-  global _zero_copy_baseline
   with _stats_lock:
     for key in _stats:
       _stats[key] = 0
-    _zero_copy_baseline += _external_zero_copy()
+    for i, n in enumerate(_external()):
+      _baseline[i] += n
 
 
-def add_zero_copy_source(count: Callable[[], int]) -> None:
-  """Adds `count() -> int`, a running count of zero-copy crossings made
-  outside Python, to `exchange_stats()` from now on."""
-  global _zero_copy_baseline
+def add_source(counts: Callable[[], tuple[int, int, int]]) -> None:
+  """Adds `counts() -> (zero_copy, copied, bytes_copied)`, running counts
+  of crossings made outside Python, to `exchange_stats()` from now on."""
   with _stats_lock:
-    _zero_copy_sources.append(count)
-    _zero_copy_baseline += count()
+    _sources.append(counts)
+    for i, n in enumerate(counts()):
+      _baseline[i] += n
 
 
-def _external_zero_copy() -> int:
-  return sum(count() for count in _zero_copy_sources) - _zero_copy_baseline
+def _external() -> list[int]:
+  totals = [sum(column) for column in zip((0, 0, 0), *(counts() for counts in _sources))]
+  return [total - base for total, base in zip(totals, _baseline)]
 
 
 def count_zero_copy(n: int) -> None:

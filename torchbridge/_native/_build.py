@@ -231,7 +231,7 @@ def connect(
   count = handle.torchbridge_zero_copy_count
   count.restype = ctypes.c_int64
   count.argtypes = []
-  _stats.add_zero_copy_source(count)
+  _stats.add_source(lambda: (count(), 0, 0))
   handle.torchbridge_set_team_release.argtypes = [ctypes.c_void_p]
   handle.torchbridge_set_team_release(_omp_team.pause_address())
   return bool(handle.torchbridge_has_torch_interop())

@@ -108,6 +108,12 @@ def registered_count() -> int:
   return len(registry)
 
 
+def native_count() -> int:
+  """How many of them are C++ callbacks (benchmarks and tests read it)."""
+  with _registry_lock:
+    return sum(isinstance(c, NativeCallback) for c in registry.values())
+
+
 def dispatch(
   callback_id: int,
   capsules: list[Any],

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch  # noqa: F401  (before tensorflow)
 
+from torchbridge._crossing import _stats
 from torchbridge._native import _build
 from torchbridge._native import _callbacks
 from torchbridge._native import _compiler
@@ -117,6 +118,17 @@ def _load(path: Path) -> Any:
   lib.tbt_load.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
   lib.tbt_records.restype = ctypes.c_int64
   lib.tbt_records.argtypes = [ctypes.c_void_p, ctypes.c_int]
+  lib.tbt_copies.restype = None
+  lib.tbt_copies.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+
+  def copies() -> tuple[int, int, int]:
+    counts = (ctypes.c_int64 * 2)()
+    lib.tbt_copies(counts)
+    # The op counted each result it adopted as a zero-copy crossing; a copied
+    # one is a copy, counted once.
+    return -counts[0], counts[0], counts[1]
+
+  _stats.add_source(copies)
   return lib
 
 
