@@ -99,6 +99,46 @@ def test_torch_module_gets_copies_when_its_wrapper_is_gone():
   assert tb.exchange_stats() == {"zero_copy": 0, "copied": 2, "bytes_copied": 32}
 
 
+_COLLECT_INSIDE_THE_COUNTERS_LOCK = """
+import gc, json, threading, torch, tensorflow as tf, torchbridge as tb
+from torchbridge._crossing import _stats
+net = torch.nn.Linear(3, 2)
+actor = tb.TorchModule(net, name="actor")
+actor(tf.ones([1, 3]))  # placeholders in the torch module
+tb.reset_exchange_stats()
+gc.disable()
+cycle = [actor]
+cycle.append(cycle)
+del actor, cycle
+done = threading.Event()
+def collect():
+  with _stats._stats_lock:  # as any allocation inside it may start one
+    gc.collect()
+  done.set()
+threading.Thread(target=collect, daemon=True).start()
+print(json.dumps({"done": done.wait(60), "stats": tb.exchange_stats() if done.is_set() else None}))
+import os; os._exit(0)
+"""
+
+
+def test_a_collection_inside_the_counters_lock_copies_back_without_a_hang():
+  # A collection that runs the wrapper's copy-back on a thread holding the
+  # exchange counters' lock: the copy-back must not wait on another thread
+  # that needs the lock (it hung so once). In a process of its own.
+  out = subprocess.run(
+    [sys.executable, "-c", _COLLECT_INSIDE_THE_COUNTERS_LOCK],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result["done"], "the copy-back hung inside the counters' lock"
+  # The two copies (weight 24 bytes, bias 8), counted once each.
+  assert result["stats"] == {"zero_copy": 0, "copied": 2, "bytes_copied": 32}
+
+
 def test_a_module_wrapped_twice_starts_from_the_first_wrappers_values():
   net = seeded(0, torch.nn.Linear, 3, 2)
   first = tb.TorchModule(net, name="first")

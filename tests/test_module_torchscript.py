@@ -238,15 +238,25 @@ def test_forwards_a_trace_cannot_reproduce_are_refused():
 
 
 def test_torchscript_takes_a_bool():
-  with pytest.raises(TypeError, match=r"torchscript=\.\.\.\) takes True or False, got 'yes'"):
+  with pytest.raises(
+    TypeError, match=r"TorchModule\(torchscript=\.\.\.\) takes True or False, got 'yes'"
+  ):
     tb.TorchModule(_mlp(), torchscript="yes")
+  with pytest.raises(
+    TypeError, match=r"TorchLayer\(torchscript=\.\.\.\) takes True or False, got 1"
+  ):
+    tb.keras.TorchLayer(_mlp(), torchscript=1)
 
 
-def test_eager_calls_and_unknown_shapes_take_the_python_path(caplog):
-  traced, python_path = _pair(_mlp)
+def test_eager_calls_and_unknown_ranks_take_the_python_path(caplog):
+  # An unknown rank: only a declared output_signature lets any path run.
+  torch.manual_seed(0)
+  module, spec = _mlp(), tf.TensorSpec([None, 2], tf.float32)
+  python_path = tb.TorchModule(copy.deepcopy(module), name="m", output_signature=spec)
+  traced = tb.TorchModule(module, name="m", output_signature=spec, torchscript=True)
   x = tf.ones([2, 3])
   np.testing.assert_allclose(traced(x).numpy(), python_path(x).numpy(), rtol=1e-6)
-  f = tf.function(lambda x: traced(x), input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+  f = tf.function(lambda x: traced(x), input_signature=[tf.TensorSpec(None, tf.float32)])
   with caplog.at_level(logging.WARNING, logger="torchbridge"):
     y = f(x)
     f(tf.ones([4, 3]))
@@ -255,9 +265,97 @@ def test_eager_calls_and_unknown_shapes_take_the_python_path(caplog):
   # Said once, with the reason and the fix.
   assert len(said) == 1
   if _loader.has_torch_interop():
-    assert "not fully known" in said[0] and "input_signature" in said[0]
+    assert "unknown rank" in said[0] and "input_signature" in said[0]
   else:
     assert "the complete native op is not loaded" in said[0]
+
+
+@native_cpp
+def test_unknown_dimensions_run_in_cpp_at_every_size():
+  traced, python_path = _pair(_mlp)
+  spec = [tf.TensorSpec([None, 3], tf.float32)]
+  f = tf.function(lambda x: _loss_and_grads(traced, [x]), input_signature=spec)
+  f_ref = tf.function(lambda x: _loss_and_grads(python_path, [x]), input_signature=spec)
+  # The output's batch dimension follows the input's: unknown in the graph.
+  [out], _ = f.get_concrete_function().structured_outputs
+  assert out.shape.as_list() == [None, 2]
+  for n in (1, 4, 7):
+    x = tf.constant(np.random.default_rng(n).standard_normal((n, 3), dtype=np.float32))
+    with tb.timeline(annotate=False) as trace:
+      (y,), grads = f(x)
+    (y_ref,), grads_ref = f_ref(x)
+    assert "torchbridge/C++ callback" in _phases(trace)
+    assert y.shape == (n, 2)
+    np.testing.assert_allclose(y.numpy(), y_ref.numpy(), rtol=1e-5, atol=1e-6)
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+      np.testing.assert_allclose(g.numpy(), g_ref.numpy(), rtol=1e-5, atol=1e-6)
+  assert f.experimental_get_tracing_count() == 1  # one trace serves every size
+
+
+class _PerRow(torch.nn.Module):
+  """Loops over the batch in Python: a trace freezes the loop's length."""
+
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(3, 3)
+
+  def forward(self, x):
+    return torch.stack([self.lin(x[i]) for i in range(x.shape[0])])
+
+
+@native_cpp
+def test_a_trace_that_freezes_an_unknown_size_is_refused():
+  module = tb.TorchModule(_PerRow(), torchscript=True)
+  f = tf.function(module, input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+  with pytest.raises(ValueError, match="when the dimensions TF leaves unknown change size") as err:
+    f(tf.ones([2, 3]))
+  assert "input_signature with known shapes, or use torchscript=False" in str(err.value)
+  # With known shapes the same forward traces and runs in C++.
+  g = tf.function(module, input_signature=[tf.TensorSpec([2, 3], tf.float32)])
+  with tb.timeline(annotate=False) as trace:
+    y = g(tf.ones([2, 3]))
+  assert "torchbridge/C++ callback" in _phases(trace)
+  expected = module.torch_module(torch.ones(2, 3)).detach().numpy()
+  np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6)
+
+
+@native_cpp
+def test_a_keras_layer_with_torchscript_fits_as_the_python_path_does():
+  import keras  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((30, 3), dtype=np.float32)
+  y = rng.standard_normal((30, 2), dtype=np.float32)
+  weights, phases = {}, {}
+  for torchscript in (True, False):
+    torch.manual_seed(0)
+    layer = tb.keras.TorchLayer(_mlp(), torchscript=torchscript, name="mlp")
+    model = keras.Sequential([keras.Input((3,)), layer])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    # Batches of 8 and a last one of 6: fit's batch dimension is unknown.
+    # The first epoch traces (one real run of the forward in Python).
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    with tb.timeline(annotate=False) as trace:
+      model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    phases[torchscript] = _phases(trace)
+    weights[torchscript] = layer.get_weights_by_name()
+  assert "torchbridge/C++ callback" in phases[True]
+  assert "torchbridge/torch forward" not in phases[True]
+  assert "torchbridge/torch forward" in phases[False]
+  assert weights[True].keys() == weights[False].keys()
+  for name, value in weights[True].items():
+    np.testing.assert_allclose(value, weights[False][name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_keras_layers_config_keeps_torchscript():
+  layer = tb.keras.TorchLayer(_mlp(), torchscript=True, name="mlp")
+  config = layer.get_config()
+  assert config["torchscript"] is True
+  again = tb.keras.TorchLayer.from_config(config, safe_mode=False)
+  assert again._torchscript is True and again._torch_state.torchscript is not None
+  plain = tb.keras.TorchLayer(_mlp(), name="plain")
+  assert "torchscript" not in plain.get_config()
+  assert plain._torch_state.torchscript is None
 
 
 def test_copies_keep_it():

@@ -63,20 +63,22 @@ def real_library():
     raise
 
 
-def stand_in_compiler(tmp_path, fail_interop=False):
+def stand_in_compiler(tmp_path, fail_interop=False, fail_traced=False):
   """A CXX whose compile steps write empty objects (or fail, for
-  torch_interop.cc with `fail_interop`), and whose link copies the real
+  torch_interop.cc with `fail_interop`, for torchscript=True's
+  traced_call.cc with `fail_traced`), and whose link copies the real op's
   library and appends a line to `cxx.log`."""
   real = real_library()
   path = tmp_path / "cxx"
   path.write_text(
     textwrap.dedent(f"""\
       #!/bin/sh
-      out=""; compile=0; interop=0
+      out=""; compile=0; interop=0; traced=0
       for arg in "$@"; do
         case "$arg" in
           -c) compile=1 ;;
           *torch_interop.cc) interop=1 ;;
+          *traced_call.cc) traced=1 ;;
         esac
       done
       while [ $# -gt 0 ]; do
@@ -86,6 +88,9 @@ def stand_in_compiler(tmp_path, fail_interop=False):
       if [ "$compile" = 1 ]; then
         if [ "$interop" = 1 ] && [ "{int(fail_interop)}" = 1 ]; then
           echo "torch_interop.cc:1: error: stand-in failure" >&2; exit 1
+        fi
+        if [ "$traced" = 1 ] && [ "{int(fail_traced)}" = 1 ]; then
+          echo "traced_call.cc:1: error: stand-in failure" >&2; exit 1
         fi
         : > "$out"; exit 0
       fi
@@ -190,8 +195,11 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
   assert built.returncode == 0, built.stderr[-3000:]
   assert "built and complete" in built.stdout
   assert "building the native TF op" in built.stderr  # announced
-  libraries = list((tmp_path / "cache").glob("*.so"))
+  # The op, and torchscript=True's C++ call path beside it.
+  libraries = list((tmp_path / "cache").glob("torchbridge_op*.so"))
+  [traced] = (tmp_path / "cache").glob("torchbridge_traced-*.so")
   assert len(libraries) == 1
+  assert f"torchscript=True's C++ call path is built: {traced}" in built.stdout
   record = _build.build_record(libraries[0])
   assert record["complete"] is True and record["seconds"] > 0
 
@@ -207,6 +215,52 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
 
   again = cli(["build"], tmp_path, env)  # cached: nothing to do
   assert again.returncode == 0 and "building" not in again.stderr
+  # info names the C++ call path's library; a torchscript=True graph call
+  # loads it, building nothing.
+  info = last_json(cli(["info", "--json", "--no-build"], tmp_path, env))["native_op"]
+  assert str(traced) in info["torchscript_call_path"]
+  first = run(["-c", TORCHSCRIPT_CALL], tmp_path, env)
+  result = last_json(first)
+  assert result == {"cpp": True, "loaded_from": str(traced)}, first.stderr[-3000:]
+  assert "building" not in first.stderr
+
+
+# One torchscript=True graph call; whether it ran in C++, and from where.
+TORCHSCRIPT_CALL = """
+import json, torch, tensorflow as tf, torchbridge as tb
+from torchbridge._native import _traced
+m = tb.TorchModule(torch.nn.Linear(3, 2), torchscript=True)
+with tb.timeline(annotate=False) as trace:
+  y = tf.function(m)(tf.ones([4, 3]))
+assert y.shape == (4, 2)
+loaded = _traced.loaded_from()
+print(json.dumps({
+  "cpp": "torchbridge/C++ callback" in {e["name"] for e in trace.events},
+  "loaded_from": None if loaded is None else str(loaded),
+}))
+"""
+
+
+def test_a_torchscript_library_that_cannot_build_fails_build_and_its_calls_take_python(
+  tmp_path,
+):
+  compiler = stand_in_compiler(tmp_path, fail_traced=True)
+  env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
+  out = cli(["build"], tmp_path, env)
+  assert out.returncode == 1
+  assert "built and complete" in out.stdout  # the op itself
+  assert "torchscript=True's C++ call path failed to build" in out.stderr
+  assert "traced_call.cc" in out.stderr and "stand-in failure" in out.stderr
+  assert cli(["build", "--allow-fallback"], tmp_path, env).returncode == 0
+  info = last_json(cli(["info", "--json", "--no-build"], tmp_path, env))["native_op"]
+  assert "not built yet" in info["torchscript_call_path"]
+  # A torchscript=True module then runs on the Python path, said once with
+  # the reason; its results are right.
+  call = run(["-c", TORCHSCRIPT_CALL], tmp_path, env)
+  assert last_json(call) == {"cpp": False, "loaded_from": None}
+  assert call.stderr.count("takes the Python path") == 1
+  assert "its C++ library could not be built or loaded" in call.stderr
+  assert "stand-in failure" in call.stderr
 
 
 def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
@@ -261,9 +315,9 @@ def test_build_force_builds_again(tmp_path):
   env = {_build.CACHE_ENV: str(tmp_path / "cache"), "CXX": str(compiler)}
   assert cli(["build"], tmp_path, env).returncode == 0
   assert cli(["build"], tmp_path, env).returncode == 0
-  assert links(tmp_path) == 1
+  assert links(tmp_path) == 2  # the op, torchscript=True's library
   assert cli(["build", "--force"], tmp_path, env).returncode == 0
-  assert links(tmp_path) == 2
+  assert links(tmp_path) == 4
 
 
 def test_build_fails_with_the_reason_and_a_nonzero_exit(tmp_path):

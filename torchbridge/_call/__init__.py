@@ -22,6 +22,8 @@ from torchbridge._call._call_bridged import call_bridged
 from torchbridge._call._gradients import is_differentiable
 from torchbridge._call._protocol import Forward
 from torchbridge._call._protocol import Outputs
+from torchbridge._call._signature import probe_sizes
+from torchbridge._call._signature import specs_of_runs
 from torchbridge._call._signature import stand_in_args
 from torchbridge._call._traced_call import call_traced
 
@@ -34,5 +36,7 @@ __all__ = [
   "check_not_xla",
   "check_output_signature",
   "is_differentiable",
+  "probe_sizes",
+  "specs_of_runs",
   "stand_in_args",
 ]

@@ -106,8 +106,7 @@ def infer(
       "Give the tf.function an input_signature with known ranks, or pass "
       "output_signature= to tb.torch_function."
     )
-  dynamic = any(None in s.shape.as_list() for s in args_specs)
-  probes = _PROBE_SIZES if dynamic else _PROBE_SIZES[:1]
+  probes = probe_sizes(args_specs)
   try:
     outs = [_run_meta(run, args_specs, size) for size in probes]
     how = META
@@ -139,7 +138,14 @@ def infer(
           real_error=_one_line(real_err),
         )
       ) from real_err
-  return _specs(outs, name), how
+  return specs_of_runs(outs, name), how
+
+
+def probe_sizes(args_specs: Sequence[tf.TensorSpec]) -> tuple[int, ...]:
+  """The stand-in sizes to run at: two where a dimension is unknown (an
+  output dimension that changes between them stays unknown), else one."""
+  dynamic = any(None in s.shape.as_list() for s in args_specs)
+  return _PROBE_SIZES if dynamic else _PROBE_SIZES[:1]
 
 
 def _shape(spec: tf.TensorSpec, size: int) -> list[int]:
@@ -219,7 +225,11 @@ def _one_line(err: BaseException) -> str:
   return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _specs(outs_by_probe: Sequence[Sequence[torch.Tensor]], name: str) -> list[tf.TensorSpec]:
+def specs_of_runs(
+  outs_by_probe: Sequence[Sequence[torch.Tensor]], name: str
+) -> list[tf.TensorSpec]:
+  """One spec per output of runs at `probe_sizes`: a dimension the runs
+  agree on is static, one that changes is unknown."""
   specs = []
   for k, outs in enumerate(zip(*outs_by_probe)):
     if not _adopt.has_tf_dtype(outs[0].dtype):

@@ -34,7 +34,8 @@ def call_traced(
   Args:
     traced: the module and its two C++ callbacks.
     args_tf: flat list of TF tensors, the traced function's arguments.
-    out_specs: its outputs' `tf.TensorSpec`s (static shapes).
+    out_specs: its outputs' `tf.TensorSpec`s (None for a dimension that
+      follows one TF leaves unknown).
     differentiable: one bool per argument: which get gradients.
     name: the call's name, for errors and (cleaned) the ops' names.
   """
@@ -60,7 +61,7 @@ def call_traced(
           "builds no graph to differentiate. Use torchscript=False for this "
           "module (the Python path gives every order)."
         )
-      dys = [tf.zeros(s.shape, s.dtype) if dy is None else dy for dy, s in zip(dys_tf, out_specs)]
+      dys = [tf.zeros_like(out) if dy is None else dy for dy, out in zip(dys_tf, outs_tf)]
       with tf.device("/CPU:0"):
         grads = _op.call(
           traced.backward,

@@ -32,6 +32,7 @@ from torchbridge._frameworks import _load_order
 from torchbridge._native import _loader
 from torchbridge._native import _build
 from torchbridge._native import _compiler
+from torchbridge._native import _traced
 from torchbridge._runtime import _torch_thread
 
 
@@ -143,9 +144,27 @@ def _native_op(load: bool) -> dict[str, Any]:
     "build_log": record.get("log"),
     "build_seconds": record.get("seconds"),
     "built": record.get("built"),
+    "torchscript_call_path": _torchscript_call_path(),
     "cache_dir": str(_build.cache_dir()),
     "disabled_by": f"{_loader.DISABLE_ENV}={os.environ[_loader.DISABLE_ENV]}" if disabled else None,
   }
+
+
+def _torchscript_call_path() -> str:
+  """Where `TorchModule(..., torchscript=True)`'s C++ library stands (never
+  built here: `python -m torchbridge build` builds it)."""
+  if _traced.loaded_from() is not None:
+    return f"loaded from {_traced.loaded_from()}"
+  try:
+    cached = _traced.library_path()
+  except _build.BuildError as err:
+    return f"unavailable (such modules take the Python path): {err}"
+  if cached.is_file():
+    return f"built, loaded on the first torchscript=True graph call: {cached}"
+  return (
+    "not built yet: it builds on the first torchscript=True graph call, "
+    "or run `python -m torchbridge build`"
+  )
 
 
 def _import_order() -> dict[str, Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-_stats_lock = threading.Lock()
+# Reentrant: a garbage collection that runs while this thread holds it may
+# run a finalizer that counts (a wrapper's copy-back, _state._torch_views).
+_stats_lock = threading.RLock()
 _stats = {"zero_copy": 0, "copied": 0, "bytes_copied": 0}
 _KEYS = ("zero_copy", "copied", "bytes_copied")
 # Counters kept outside Python (crossings made in C++): callables returning

@@ -32,6 +32,8 @@ _SOURCE = Path("traced") / "traced_call.cc"
 _STEM = "torchbridge_traced"
 _lock = threading.Lock()
 _library: Any = None
+_loaded_from: Path | None = None
+_failure: str | None = None  # why the library cannot be built or loaded
 
 
 def library() -> Any:
@@ -41,30 +43,62 @@ def library() -> Any:
     BuildError: torch's C++ headers are missing, or the build failed (the
       message names the log).
   """
-  global _library
+  global _library, _loaded_from
   if _library is not None:
     return _library
   with _lock:
     if _library is None:
-      _library = _load(_build_or_reuse())
+      path = build_or_reuse()
+      _library, _loaded_from = _load(path), path
   return _library
 
 
-def _build_or_reuse() -> Path:
-  sources = _build.source_dir()
-  return build_torch_library(sources / _SOURCE, _STEM, [sources / "native_callback.h"])
+def unavailable() -> str | None:
+  """Why the library cannot be had (built or loaded), or None once it is
+  loaded; tried once per process."""
+  global _failure
+  if _library is None and _failure is None:
+    try:
+      library()
+    # AttributeError: a file without the library's functions.
+    except (_compiler.BuildError, OSError, AttributeError) as err:
+      _failure = f"its C++ library could not be built or loaded: {err}"
+  return _failure
 
 
-def build_torch_library(source: Path, stem: str, headers: Sequence[Path] = ()) -> Path:
-  """`source` compiled against torch's C++ headers and libraries (none of
-  TF's) into a shared library cached beside the op's, keyed by the set-up,
-  the flags, `source` and the `headers` it includes; built once per key
-  (said through the "torchbridge" logger).
+def loaded_from() -> Path | None:
+  """The file the library was loaded from; None before it is."""
+  return _loaded_from
+
+
+def library_path() -> Path:
+  """Where this set-up's library is (or would be) cached; no build.
+
+  Raises:
+    BuildError: torch's C++ headers are missing.
+  """
+  return _target(*_own_parts())
+
+
+def build_or_reuse(force: bool = False) -> Path:
+  """The library's path, built if not cached (or with `force`); what
+  `python -m torchbridge build` runs ahead of first use.
 
   Raises:
     BuildError: torch's C++ headers are missing, or the build failed (the
       message names the log).
   """
+  source, stem, headers = _own_parts()
+  return build_torch_library(source, stem, headers, force)
+
+
+def _own_parts() -> tuple[Path, str, list[Path]]:
+  """This library's source, file stem and the headers it includes."""
+  sources = _build.source_dir()
+  return sources / _SOURCE, _STEM, [sources / "native_callback.h"]
+
+
+def _target(source: Path, stem: str, headers: Sequence[Path]) -> Path:
   sources = _build.source_dir()
   flags = _compiler.torch_interop_flags(sources)
   if flags is None or not source.is_file():
@@ -72,13 +106,29 @@ def build_torch_library(source: Path, stem: str, headers: Sequence[Path] = ()) -
       f"building {source.name} needs torch's C++ headers and libraries "
       f"(torch/include, torch/lib) and {source}"
     )
-  compile_flags, link_flags = flags
   digest = hashlib.sha256()
-  for part in (_build._versions(), " ".join(compile_flags + link_flags)):
+  for part in (_build._versions(), " ".join(flags[0] + flags[1])):
     digest.update(part.encode() + b"\0")
   for path in (source, *headers):
     digest.update(path.read_bytes())
-  target = _build.cache_dir() / f"{stem}-{digest.hexdigest()[:20]}.so"
+  return _build.cache_dir() / f"{stem}-{digest.hexdigest()[:20]}.so"
+
+
+def build_torch_library(
+  source: Path, stem: str, headers: Sequence[Path] = (), force: bool = False
+) -> Path:
+  """`source` compiled against torch's C++ headers and libraries (none of
+  TF's) into a shared library cached beside the op's, keyed by the set-up,
+  the flags, `source` and the `headers` it includes; built once per key
+  (said through the "torchbridge" logger), or again with `force`.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  target = _target(source, stem, headers)
+  sources = _build.source_dir()
+  compile_flags, link_flags = _compiler.torch_interop_flags(sources) or ([], [])
 
   def build(compiler: str, target: Path) -> None:
     _build._say(
@@ -109,7 +159,7 @@ def build_torch_library(source: Path, stem: str, headers: Sequence[Path] = ()) -
       target,
     )
 
-  return _build.build_once(target, build)
+  return _build.build_once(target, build, force)
 
 
 def _load(path: Path) -> Any:

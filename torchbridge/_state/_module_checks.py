@@ -130,6 +130,17 @@ def restore_modes(saved: list[tuple[torch.nn.Module, bool]]) -> None:
     m.training = mode
 
 
+def check_torchscript(torchscript: Any, owner: str) -> bool:
+  """`torchscript=` as a Python bool; a TypeError naming the fix otherwise."""
+  if not isinstance(torchscript, (bool, np.bool_)):
+    raise TypeError(
+      f"{owner}(torchscript=...) takes True or False, got {torchscript!r} "
+      f"({type(torchscript).__name__}); pass torchscript=True to run graph calls "
+      "from C++, or leave it out."
+    )
+  return bool(torchscript)
+
+
 def as_python_bool(training: Any, name: str) -> bool:
   if isinstance(training, (bool, np.bool_)):
     return bool(training)

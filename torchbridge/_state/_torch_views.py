@@ -202,17 +202,22 @@ def _copy_back(pairs: Sequence[_Pair], hooks: Sequence[RemovableHandle]) -> None
   # tf.custom_gradient, whose variable watcher would record these reads
   # and fail that call ("grad_fn must accept keyword argument
   # 'variables'", seen in tests/test_ppo.py).
-  copier = threading.Thread(target=_copy_values, args=(pairs,))
+  copied: list[int] = []
+  copier = threading.Thread(target=_copy_values, args=(pairs, copied))
   copier.start()
   copier.join()
+  # Counted here, not on the copier: the collection that runs this may
+  # have interrupted this thread inside the counters' lock (reentrant).
+  for nbytes in copied:
+    _stats.count(nbytes)
 
 
-def _copy_values(pairs: Sequence[_Pair]) -> None:
+def _copy_values(pairs: Sequence[_Pair], copied: list[int]) -> None:
   with tf.init_scope(), torch.no_grad():
     for t, var in pairs:
       # A copy, counted as one (not as the zero-copy view it is made from).
       t.data = _exchange.tensor_to_torch(tf.convert_to_tensor(var), counted=False).clone()
-      _stats.count(t.numel() * t.element_size())
+      copied.append(t.numel() * t.element_size())
       original = getattr(type(t), "_torchbridge_original_class", None)
       if original is not None:
         t.__class__ = original

@@ -4,7 +4,9 @@ from the native op's kernel in C++, with no Python per call.
 On the first graph call of each signature (the argument shapes and dtypes,
 the torch modes), the forward is run once for real on the variables'
 current values and stand-in inputs (which finds the outputs' specs and any
-buffer or argument it writes), then traced with `torch.jit.trace`, its
+buffer or argument it writes; where TF leaves a dimension unknown, once
+more at a second size, as output specs are inferred, and the trace is
+checked against it), then traced with `torch.jit.trace`, its
 parameters and buffers arguments before its inputs as in every call, and
 loaded into C++ (`_native._traced`). Graph calls then run it there; see
 `TorchModule` for what falls back to the Python path, and why.
@@ -21,7 +23,6 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge import _call
-from torchbridge._crossing import _adopt
 from torchbridge._native import _loader
 from torchbridge._native import _traced
 from torchbridge._runtime import _placement
@@ -48,12 +49,12 @@ class TorchScriptCalls:
     if tf.config.list_logical_devices("GPU"):
       return "a GPU is visible (the C++ path runs in the op's CPU kernel only)"
     for arg in args_tf:
-      if not arg.shape.is_fully_defined():
+      if arg.shape.rank is None:
         return (
-          f"an argument has a shape not fully known while tracing ({arg.shape}); "
-          "give the tf.function an input_signature with known shapes"
+          "an argument has an unknown rank while tracing; give the tf.function "
+          "an input_signature with known ranks"
         )
-    return None
+    return _traced.unavailable()  # builds the library on first use
 
   def say_python_path(self, reason: str) -> None:
     if reason not in self._said:
@@ -90,10 +91,10 @@ class TorchScriptCalls:
     key = (mode_key, tuple((tuple(a.shape), a.dtype.name) for a in args_tf))
     if key not in self._traced:
       specs = [tf.TensorSpec(a.shape, a.dtype) for a in args_tf]
-      example = _call.stand_in_args(
-        specs, 1, list(stand_ins) + [None] * (len(specs) - len(stand_ins))
-      )
-      self._traced[key] = self._trace(example, run, mutated_buffers, mode_key)
+      padded = list(stand_ins) + [None] * (len(specs) - len(stand_ins))
+      # One example per stand-in size: two where a dimension is unknown.
+      examples = [_call.stand_in_args(specs, size, padded) for size in _call.probe_sizes(specs)]
+      self._traced[key] = self._trace(examples, run, mutated_buffers, mode_key)
     traced, out_specs, kind = self._traced[key]
     outs_tf = _call.call_traced(traced, args_tf, out_specs, differentiable, self._name)
     if kind == "tensor":
@@ -102,11 +103,12 @@ class TorchScriptCalls:
 
   def _trace(
     self,
-    example: list[torch.Tensor],
+    examples: list[list[torch.Tensor]],
     run: Callable[[list[torch.Tensor]], _call.Outputs],
     mutated_buffers: dict[str, frozenset[str]],
     mode_key: str,
   ) -> tuple[_traced.TracedModule, list[tf.TensorSpec], str]:
+    example = examples[0]
     versions = [a._version for a in example]
     mutated_buffers.pop(mode_key, None)  # the run below finds them
     outputs = run(list(example))
@@ -128,8 +130,9 @@ class TorchScriptCalls:
     mutated_buffers[mode_key] = frozenset()
     result = outputs.result
     kind = _result_kind(result, self._name)
-    flat = [result] if kind == "tensor" else list(result)
-    out_specs = [tf.TensorSpec(o.shape, _adopt.tf_dtype(o.dtype)) for o in flat]
+    outs_by_size = [_flat(result, kind)]
+    outs_by_size += [_flat(run(list(other)).result, kind) for other in examples[1:]]
+    out_specs = _call.specs_of_runs(outs_by_size, f"TorchModule {self._name!r}")
 
     class Traced(torch.nn.Module):
       def forward(self, *args: torch.Tensor) -> Any:
@@ -147,11 +150,30 @@ class TorchScriptCalls:
         f"{str(tracer_warnings[0].message).strip()} Its Python decides something from "
         "the values of its tensors, which a trace freezes. Use torchscript=False."
       )
+    # Traced at one size of the unknown dimensions: the trace must give the
+    # forward's results at the other too (a size read as a number is frozen).
+    for other, outs in zip(examples[1:], outs_by_size[1:]):
+      with torch.no_grad():
+        again = script(*other)
+      if not all(
+        a.shape == b.shape and torch.allclose(a, b, equal_nan=True)
+        for a, b in zip(_flat(again, "tensor" if kind == "tensor" else "tuple"), outs)
+      ):
+        raise ValueError(
+          f"TorchModule {self._name!r}: torchscript=True, but its trace gives other "
+          "results than its forward when the dimensions TF leaves unknown change size "
+          "(the forward reads a size as a Python number, which a trace freezes). Give "
+          "the tf.function an input_signature with known shapes, or use torchscript=False."
+        )
     # Tracing ran torch on this (the user's) thread, as the Python path's
     # tracing does: its idle OpenMP team is released the same way.
     _placement.remember_user_threads()
     _placement.graph_call_traced()
     return _traced.TracedModule(script, torch.get_num_threads()), out_specs, kind
+
+
+def _flat(result: Any, kind: str) -> list[torch.Tensor]:
+  return [result] if kind == "tensor" else list(result)
 
 
 def _result_kind(result: Any, name: str) -> str:

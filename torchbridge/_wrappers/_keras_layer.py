@@ -75,6 +75,10 @@ class TorchLayer(keras.layers.Layer):
       forward's result (None for unknown dimensions): declared, nothing is
       inferred while tracing (see `tb.TorchModule`); every buffer is then
       written back after each call. Not part of the layer's config.
+    torchscript: True to run graph calls (`fit`, `predict`, a
+      `tf.function`) traced, in C++, with no Python per call, as
+      `tb.TorchModule(..., torchscript=True)` does (same refusals and
+      fallbacks). Part of the layer's config.
     **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
       defaults to the dtype of the module's floating parameters, and must
       match it when given (Keras casts floating inputs to it).
@@ -89,9 +93,16 @@ class TorchLayer(keras.layers.Layer):
     ['linear/weight', 'linear/bias']
   """
 
-  def __init__(self, module: torch.nn.Module, output_signature: Any = None, **kwargs: Any) -> None:
+  def __init__(
+    self,
+    module: torch.nn.Module,
+    output_signature: Any = None,
+    torchscript: bool = False,
+    **kwargs: Any,
+  ) -> None:
     name = kwargs.get("name") or "torch_layer"
     _module_checks.check_module(module, f"TorchLayer {name!r}")
+    torchscript = _module_checks.check_torchscript(torchscript, "TorchLayer")
     if not any(True for _ in module.parameters()) and not any(True for _ in module.buffers()):
       raise ValueError(_NO_STATE.format(name=name, module_type=type(module).__name__))
     module_dtype = _floating_dtype(module)
@@ -101,6 +112,9 @@ class TorchLayer(keras.layers.Layer):
     self.supports_jit = False
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight)
+    self._torchscript = torchscript
+    if torchscript:
+      self._torch_state.use_torchscript()
     # Tracked by torch name, in a trackable holder, so that
     # tf.train.Checkpoint and tf.saved_model find them through the layer's
     # attributes, as they find a Dense layer's kernel (Keras' own tracking,
@@ -148,8 +162,12 @@ class TorchLayer(keras.layers.Layer):
   def get_config(self) -> dict[str, Any]:
     config = super().get_config()
     # Subclasses whose __init__ builds the module (and so takes no `module`
-    # argument) are rebuilt by their code: no pickle in their config.
-    if "module" in inspect.signature(type(self).__init__).parameters:
+    # argument) are rebuilt by their code: no pickle in their config; the
+    # same for `torchscript`.
+    parameters = inspect.signature(type(self).__init__).parameters
+    if self._torchscript and "torchscript" in parameters:
+      config["torchscript"] = True
+    if "module" in parameters:
       buffer = io.BytesIO()
       torch.save(self.torch_module, buffer)
       config["module"] = base64.b64encode(buffer.getvalue()).decode("ascii")

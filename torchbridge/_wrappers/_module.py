@@ -59,10 +59,11 @@ class TorchModule(tf.Module):
   backward. For forwards a trace reproduces: no decision on tensor values
   (torch's tracer warning on one is an error), no buffer written in that
   mode, a tensor or a flat tuple or list of tensors returned; no
-  second-order gradient. Eager calls, and graph calls on a GPU, in a
-  `tf.distribute` replica, with shapes not fully known or without the
-  complete native op, take the Python path (the last four say so once, at
-  WARNING).
+  second-order gradient. Dimensions TF leaves unknown (a batch of any
+  size) are traced at one size and checked at another. Eager calls, and
+  graph calls on a GPU, in a `tf.distribute` replica, with an unknown
+  rank or without the complete native op, take the Python path (the last
+  four say so once, at WARNING).
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
@@ -89,16 +90,11 @@ class TorchModule(tf.Module):
   ) -> None:
     _module_checks.check_is_module(module, "TorchModule(module)")
     _call.check_output_signature(output_signature, "TorchModule()")
-    if not isinstance(torchscript, (bool, np.bool_)):
-      raise TypeError(
-        f"TorchModule(torchscript=...) takes True or False, got {torchscript!r} "
-        f"({type(torchscript).__name__}); pass torchscript=True to run graph calls "
-        "from C++, or leave it out."
-      )
+    torchscript = _module_checks.check_torchscript(torchscript, "TorchModule")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable)
-    self._init_untracked(state, output_signature, bool(torchscript))
+    self._init_untracked(state, output_signature, torchscript)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
