@@ -99,6 +99,21 @@ def test_torch_module_gets_copies_when_its_wrapper_is_gone():
   assert tb.exchange_stats() == {"zero_copy": 0, "copied": 2, "bytes_copied": 32}
 
 
+def _script_result(script, timeout):
+  """`script` run by this Python in a process of its own; the JSON object
+  its last line of output prints."""
+  out = subprocess.run(
+    [sys.executable, "-c", script],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    check=False,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 _COLLECT_INSIDE_THE_COUNTERS_LOCK = """
 import gc, json, threading, torch, tensorflow as tf, torchbridge as tb
 from torchbridge._crossing import _stats
@@ -125,15 +140,7 @@ def test_a_collection_inside_the_counters_lock_copies_back_without_a_hang():
   # A collection that runs the wrapper's copy-back on a thread holding the
   # exchange counters' lock: the copy-back must not wait on another thread
   # that needs the lock (it hung so once). In a process of its own.
-  out = subprocess.run(
-    [sys.executable, "-c", _COLLECT_INSIDE_THE_COUNTERS_LOCK],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  result = _script_result(_COLLECT_INSIDE_THE_COUNTERS_LOCK, timeout=300)
   assert result["done"], "the copy-back hung inside the counters' lock"
   # The two copies (weight 24 bytes, bias 8), counted once each.
   assert result["stats"] == {"zero_copy": 0, "copied": 2, "bytes_copied": 32}
@@ -1002,15 +1009,7 @@ print(json.dumps({"weights_mb": weights_mb, "wrapped_mb": wrapped - baseline}))
 
 
 def test_large_mlp_weights_are_resident_once():
-  out = subprocess.run(
-    [sys.executable, "-c", _RESIDENT_AFTER_WRAPPING],
-    capture_output=True,
-    text=True,
-    timeout=600,
-    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  sizes = json.loads(out.stdout.strip().splitlines()[-1])
+  sizes = _script_result(_RESIDENT_AFTER_WRAPPING, timeout=600)
   # The torch module's own copy is gone: before, this was 2x.
   assert sizes["wrapped_mb"] <= 1.1 * sizes["weights_mb"], sizes
 

@@ -77,7 +77,8 @@ def library_path() -> Path:
   Raises:
     BuildError: torch's C++ headers are missing.
   """
-  return _target(*_own_parts())
+  source, stem, headers = _own_parts()
+  return _target(source, stem, headers, _torch_flags(source))
 
 
 def build_or_reuse(force: bool = False) -> Path:
@@ -98,14 +99,22 @@ def _own_parts() -> tuple[Path, str, list[Path]]:
   return sources / _SOURCE, _STEM, [sources / "native_callback.h"]
 
 
-def _target(source: Path, stem: str, headers: Sequence[Path]) -> Path:
-  sources = _build.source_dir()
-  flags = _compiler.torch_interop_flags(sources)
+def _torch_flags(source: Path) -> tuple[list[str], list[str]]:
+  """(compile flags, link flags) for torch's C++ side."""
+  flags = _compiler.torch_interop_flags(_build.source_dir())
   if flags is None or not source.is_file():
     raise _compiler.BuildError(
       f"building {source.name} needs torch's C++ headers and libraries "
       f"(torch/include, torch/lib) and {source}"
     )
+  return flags
+
+
+def _target(
+  source: Path, stem: str, headers: Sequence[Path], flags: tuple[list[str], list[str]]
+) -> Path:
+  """The cached library's path, keyed by the set-up, `flags`, `source` and
+  `headers`."""
   digest = hashlib.sha256()
   for part in (_build._versions(), " ".join(flags[0] + flags[1])):
     digest.update(part.encode() + b"\0")
@@ -126,9 +135,9 @@ def build_torch_library(
     BuildError: torch's C++ headers are missing, or the build failed (the
       message names the log).
   """
-  target = _target(source, stem, headers)
+  compile_flags, link_flags = flags = _torch_flags(source)
+  target = _target(source, stem, headers, flags)
   sources = _build.source_dir()
-  compile_flags, link_flags = _compiler.torch_interop_flags(sources) or ([], [])
 
   def build(compiler: str, target: Path) -> None:
     _build._say(
