@@ -42,6 +42,18 @@ class _BoundCall:
     args, kwargs = structure
     self.only_tensors = not kwargs and len(args) == len(flat) == len(positions)
 
+  def static_key(self) -> str:
+    """The call with its tensors left out: its structure and non-tensor
+    values (a capture of the call bakes those in)."""
+    if self.only_tensors:
+      return f"{len(self._flat)} tensors"
+    positions = set(self._positions)
+    marked = [
+      "<tensor>" if k in positions else f"{type(v).__qualname__}:{v!r}"
+      for k, v in enumerate(self._flat)
+    ]
+    return repr(tf.nest.pack_sequence_as(self._structure, marked))
+
   def substitute(self, args_torch: Sequence[torch.Tensor]) -> tuple[Sequence[Any], dict[str, Any]]:
     """The original arguments with torch tensors in the TF tensors' places."""
     if self.only_tensors:

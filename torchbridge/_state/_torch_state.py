@@ -23,6 +23,7 @@ from torchbridge._state import _exclusive
 from torchbridge._crossing import _exchange
 from torchbridge import _call
 from torchbridge._state import _module_checks
+from torchbridge._state import _runner
 from torchbridge._state import _swap
 from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
@@ -44,7 +45,11 @@ class TorchState:
   """
 
   def __init__(
-    self, module: torch.nn.Module, owner_name: str, make_variable: Callable[..., Any]
+    self,
+    module: torch.nn.Module,
+    owner_name: str,
+    make_variable: Callable[..., Any],
+    run: str = "auto",
   ) -> None:
     _module_checks.check_module(module, owner_name)
     _distribute.check_strategy(owner_name)
@@ -69,6 +74,8 @@ class TorchState:
     self._exclusive = _exclusive.ExclusiveCalls(owner_name)
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
     self.torchscript: _torchscript.TorchScriptCalls | None = None  # use_torchscript()
+    # Graph calls as TF ops (run="auto" / "tf"), or None: always torch.
+    self.runner = _runner.Runner(self, run) if run != "torch" else None
     self._modules = list(module.modules())
     self.variables: dict[str, Any] = {}  # tf.Variable or keras.Variable
     for n, t in list(params.items()) + list(buffers.items()):
@@ -156,12 +163,26 @@ class TorchState:
       training = [m.training for m in self._modules]
     call = _call.bind_arguments(self.name, (args, kwargs))
     _distribute.check_call_context(self.name, self.variables.values())
+    mode_key = self._mode_key(training)
+    if (
+      self.runner is not None
+      and not tf.executing_eagerly()
+      and not _distribute.in_replica_of_several()
+    ):
+      translated = self.runner.call(call, training, mode_key)
+      if translated is not None:
+        result, writes = translated
+        self._mutated_buffers[mode_key] = frozenset(writes)
+        for n, value_tf in writes.items():
+          self.variables[n].assign(value_tf)
+          if after_writes is not None:
+            after_writes.append(tf.convert_to_tensor(self.variables[n]))
+        return result
     if not tf.executing_eagerly():
       _call.check_not_xla(self.name)
     names = self.param_names + self.buffer_names
     vars_tf = _compat.read_values([self.variables[n] for n in names])
     n_params, n_vars = len(self.param_names), len(names)
-    mode_key = self._mode_key(training)
 
     def run(args_torch: list[torch.Tensor]) -> _call.Outputs:
       with self._lock:

@@ -86,6 +86,10 @@ class TorchViews:
           t.__class__ = original
     self.lent = True
 
+  def hook_ids(self) -> set[int]:
+    """The ids of the forward hooks these views put on the module."""
+    return {id(hook) for _, _, hook in self._forward_hooks}
+
   def suspend_hooks(self) -> None:
     """Takes the forward hooks out for a bridged call."""
     for table, key, _ in self._forward_hooks:

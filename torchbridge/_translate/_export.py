@@ -54,8 +54,13 @@ _KEEP_WHOLE = (
   "scaled_dot_product_attention.default",
 )
 
+# `mutations`: the buffers a training-mode forward writes, one per leading
+# output of the graph (their new values); `structure` indexes the outputs
+# after them.
 Program = collections.namedtuple(
-  "Program", ["graph", "user_inputs", "state_inputs", "constants", "structure"]
+  "Program",
+  ["graph", "user_inputs", "state_inputs", "constants", "structure", "mutations"],
+  defaults=((),),
 )
 
 
@@ -123,8 +128,14 @@ def export(
   specs: Sequence[tf.TensorSpec],
   examples_torch: Sequence[torch.Tensor],
   name: str,
+  allow_writes: bool = False,
+  varargs: bool = False,
 ) -> Program:
-  """`torch.export` of the module, decomposed; returns a `Program`."""
+  """`torch.export` of the module, decomposed; returns a `Program`.
+
+  `allow_writes`: a forward that writes buffers (BatchNorm in training
+  mode) is exported with their new values as outputs (`Program.mutations`)
+  instead of refused. `varargs`: the forward takes `*inputs`."""
   dynamic = tuple(
     {a: _dynamic_dim(k, a) for a, d in enumerate(spec.shape.as_list()) if d is None} or None
     for k, spec in enumerate(specs)
@@ -143,7 +154,10 @@ def export(
         "is deprecated",
         FutureWarning,
       )
-      program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=dynamic)
+      shapes: Any = dynamic
+      if varargs:
+        shapes = (dynamic,) if any(d is not None for d in dynamic) else None
+      program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
       program = program.run_decompositions(_decompositions())
   except Exception as err:  # torch.export's errors are many and unrelated
     raise ValueError(
@@ -153,7 +167,7 @@ def export(
       "else keep calling the module through the bridge."
     ) from err
   _check_dynamic_dims(program, specs, name)
-  return _program(program, name)
+  return _program(program, name, allow_writes)
 
 
 def _dynamic_dim(k: int, axis: int) -> Any:
@@ -195,7 +209,9 @@ def _check_dynamic_dims(
         )
 
 
-def _program(program: torch.export.ExportedProgram, name: str) -> Program:
+def _program(
+  program: torch.export.ExportedProgram, name: str, allow_writes: bool = False
+) -> Program:
   signature = program.graph_signature
   kinds = torch.export.graph_signature.InputKind
   state_inputs: dict[str, str] = {}
@@ -211,17 +227,25 @@ def _program(program: torch.export.ExportedProgram, name: str) -> Program:
         f"{spec.kind.name} input ({spec.target}), which has no "
         "TF translation; keep calling it through the bridge."
       )
-  if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+  if signature.user_inputs_to_mutate or (signature.buffers_to_mutate and not allow_writes):
     raise ValueError(
       f"translate({name!r}): the forward writes tensors in eval mode "
       f"({sorted(signature.buffers_to_mutate.values())}); a translation "
       "computes outputs only: keep calling the module through the bridge."
     )
-  outputs = [s.arg.name for s in signature.output_specs]
-  count = len(outputs)
+  out_kinds = torch.export.graph_signature.OutputKind
+  mutations = [
+    s.target for s in signature.output_specs if s.kind == out_kinds.BUFFER_MUTATION
+  ]
+  count = len(signature.output_specs) - len(mutations)
   structure = program.call_spec.out_spec.unflatten(list(range(count)))
   return Program(
-    program.graph, list(signature.user_inputs), state_inputs, constants, _plain(structure)
+    program.graph,
+    list(signature.user_inputs),
+    state_inputs,
+    constants,
+    _plain(structure),
+    tuple(mutations),
   )
 
 

@@ -47,29 +47,53 @@ def untranslated(graph: torch.fx.Graph) -> dict[str, str]:
   return found
 
 
-def run(graph: torch.fx.Graph, inputs: Mapping[str, Any]) -> list[tf.Tensor]:
+def random_nodes(graph: torch.fx.Graph) -> list[str]:
+  """The names of the nodes that draw random numbers (dropout)."""
+  return [
+    node.name
+    for node in graph.nodes
+    if node.op == "call_function" and _table.op_key(node.target) in _table.RANDOM
+  ]
+
+
+def run(
+  graph: torch.fx.Graph,
+  inputs: Mapping[str, Any],
+  draws: Mapping[str, Any] | None = None,
+  drawn: dict[str, Any] | None = None,
+) -> list[tf.Tensor]:
   """The graph's outputs (a flat list of TF tensors).
 
   Args:
     graph: a `torch.fx.Graph` of ATen ops, as `torch.export` gives.
     inputs: `{placeholder name: TF tensor or tf.Variable}`.
+    draws: optional `{random node name: its random draw}` (a dropout's
+      keep mask) to use in place of TF's own, to compare with torch value
+      for value.
+    drawn: optional dict that receives `{random node name: its draw}`.
   """
   env: dict[torch.fx.Node, Any] = {}
   for node in graph.nodes:
     if node.op == "placeholder":
       env[node] = inputs[node.name]
     elif node.op == "call_function":
-      env[node] = _call(node, env)
+      if _table.op_key(node.target) in _table.RANDOM:
+        env[node] = _call(node, env, draw=(draws or {}).get(node.name))
+        if drawn is not None:
+          drawn[node.name] = env[node][1]
+      else:
+        env[node] = _call(node, env)
     elif node.op == "output":
       outputs = node.args[0]
       return [_as_output(_value(o, env)) for o in outputs]
   raise ValueError("the exported graph has no output node")
 
 
-def _call(node: torch.fx.Node, env: Mapping[torch.fx.Node, Any]) -> Any:
+def _call(node: torch.fx.Node, env: Mapping[torch.fx.Node, Any], **extra: Any) -> Any:
   fn, channels_last, _ = _table.OPS[_table.op_key(node.target)]
   args = _value(node.args, env)
   kwargs = {k: _value(v, env) for k, v in node.kwargs.items()}
+  kwargs.update(extra)
   kwargs.pop("device", None)
   kwargs.pop("layout", None)
   kwargs.pop("pin_memory", None)

@@ -17,6 +17,7 @@ import tensorflow as tf
 from torchbridge._frameworks import _compat
 from torchbridge import _call
 from torchbridge._state import _module_checks
+from torchbridge._state import _runner
 from torchbridge._state import _torch_state
 
 _UNSAFE_LOAD = """\
@@ -53,12 +54,16 @@ class TorchLayer(keras.layers.Layer):
   `training` follows Keras: `True` in `fit`, `False` in `evaluate` and
   `predict`; a direct call without `training` leaves torch's own mode.
 
-  XLA cannot call into torch, so the layer sets `supports_jit = False`:
-  Keras' default `jit_compile="auto"` then compiles without XLA, and an
-  explicit `model.compile(jit_compile=True)` warns and falls back to
-  `jit_compile=False` (Keras' rule for layers without XLA support). A
-  `tf.function(jit_compile=True)` around the layer raises an error that says
-  so.
+  Graph calls (`fit`, `predict`, a `tf.function`) take the runner `run=`
+  chooses, as in `tb.TorchModule`: by default the module's exact TF
+  translation where it holds (checked against torch when captured), so
+  the layer keeps `supports_jit = True` and Keras may compile it with XLA
+  (`jit_compile=True`; Keras' `"auto"` picks XLA on GPU machines). With
+  `run="torch"` (or `torchscript=True`) XLA cannot call into torch: the
+  layer sets `supports_jit = False`, Keras' `"auto"` then compiles without
+  XLA, and an explicit `model.compile(jit_compile=True)` warns and falls
+  back to `jit_compile=False`. A `tf.function(jit_compile=True)` around a
+  call that runs torch raises an error that says so.
 
   Saving: `save_weights` / `load_weights` store the weights as any layer's.
   `model.save("m.keras")` also stores the torch module itself (pickled with
@@ -79,6 +84,8 @@ class TorchLayer(keras.layers.Layer):
       `tf.function`) traced, in C++, with no Python per call, as
       `tb.TorchModule(..., torchscript=True)` does (same refusals and
       fallbacks). Part of the layer's config.
+    run: "auto" (default), "tf" or "torch": the runner of graph calls
+      (see `tb.TorchModule`). Part of the layer's config.
     **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
       defaults to the dtype of the module's floating parameters, and must
       match it when given (Keras casts floating inputs to it).
@@ -98,21 +105,26 @@ class TorchLayer(keras.layers.Layer):
     module: torch.nn.Module,
     output_signature: Any = None,
     torchscript: bool = False,
+    run: str = "auto",
     **kwargs: Any,
   ) -> None:
     name = kwargs.get("name") or "torch_layer"
     _module_checks.check_module(module, f"TorchLayer {name!r}")
     torchscript = _module_checks.check_torchscript(torchscript, "TorchLayer")
+    run = _runner.resolve_run(run, torchscript, "TorchLayer")
     if not any(True for _ in module.parameters()) and not any(True for _ in module.buffers()):
       raise ValueError(_NO_STATE.format(name=name, module_type=type(module).__name__))
     module_dtype = _floating_dtype(module)
     kwargs.setdefault("dtype", module_dtype)
     super().__init__(**kwargs)
     _check_dtype(self, module_dtype)
-    self.supports_jit = False
+    # Graph calls that run as the TF translation compile with XLA; those
+    # that run torch cannot.
+    self.supports_jit = run != "torch"
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
-    self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight)
+    self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight, run=run)
     self._torchscript = torchscript
+    self._run = run
     if torchscript:
       self._torch_state.use_torchscript()
     # Tracked by torch name, in a trackable holder, so that
@@ -167,6 +179,8 @@ class TorchLayer(keras.layers.Layer):
     parameters = inspect.signature(type(self).__init__).parameters
     if self._torchscript and "torchscript" in parameters:
       config["torchscript"] = True
+    if not self._torchscript and self._run != "auto" and "run" in parameters:
+      config["run"] = self._run
     if "module" in parameters:
       buffer = io.BytesIO()
       torch.save(self.torch_module, buffer)

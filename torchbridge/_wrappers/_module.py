@@ -13,6 +13,7 @@ import tensorflow as tf
 from torchbridge._frameworks import _compat
 from torchbridge import _call
 from torchbridge._state import _module_checks
+from torchbridge._state import _runner
 from torchbridge._state import _torch_state
 
 
@@ -51,7 +52,26 @@ class TorchModule(tf.Module):
   `torch_module` gives back the torch module holding the current TF values;
   `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
 
-  `torchscript=True` runs graph calls with no Python per call: on the first
+  **Runners.** Graph calls (inside `tf.function`) take one of two runners,
+  chosen by `run=`. `"auto"` (the default): each call signature (shapes,
+  dtypes, non-tensor arguments, torch modes) is captured once with
+  `torch.export`, in the module's current mode (training-mode dropout and
+  BatchNorm included), translated to TF ops and checked against torch on
+  random inputs (outputs, written buffers, and the gradients of every
+  floating input and trainable parameter); it then runs as those TF ops,
+  reading the same variables, so TF's autodiff gives the gradients and
+  the call is an ordinary part of the graph (XLA, SavedModel, TF's device
+  placement). Where an op has no translation or the check fails, the call
+  runs torch through the bridge, said once at INFO (logger "torchbridge").
+  `"tf"`: the translation or an error. `"torch"`: always the bridge.
+  Eager calls always run torch. Dropout in a translated call draws from
+  TF's random stream (the same keep rate, not torch's draws). A plain
+  Python attribute the forward read (an exploration scale, a flag) is
+  baked into a capture: a later trace captures again if it changed, and a
+  graph traced before the change raises `StaleCaptureError` naming it
+  (what is watched: docs/guides/torch-module.md).
+
+  `torchscript=True` (which implies `run="torch"`) runs graph calls with no Python per call: on the first
   call of each signature inside `tf.function` (argument shapes and dtypes,
   torch modes), the forward runs once for real and is traced
   (`torch.jit.trace`, the weights as arguments, so TF's updates reach every
@@ -87,26 +107,30 @@ class TorchModule(tf.Module):
     name: str | None = None,
     output_signature: Any = None,
     torchscript: bool = False,
+    run: str = "auto",
   ) -> None:
     _module_checks.check_is_module(module, "TorchModule(module)")
     _call.check_output_signature(output_signature, "TorchModule()")
     torchscript = _module_checks.check_torchscript(torchscript, "TorchModule")
+    run = _runner.resolve_run(run, torchscript, "TorchModule")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
-      state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable)
-    self._init_untracked(state, output_signature, torchscript)
+      state = _torch_state.TorchState(
+        module, f"TorchModule {self.name!r}", _make_variable, run=run
+      )
+    self._init_untracked(state, output_signature, torchscript, run)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
-  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state", "_output_signature", "_torchscript")).union(
-    tf.Module._TF_MODULE_IGNORED_PROPERTIES
-  )
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
+    ("_state", "_output_signature", "_torchscript", "_run")
+  ).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   @_compat.no_dependency_tracking
   def _init_untracked(
-    self, state: _torch_state.TorchState, output_signature: Any, torchscript: bool
+    self, state: _torch_state.TorchState, output_signature: Any, torchscript: bool, run: str
   ) -> None:
     state.name = self.name  # errors raised by calls name the module
     if torchscript:
@@ -114,6 +138,13 @@ class TorchModule(tf.Module):
     self._state = state
     self._output_signature = output_signature
     self._torchscript = torchscript
+    self._run = run
+
+  @property
+  def run(self) -> str:
+    """Which runner graph calls take: "auto", "tf" or "torch" (see the
+    class docstring)."""
+    return self._run
 
   @property
   def torch_module(self) -> torch.nn.Module:
@@ -152,14 +183,21 @@ class TorchModule(tf.Module):
 
     module_copy = copy.deepcopy(self.torch_module, memo)
     return _rebuild_torch_module(
-      type(self), module_copy, self.name, self._output_signature, self._torchscript
+      type(self), module_copy, self.name, self._output_signature, self._torchscript, self._run
     )
 
   def __reduce__(self) -> tuple[Any, ...]:
     # Pickled as its torch module (holding the current values) and name.
     return (
       _rebuild_torch_module,
-      (type(self), self.torch_module, self.name, self._output_signature, self._torchscript),
+      (
+        type(self),
+        self.torch_module,
+        self.name,
+        self._output_signature,
+        self._torchscript,
+        self._run,
+      ),
     )
 
   def get_weights(self) -> dict[str, np.ndarray]:
@@ -200,10 +238,16 @@ def _rebuild_torch_module(
   name: str,
   output_signature: Any = None,
   torchscript: bool = False,
+  run: str = "auto",
 ) -> TorchModule:
   wrapper = cls.__new__(cls)
   TorchModule.__init__(
-    wrapper, module, name=name, output_signature=output_signature, torchscript=torchscript
+    wrapper,
+    module,
+    name=name,
+    output_signature=output_signature,
+    torchscript=torchscript,
+    run=run,
   )
   return wrapper
 

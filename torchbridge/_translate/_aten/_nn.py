@@ -144,6 +144,51 @@ def _batch_norm_batch_stats(out, x, weight, bias, *args):
   return result, tf.reshape(mean, [-1]), tf.reshape(rstd, [-1])
 
 
+@translates("aten._native_batch_norm_legit_functional.default", channels_last=True)
+def _batch_norm_training(out, x, weight, bias, running_mean, running_var, training, momentum, eps):
+  """BatchNorm in training mode: normalized by the batch's statistics, and
+  the new running statistics as outputs (torch's functional form: the
+  caller assigns them to the buffers' variables)."""
+  if not training:
+    y_tf, _, _ = _batch_norm(out, x, weight, bias, running_mean, running_var, momentum, eps)
+    return y_tf, None, None, running_mean, running_var
+  channels_last = isinstance(x, ChannelsLast)
+  x_tf = x.tensor_tf if channels_last else x
+  channel = x_tf.shape.rank - 1 if channels_last else 1
+  axes = [a for a in range(x_tf.shape.rank) if a != channel]
+  mean, var = tf.nn.moments(x_tf, axes, keepdims=True)
+  rstd = tf.math.rsqrt(var + eps)
+  shape = [-1 if a == channel else 1 for a in range(x_tf.shape.rank)]
+  y_tf = (x_tf - mean) * rstd
+  if weight is not None:
+    y_tf = y_tf * tf.reshape(weight, shape)
+  if bias is not None:
+    y_tf = y_tf + tf.reshape(bias, shape)
+  mean_flat, var_flat = tf.reshape(mean, [-1]), tf.reshape(var, [-1])
+  # torch updates the running variance with the unbiased batch variance.
+  count = tf.cast(tf.size(x_tf) // tf.size(mean_flat), var_flat.dtype)
+  unbiased = var_flat * count / tf.maximum(count - 1, 1)
+  new_mean = (1 - momentum) * running_mean + momentum * tf.cast(mean_flat, running_mean.dtype)
+  new_var = (1 - momentum) * running_var + momentum * tf.cast(unbiased, running_var.dtype)
+  result = ChannelsLast(y_tf) if channels_last else y_tf
+  return result, mean_flat, tf.reshape(rstd, [-1]), new_mean, new_var
+
+
+@translates("aten.native_dropout.default", random=True)
+def _dropout(out, x, p, train, draw=None):
+  """Dropout: TF's own random stream (a different draw from torch's, the
+  same keep rate). `draw` (the check at capture) is torch's mask, so that
+  everything else can be compared value for value."""
+  del out
+  if not train or p == 0:
+    return x, tf.ones_like(x, tf.bool)
+  if p >= 1:
+    return tf.zeros_like(x), tf.zeros_like(x, tf.bool)
+  mask = draw if draw is not None else tf.random.uniform(tf.shape(x), dtype=x.dtype) >= p
+  mask = tf.cast(mask, tf.bool)
+  return tf.where(mask, x * (1.0 / (1.0 - p)), tf.zeros_like(x)), mask
+
+
 @translates("aten.layer_norm.default", "aten.native_layer_norm.default")
 def _layer_norm(out, x, normalized_shape, weight=None, bias=None, eps=1e-5, *unused):
   axes = list(range(x.shape.rank - len(normalized_shape), x.shape.rank))

@@ -18,6 +18,9 @@ import tensorflow as tf
 from typing import Any
 
 OPS: dict[str, tuple[Any, Any, Any]] = {}
+# Ops that draw random numbers: their translation takes `draw=`, the value
+# torch drew, when a check at capture compares the two value for value.
+RANDOM: set[str] = set()
 
 _TORCH_TO_TF_DTYPES = {
   torch.float16: tf.float16,
@@ -43,12 +46,15 @@ class Failed(RuntimeError):
   """An op's translation raised: a bug of the translation, not a limit."""
 
 
-def translates(*names, channels_last=False, refuse=None):
-  """Registers the decorated function as the translation of `names`."""
+def translates(*names, channels_last=False, refuse=None, random=False):
+  """Registers the decorated function as the translation of `names`
+  (`random=True`: it draws random numbers and accepts `draw=`)."""
 
   def register(fn):
     for name in names:
       OPS[name] = (fn, channels_last, refuse)
+      if random:
+        RANDOM.add(name)
     return fn
 
   return register

@@ -1,0 +1,214 @@
+"""Which runner a module's graph calls take: its TF translation or torch.
+
+`run="auto"` (the default) captures each graph call signature once
+(`torch.export`, `_translate/_capture.py`), checks the translation against
+torch, and runs it as TF ops; where the translation is missing an op or
+fails its check, the call runs torch through the bridge, said once at INFO.
+`run="tf"` raises instead; `run="torch"` never captures. Eager calls always
+run torch.
+
+A capture is keyed on the call's signature (shapes, dtypes, the non-tensor
+arguments and the torch modes) and bakes in the module's plain Python
+attributes (`_watch.py`): a later trace re-captures if one changed, and a
+graph traced before the change refuses to run, naming it (a check made in
+Python on every call of the user's `tf.function`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge._runtime import _runners
+from torchbridge._state import _module_checks
+from torchbridge._state import _watch
+
+logger = logging.getLogger("torchbridge")
+
+RUNS = ("auto", "tf", "torch")
+
+_STALE = """\
+{name}: {change}.
+A graph traced before that change runs this module as TF ops (its
+translation, run="auto") with the old value baked in, so it refuses to run
+rather than compute with a stale value. Trace again to capture the new
+value (a new tf.function, or new input shapes); for a value that changes
+during training, pass it as a tensor argument or keep it in a buffer
+(register_buffer), which graph calls read at run time; or construct the
+module with run="torch", which runs the forward's Python on every call."""
+
+
+class StaleCaptureError(RuntimeError):
+  """A Python attribute a captured forward read has changed since."""
+
+
+def check_run(run: Any, owner: str) -> str:
+  """`run=` as given, or a ValueError naming the choices."""
+  if not isinstance(run, str) or run not in RUNS:
+    raise ValueError(
+      f'{owner}(run=...) takes "auto", "tf" or "torch", got {run!r}: "auto" '
+      'runs graph calls as the exact TF translation where it holds, "tf" '
+      'always (or raises), "torch" through the bridge.'
+    )
+  return run
+
+
+def resolve_run(run: Any, torchscript: bool, owner: str) -> str:
+  """The runner of a wrapper given `run=` and `torchscript=`: the C++ trace
+  of `torchscript=True` is a torch runner, so it implies "torch"."""
+  run = check_run(run, owner)
+  if torchscript and run == "tf":
+    raise ValueError(
+      f'{owner}(torchscript=True, run="tf") asks for two runners: '
+      'torchscript=True runs torch from C++; run="tf" runs the TF '
+      "translation. Leave one out."
+    )
+  return "torch" if torchscript else run
+
+
+class Runner:
+  """The captures of one module, by signature."""
+
+  def __init__(self, state: Any, run: str) -> None:
+    self._state = state
+    self.run = run
+    self._captures: dict[Any, Any] = {}  # key -> (Capture, Snapshot) or Refusal
+    self._said: set[str] = set()
+    self._lock = threading.Lock()
+
+  def call(self, call: Any, training: bool | list[bool], mode_key: str) -> Any:
+    """The call's `(result, {buffer: new value})` as TF ops in the graph
+    being traced, or None when it takes torch (said once)."""
+    from torchbridge._translate import _capture  # torch.export: on first use
+
+    key = (
+      mode_key,
+      isinstance(training, list),
+      tuple((tuple(a.shape.as_list()), a.dtype.name) for a in call.args_tf),
+      call.static_key(),
+    )
+    entry = self._captures.get(key)
+    if isinstance(entry, tuple) and entry[1].first_change() is not None:
+      entry = None  # Python state it read changed: capture again
+    if entry is None:
+      # On a thread of its own: eager, and with a tape stack of its own (a
+      # function being traced stops the tracing thread's tapes, which the
+      # check's gradients need).
+      with concurrent.futures.ThreadPoolExecutor(1, "torchbridge-capture") as pool:
+        entry = pool.submit(self._capture, call, training, _capture).result()
+      self._captures[key] = entry
+    if isinstance(entry, _capture.Refusal):
+      if self.run == "tf":
+        raise _refusal_error(entry, self._state.name)
+      self._say(
+        "torch",
+        f"{self._state.name}: graph calls run torch through the bridge "
+        f"(run={self.run!r}): {_WHAT[entry.what]}: {entry.reason}",
+        entry.reason,
+      )
+      return None
+    captured, snapshot = entry
+    self._say(
+      "tf",
+      f"{self._state.name}: graph calls run as TF ops (its exact translation, "
+      f"captured and checked against torch in {captured.seconds:.2f} s)",
+      "",
+      captured.seconds,
+    )
+    _add_guard(snapshot, self._state.name)
+    return captured.run(call.args_tf)
+
+  def _capture(self, call: Any, training: bool | list[bool], capture_module: Any) -> Any:
+    state = self._state
+    specs = [tf.TensorSpec(a.shape, a.dtype) for a in call.args_tf]
+    with state._lock:  # pylint: disable=protected-access
+      views = state._views  # pylint: disable=protected-access
+      views.lend()
+      views.suspend_hooks()
+      saved = _module_checks.set_modes(state.module, state._modules, training)  # pylint: disable=protected-access
+      try:
+        captured = capture_module.capture(
+          state.module,
+          call.substitute,
+          specs,
+          {n: _plain_variable(v) for n, v in state.variables.items()},
+          state.state_names,
+          state.name,
+        )
+      except capture_module.Refusal as refusal:
+        return refusal
+      finally:
+        if saved is not None:
+          _module_checks.restore_modes(saved)
+        views.resume_hooks()
+      snapshot = _watch.Snapshot(
+        list(state.module.named_modules()),
+        watch_mode=isinstance(training, list),
+        ignored=frozenset(views.hook_ids()),
+      )
+    return captured, snapshot
+
+  def _say(self, runner: str, message: str, reason: str, seconds: float | None = None) -> None:
+    _runners.record(self._state.name, runner, reason, seconds)
+    if message not in self._said:
+      self._said.add(message)
+      logger.info(message)
+
+
+_WHAT = {
+  "op": "an op has no TF translation",
+  "export": "torch.export could not capture the forward",
+  "check": "the translation failed its check against torch",
+  "translation": "an op's translation raised",
+}
+
+
+def _refusal_error(refusal: Any, name: str) -> Exception:
+  from torchbridge._translate import _translated
+
+  message = (
+    f'{name} (run="tf"): its graph calls cannot run as TF ops: '
+    f"{_WHAT[refusal.what]}: {refusal.reason}\nrun=\"auto\" runs them in "
+    'torch through the bridge instead (run="torch" always does).'
+  )
+  if refusal.what == "op":
+    return _translated.UntranslatedOpsError(message)
+  if refusal.what == "check":
+    return _translated.ParityError(message)
+  return ValueError(message)
+
+
+def _plain_variable(variable: Any) -> tf.Variable:
+  # keras.Variable (TorchLayer) holds a tf.Variable: the translation reads that.
+  return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+_ZERO: list[tf.Tensor] = []
+
+
+def _add_guard(snapshot: _watch.Snapshot, name: str) -> None:
+  """Makes every call of the graph being traced check, in Python, that the
+  state the capture read is unchanged (a call-time capture of TF's: run
+  before each call of the outermost `tf.function`, XLA's included)."""
+  from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
+
+  if save_context.in_save_context():
+    return  # a SavedModel runs without the Python objects
+  if not _ZERO:
+    with tf.init_scope():
+      _ZERO.append(tf.constant(0))
+
+  def guard() -> tf.Tensor:
+    change = snapshot.first_change()
+    if change is not None:
+      raise StaleCaptureError(_STALE.format(name=name, change=change))
+    return _ZERO[0]
+
+  graph = tf.compat.v1.get_default_graph()
+  graph.capture_call_time_value(guard, tf.TensorSpec([], tf.int32))
