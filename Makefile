@@ -22,16 +22,17 @@ $(STAMP): requirements-dev.txt setup.py pyproject.toml
 	touch $(STAMP)
 
 # The main job: TD3 on Pendulum with a torch actor-critic in a TF loop,
-# a short budget (about 5 minutes on 2 cores). Its modules are
-# TorchModule(..., torchscript=True): graph calls run in C++ (the Python
-# path where they cannot, said once). Starts afresh each time. Ends
+# a short budget (about 5 minutes on 2 cores). Its modules are plain
+# tb.TorchModule(...): graph calls run each module's exact TF translation
+# (captured and checked against torch once; torch through the bridge where
+# it cannot hold, said once). Starts afresh each time. Ends
 # by serving the trained actor without torch: translated to TF ops
 # (tb.translate), saved as a SavedModel, run in a process where torch
 # cannot be imported, its actions compared with the bridge's.
 DEMO_STEPS ?= 20000
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(PY) examples/td3_pendulum.py --backend torchbridge --torchscript --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export
+	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export
 
 # The recurrent job: PPO with a torch LSTM actor-critic on CartPole without
 # velocities, one seed, the README's budget (about 6 minutes on 2 cores).

@@ -63,6 +63,14 @@ def parse_args(argv=None):
     "of each in C++, no Python per call (tb.TorchModule(torchscript=True))",
   )
   p.add_argument(
+    "--run",
+    choices=("auto", "tf", "torch"),
+    default="auto",
+    help="torchbridge backend: the runner of the modules' graph calls "
+    "(tb.TorchModule(run=...)): auto (default) their exact TF translation "
+    "where it holds, tf (or an error), torch (through the bridge)",
+  )
+  p.add_argument(
     "--export",
     action="store_true",
     help="torchbridge backend: at the end, translate the actor to "
@@ -97,6 +105,7 @@ class Run:
         args.seed,
         self.hyper,
         torchscript=args.torchscript,
+        run=args.run,
       )
       self.tf_checkpoint = tf.train.CheckpointManager(
         tf.train.Checkpoint(**self.agent.checkpoint_items()),

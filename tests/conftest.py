@@ -98,3 +98,19 @@ def rss_bytes():
   with open("/proc/self/statm") as f:
     pages = int(f.read().split()[1])
   return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture
+def bridge_runner(monkeypatch):
+  """Modules built with the default `run="auto"` take the torch runner (the
+  bridge) in graph calls: for the tests of the bridge's own mechanics
+  (its op, crossings, records, threads), which the TF runner bypasses.
+  The default runner itself is tested in test_module_run.py."""
+  from torchbridge._state import _runner  # pylint: disable=import-outside-toplevel
+
+  resolve = _runner.resolve_run
+
+  def torch_by_default(run, torchscript, owner):
+    return resolve("torch" if run == "auto" else run, torchscript, owner)
+
+  monkeypatch.setattr(_runner, "resolve_run", torch_by_default)

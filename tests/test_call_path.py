@@ -15,6 +15,10 @@ import torchbridge as tb
 from torchbridge._call import _output_check
 from torchbridge._call import _signature
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 def _check(*specs):
   return _output_check.OutputCheck(list(specs), "f", _signature.DECLARED)

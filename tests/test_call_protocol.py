@@ -21,6 +21,10 @@ from torchbridge._call import _saved
 from torchbridge._native import _loader
 from torchbridge.keras import TorchLayer
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 class Clipped:
   """A wrapper nobody wrote before: `fn(*args)` clipped to [-limit, limit].

@@ -24,6 +24,10 @@ from _fault_helpers import fresh_values
 from _fault_helpers import run_threads
 from _fault_helpers import variable_values
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 THREADS = [1, 2, 4, 8]
 CALLS = 6  # per thread
 

@@ -15,6 +15,10 @@ import tensorflow as tf
 
 import torchbridge as tb
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 GLOBAL_BATCH = 8
 STEPS = 20
 

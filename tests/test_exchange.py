@@ -17,7 +17,7 @@ import torchbridge as tb
 from conftest import requires_gpu
 
 # Exact exchange counts: no cyclic collection mid-test (conftest).
-pytestmark = pytest.mark.usefixtures("own_crossings_only")
+pytestmark = pytest.mark.usefixtures("own_crossings_only", "bridge_runner")
 
 # (TF dtype, torch dtype, a value to write in memory-identity tests).
 SHARED_DTYPES = [

@@ -42,6 +42,10 @@ from _fault_helpers import optimizer_values
 from _fault_helpers import run_in_thread
 from _fault_helpers import variable_values
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 class InjectedFault(Exception):
   pass

@@ -13,6 +13,10 @@ import tensorflow as tf
 import torchbridge as tb
 from torchbridge.keras import TorchLayer
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 def mlp(sizes, seed=0, act=nn.Tanh):
   """A torch MLP `Linear -> act -> ... -> Linear`."""

@@ -26,6 +26,10 @@ from _module_helpers import seeded
 from _module_helpers import train_step
 from _module_helpers import var
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 # ---------------------------------------------------------------- variables
 

@@ -33,6 +33,8 @@ import tensorflow as tf
 sys.path.insert(0, {tests_dir!r})
 from _module_helpers import checkpoint_model, checkpoint_probe
 
+pytestmark = pytest.mark.usefixtures("bridge_runner")  # graph calls on the torch runner: these test the bridge
+
 # Another seed: another random init, which the restore must overwrite.
 actor, opt = checkpoint_model({opt_name!r}, seed=1234)
 np.savez({before_path!r}, **actor.get_weights())

@@ -16,6 +16,10 @@ from _module_helpers import mode_param
 from _module_helpers import seeded
 from _module_helpers import values
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 # ------------------------------------------------------------ construction
 

@@ -20,6 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from td3.networks import TorchCritic  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 native_cpp = pytest.mark.skipif(
   not _loader.has_torch_interop() or bool(tf.config.list_logical_devices("GPU")),
   reason="the C++ call path needs the complete native op, on the CPU",

@@ -17,6 +17,10 @@ from _module_helpers import maybe_function
 from _module_helpers import mode_param
 from _module_helpers import seeded
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 keras = tf.keras  # Keras 3 in TF 2.21
 
 OPTIMIZERS = {

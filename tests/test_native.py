@@ -28,6 +28,10 @@ from torchbridge._native import _callbacks
 from conftest import requires_gpu
 from test_native_loader import _run_subprocess
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0") or (not _loader.available()):
   pytest.skip(f"native op not available: {_loader.status()}", allow_module_level=True)
 

@@ -19,9 +19,12 @@ from torchbridge._native import _callbacks
 from torchbridge._native import _loader
 from torchbridge._native import _op
 
-pytestmark = pytest.mark.skipif(
-  not _loader.has_torch_interop(), reason="needs the complete native op (C++ callbacks)"
-)
+pytestmark = [
+  pytest.mark.skipif(
+    not _loader.has_torch_interop(), reason="needs the complete native op (C++ callbacks)"
+  ),
+  pytest.mark.usefixtures("bridge_runner"),  # graph calls on the torch runner
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))

@@ -20,6 +20,10 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 CHILD = textwrap.dedent("""
     import json, os, time
     import torch

@@ -36,6 +36,10 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 WORKER = Path(__file__).with_name("_property_worker.py")
 
 settings.register_profile(

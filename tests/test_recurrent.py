@@ -17,6 +17,10 @@ import tensorflow as tf
 
 import torchbridge as tb
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 B, T, D, H = 4, 6, 3, 5
 
 

@@ -23,6 +23,10 @@ import torchbridge as tb
 from torchbridge._native import _loader
 from torchbridge._runtime import _timeline
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 NATIVE = _loader.available()
 PYTHON_PHASES = {
   _timeline.CALL,

@@ -20,6 +20,10 @@ from torchbridge._native import _loader
 from torchbridge._runtime import _torch_thread
 from torchbridge._runtime._torch_thread import TorchThread
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 # ------------------------------------------------------------- the thread
 

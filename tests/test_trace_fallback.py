@@ -8,6 +8,10 @@ import tensorflow as tf
 
 import torchbridge as tb
 
+pytestmark = pytest.mark.usefixtures(
+  "bridge_runner"
+)  # graph calls on the torch runner: these test the bridge
+
 
 class ValueReading(torch.nn.Module):
   """Reads a value in its forward (`.item()`), as HF masking code does, and

@@ -38,7 +38,9 @@ def torch_networks(obs_dim, act_dim, max_action, seed):
 class TFAgent:
   """TD3 on TF modules: `tb.TorchModule`s or Keras models, Keras Adam."""
 
-  def __init__(self, backend, obs_dim, act_dim, max_action, seed, hyper, torchscript=False):
+  def __init__(
+    self, backend, obs_dim, act_dim, max_action, seed, hyper, torchscript=False, run="auto"
+  ):
     self.hyper, self.max_action = hyper, max_action
     actor_torch, critic_torch = torch_networks(obs_dim, act_dim, max_action, seed)
     if backend == "torchbridge":
@@ -47,8 +49,10 @@ class TFAgent:
       # kernels for matmuls import torch._dynamo, ~1 s once per process).
       actor_out = tf.TensorSpec([None, act_dim], tf.float32)
       critic_out = (tf.TensorSpec([None, 1], tf.float32),) * 2  # the twin Q heads
-      # torchscript=True: graph calls run a trace of each module in C++.
-      ts = {"torchscript": torchscript}
+      # The default (run="auto"): graph calls run each module's exact TF
+      # translation; run="torch": torch through the bridge;
+      # torchscript=True: torch, a trace of each module run from C++.
+      ts = {"torchscript": torchscript} if torchscript else {"run": run}
       self.actor = tb.TorchModule(actor_torch, name="actor", output_signature=actor_out, **ts)
       self.critic = tb.TorchModule(critic_torch, name="critic", output_signature=critic_out, **ts)
       self.actor_target = tb.TorchModule(

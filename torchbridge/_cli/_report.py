@@ -33,6 +33,7 @@ from torchbridge._native import _loader
 from torchbridge._native import _build
 from torchbridge._native import _compiler
 from torchbridge._native import _traced
+from torchbridge._runtime import _runners
 from torchbridge._runtime import _torch_thread
 
 
@@ -50,6 +51,20 @@ def report(load_native: bool = True) -> dict[str, dict[str, Any]]:
     "import_order": _import_order(),
     "threads": _threads(),
     "gpus": _gpus(),
+    "runners": _runners_report(),
+  }
+
+
+def _runners_report() -> dict[str, Any]:
+  """Which runner each module's graph calls took in this process (empty
+  in the command line's own process: call `report()` from the program)."""
+  return {
+    "default": 'run="auto": the exact TF translation where it holds, else torch',
+    "modules": {
+      name: (entry["runner"] + (f" ({entry['reason']})" if entry.get("reason") else ""))
+      for name, entry in _runners.choices().items()
+    }
+    or "none yet in this process",
   }
 
 

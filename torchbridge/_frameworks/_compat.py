@@ -209,3 +209,10 @@ set_grad_enabled: Callable[[bool], Any] = getattr(
   "_set_grad_enabled",
   torch.set_grad_enabled,
 )
+
+
+def in_saved_model_trace() -> bool:
+  """Whether `tf.saved_model.save` is tracing the function being built."""
+  from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
+
+  return save_context.in_save_context()

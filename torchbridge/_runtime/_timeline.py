@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
+from torchbridge._runtime import _runners
+
 ENV = "TORCHBRIDGE_TIMELINE"
 
 # The Python side's phases.
@@ -154,10 +156,14 @@ class Timeline:
   """What `timeline()` recorded: `events`, a list of dicts with `name`,
   `thread` (the native thread id), `begin_ns`, `end_ns`
   (`time.perf_counter_ns()`) and `source` ("python", or "kernel" for the
-  native op's own phases)."""
+  native op's own phases); and `runners`, which runner each module's graph
+  calls took (`{module: {"runner": "tf" | "torch", "reason": ...}}`):
+  a module whose calls run as TF ops has no bridge phases, its ops are
+  TF's own in TF's profiler."""
 
   def __init__(self) -> None:
     self.events: list[dict[str, Any]] = []
+    self.runners: dict[str, dict[str, Any]] = {}
 
   def add(self, name: str, thread: int, begin_ns: int, end_ns: int, source: str) -> None:
     self.events.append(
@@ -190,6 +196,7 @@ class Timeline:
         for e in sorted(self.events, key=lambda e: e["begin_ns"])
       ],
       "displayTimeUnit": "ms",
+      "metadata": {"torchbridge runners": self.runners},
     }
 
   def save(self, path: str | os.PathLike[str]) -> None:
@@ -216,13 +223,16 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
-    >>> net = tb.TorchModule(torch.nn.Linear(3, 1), name="net")
+    >>> net = tb.TorchModule(torch.nn.Linear(3, 1), name="net", run="torch")
     >>> step = tf.function(lambda x: net(x))
     >>> _ = step(tf.ones([2, 3]))
     >>> with tb.timeline(annotate=False) as trace:
     ...   _ = step(tf.ones([2, 3]))
     >>> "torchbridge/torch forward" in trace.totals_us()
     True
+    >>> trace.runners["net"]["runner"]
+    'torch'
+
   """
   global _recording, _mode, on
   with _lock:
@@ -245,6 +255,7 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
       if _library is not None:
         _library.torchbridge_timeline_set(0)
         _drain_kernel(_library, recording)
+      recording.runners = _runners.choices()
       _recording = None
       _mode = outer_mode
       on = _mode is not None

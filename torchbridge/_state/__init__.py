@@ -5,5 +5,5 @@ tensor slots swapped in for a call, the buffers a forward writes, its
 train/eval mode and checks. Calls through `_call`; never imports Keras or
 Ray.
 
-May import: _call, _native, _crossing, _runtime, _frameworks.
+May import: _call, _native, _crossing, _runtime, _translate, _frameworks.
 """

@@ -19,12 +19,12 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Sequence
 from typing import Any
 
-import torch  # before TensorFlow, as everywhere in torchbridge
+import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
+from torchbridge._frameworks import _compat
 from torchbridge._runtime import _runners
 from torchbridge._state import _module_checks
 from torchbridge._state import _watch
@@ -32,6 +32,7 @@ from torchbridge._state import _watch
 logger = logging.getLogger("torchbridge")
 
 RUNS = ("auto", "tf", "torch")
+TORCH = object()  # `Runner.call`'s answer: this call runs torch
 
 _STALE = """\
 {name}: {change}.
@@ -82,9 +83,18 @@ class Runner:
     self._said: set[str] = set()
     self._lock = threading.Lock()
 
-  def call(self, call: Any, training: bool | list[bool], mode_key: str) -> Any:
-    """The call's `(result, {buffer: new value})` as TF ops in the graph
-    being traced, or None when it takes torch (said once)."""
+  def call(
+    self,
+    call: Any,
+    training: bool | list[bool],
+    mode_key: str,
+    mutated_buffers: dict[str, frozenset[str]],
+    after_writes: list[Any] | None,
+  ) -> Any:
+    """The call's result as TF ops in the graph being traced, the buffers
+    it writes assigned to their variables (noted in `mutated_buffers`,
+    their new values appended to `after_writes`); or `TORCH` when it takes
+    torch (said once)."""
     from torchbridge._translate import _capture  # torch.export: on first use
 
     key = (
@@ -112,7 +122,7 @@ class Runner:
         f"(run={self.run!r}): {_WHAT[entry.what]}: {entry.reason}",
         entry.reason,
       )
-      return None
+      return TORCH
     captured, snapshot = entry
     self._say(
       "tf",
@@ -121,8 +131,15 @@ class Runner:
       "",
       captured.seconds,
     )
-    _add_guard(snapshot, self._state.name)
-    return captured.run(call.args_tf)
+    _add_guard(snapshot, self._state.name, self._take_views_back)
+    result, writes = captured.run(call.args_tf)
+    mutated_buffers[mode_key] = frozenset(writes)
+    for n, value_tf in writes.items():
+      variable = self._state.variables[n]
+      variable.assign(value_tf)
+      if after_writes is not None:
+        after_writes.append(tf.convert_to_tensor(variable))
+    return result
 
   def _capture(self, call: Any, training: bool | list[bool], capture_module: Any) -> Any:
     state = self._state
@@ -149,10 +166,18 @@ class Runner:
         views.resume_hooks()
       snapshot = _watch.Snapshot(
         list(state.module.named_modules()),
-        watch_mode=isinstance(training, list),
+        watch_mode=False,
         ignored=frozenset(views.hook_ids()),
       )
     return captured, snapshot
+
+  def _take_views_back(self) -> None:
+    # The torch module's views of the variables (lent when it was read)
+    # would make TF copy each variable on its next update, and go stale.
+    views = self._state._views  # pylint: disable=protected-access
+    if views.lent:
+      with self._state._lock:  # pylint: disable=protected-access
+        views.take_back()
 
   def _say(self, runner: str, message: str, reason: str, seconds: float | None = None) -> None:
     _runners.record(self._state.name, runner, reason, seconds)
@@ -174,7 +199,7 @@ def _refusal_error(refusal: Any, name: str) -> Exception:
 
   message = (
     f'{name} (run="tf"): its graph calls cannot run as TF ops: '
-    f"{_WHAT[refusal.what]}: {refusal.reason}\nrun=\"auto\" runs them in "
+    f'{_WHAT[refusal.what]}: {refusal.reason}\nrun="auto" runs them in '
     'torch through the bridge instead (run="torch" always does).'
   )
   if refusal.what == "op":
@@ -192,19 +217,20 @@ def _plain_variable(variable: Any) -> tf.Variable:
 _ZERO: list[tf.Tensor] = []
 
 
-def _add_guard(snapshot: _watch.Snapshot, name: str) -> None:
+def _add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
   """Makes every call of the graph being traced check, in Python, that the
   state the capture read is unchanged (a call-time capture of TF's: run
-  before each call of the outermost `tf.function`, XLA's included)."""
-  from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
-
-  if save_context.in_save_context():
+  before each call of the outermost `tf.function`, XLA's included), and
+  run `before_call()` (taking the torch module's views back, as a bridged
+  call does)."""
+  if _compat.in_saved_model_trace():
     return  # a SavedModel runs without the Python objects
   if not _ZERO:
     with tf.init_scope():
       _ZERO.append(tf.constant(0))
 
   def guard() -> tf.Tensor:
+    before_call()
     change = snapshot.first_change()
     if change is not None:
       raise StaleCaptureError(_STALE.format(name=name, change=change))

@@ -25,6 +25,7 @@ from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _runner
 from torchbridge._state import _swap
+from torchbridge._runtime import _runners
 from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
 from torchbridge._state import _torchscript
@@ -60,18 +61,14 @@ class TorchState:
     _torch_views.lend_from_holders(list(params.values()) + list(buffers.values()))
     self.param_names = list(params)
     self.buffer_names = list(buffers)
-    # state_dict name -> canonical name of the tensor it holds (tied
-    # parameters have several state_dict names for one tensor).
+    # state_dict name -> canonical name (tied parameters have several).
     by_id = {id(t): n for n, t in list(params.items()) + list(buffers.items())}
     self.state_names = {n: by_id[id(t)] for n, t in module.state_dict(keep_vars=True).items()}
-    # torch modes -> names of the buffers the forward writes (learnt while
-    # tracing or on the first eager call), so later calls copy only those.
+    # torch modes -> the buffers the forward writes (learnt on a first call).
     self._mutated_buffers: dict[str, frozenset[str]] = {}
-    # One forward at a time: a call swaps tensors into the shared
-    # torch module for the duration of a call.
+    # One forward at a time: a call swaps tensors into the shared module.
     self._lock = threading.RLock()
-    # Graph calls that write buffers: read, op and assign as one step.
-    self._exclusive = _exclusive.ExclusiveCalls(owner_name)
+    self._exclusive = _exclusive.ExclusiveCalls(owner_name)  # read, op, assign
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
     self.torchscript: _torchscript.TorchScriptCalls | None = None  # use_torchscript()
     # Graph calls as TF ops (run="auto" / "tf"), or None: always torch.
@@ -88,8 +85,7 @@ class TorchState:
         else _distribute.buffer_aggregation(value_tf.dtype)
       )
       self.variables[n] = make_variable(n, value_tf, trainable, aggregation)
-    # The weights are held once, by the variables: the torch module's own
-    # tensors now hold views of them (see `_torch_views.TorchViews`).
+    # Weights held once, by the variables: torch's tensors view them.
     self._views = _torch_views.TorchViews(
       self,
       module,
@@ -97,8 +93,7 @@ class TorchState:
     )
 
   def use_torchscript(self) -> None:
-    """Graph calls from now on run a trace of the forward in C++, where
-    they can (`_torchscript`)."""
+    """Graph calls run a trace of the forward in C++ where they can."""
     self.torchscript = _torchscript.TorchScriptCalls(self.name)
 
   def sync_torch(self) -> torch.nn.Module:
@@ -117,16 +112,11 @@ class TorchState:
   ) -> Any:
     """Runs the forward on TF tensors; see `TorchModule.__call__`.
 
-    With `output_signature` (the result's `tf.TensorSpec`s), nothing is
-    inferred while tracing, and every buffer is written back after each
-    call (which buffers the forward writes is not learnt either).
-
-    Reading the buffers, the forward and writing them back are one step, so
-    overlapping calls lose no buffer update: eagerly under the module's
-    lock, in a graph inside a `tf.CriticalSection` (when the forward may
-    write a buffer). Not in a replica of several, whose buffer writes wait
-    for each other and are aggregated by the strategy.
-    """
+    `output_signature`: nothing is inferred while tracing, every buffer is
+    written back. Reading buffers, the forward and writing them back are
+    one step (eagerly under the lock, in a graph in a `tf.CriticalSection`
+    when it may write one), except in a replica of several (the strategy
+    aggregates the writes)."""
     if _distribute.in_replica_of_several():
       return self._call(args, kwargs, training, output_signature)
     if tf.executing_eagerly():
@@ -157,9 +147,7 @@ class TorchState:
     if training is not None:
       training = _module_checks.as_python_bool(training, self.name)
     elif not tf.executing_eagerly():
-      # The traced graph depends on the modes (which buffers the forward
-      # writes, hence the op's outputs): every run of it uses the modes the
-      # submodules had when it was traced.
+      # A traced graph depends on the modes: it keeps those it was traced with.
       training = [m.training for m in self._modules]
     call = _call.bind_arguments(self.name, (args, kwargs))
     _distribute.check_call_context(self.name, self.variables.values())
@@ -169,16 +157,14 @@ class TorchState:
       and not tf.executing_eagerly()
       and not _distribute.in_replica_of_several()
     ):
-      translated = self.runner.call(call, training, mode_key)
-      if translated is not None:
-        result, writes = translated
-        self._mutated_buffers[mode_key] = frozenset(writes)
-        for n, value_tf in writes.items():
-          self.variables[n].assign(value_tf)
-          if after_writes is not None:
-            after_writes.append(tf.convert_to_tensor(self.variables[n]))
-        return result
+      translated = self.runner.call(call, training, mode_key, self._mutated_buffers, after_writes)
+      if translated is not _runner.TORCH:
+        return translated
     if not tf.executing_eagerly():
+      if self.runner is None:
+        _runners.record(
+          self.name, "torch", "torchscript=True" if self.torchscript else "run='torch'"
+        )
       _call.check_not_xla(self.name)
     names = self.param_names + self.buffer_names
     vars_tf = _compat.read_values([self.variables[n] for n in names])
@@ -252,8 +238,7 @@ class TorchState:
       finally:
         if saved_modes is not None:
           _module_checks.restore_modes(saved_modes)
-      # A buffer the forward replaced (`self.buf = ...`) has its new value
-      # in the new tensor.
+      # A buffer the forward replaced (`self.buf = ...`): the new tensor.
       for n, t in reassigned.items():
         if n in buffers_torch:
           buffers_torch[n] = t
@@ -271,8 +256,7 @@ class TorchState:
         n: tf.TensorSpec(self.variables[n].shape, self.variables[n].dtype)
         for n in self.buffer_names
       }
-    # Should the output specs have to be found by a real run while tracing,
-    # the weights are the variables' current values.
+    # Output specs found by a real run while tracing use the current weights.
     stand_ins = [functools.partial(self._current_value, n) for n in names]
     if self.torchscript is not None and not tf.executing_eagerly():
       traced = self.torchscript.call_or_none(
@@ -309,12 +293,8 @@ class TorchState:
 
   def get_weights(self) -> dict[str, np.ndarray]:
     """`{state_dict name: np.ndarray}`, copies of the current values."""
-    return {n: np.array(self.variables[c].numpy(), copy=True) for n, c in self.state_names.items()}
+    return _weights.current(self.state_names, self.variables)
 
   def set_weights(self, weights: Mapping[str, Any]) -> None:
     """Sets every variable from `{state_dict name: array}`, all or nothing."""
-    values = _weights.values_to_set(weights, self.state_names, self.variables, self.name)
-    for canonical, value in values.items():
-      var = self.variables[canonical]
-      dtype = tf.as_dtype(var.dtype)
-      var.assign(_exchange.tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))
+    _weights.assign(weights, self.state_names, self.variables, self.name)

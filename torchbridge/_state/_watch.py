@@ -7,8 +7,9 @@ every submodule: each public instance attribute holding a bool, int,
 float, complex, str, bytes, None, or a tuple, list, dict or set of those
 (compared by value); each plain tensor attribute that is neither a
 parameter nor a buffer (by identity and in-place version); the submodules
-themselves (by identity); the forward hooks and pre-hooks registered on it;
-and its train/eval flag unless the call sets the mode (`training=`).
+themselves (by identity); the forward hooks and pre-hooks registered on it. Not
+its train/eval flag: the modes are part of a capture's key, and a graph
+keeps the modes it was traced with.
 Not watched: attributes of other objects (a config object's fields),
 globals, closures, class attributes and random state.
 """
@@ -52,6 +53,8 @@ class Snapshot:
       prefix = f"{path}." if path else ""
       for attr, value in d.items():
         if attr.startswith("_") or (attr == "training" and not watch_mode):
+          # The modes are part of the capture's key; a graph keeps the
+          # modes it was traced with (TorchModule's documented rule).
           continue
         if isinstance(value, torch.Tensor):
           self._entries.append((prefix + attr, d, attr, (value, value._version), "tensor"))
@@ -60,9 +63,7 @@ class Snapshot:
       for table in ("_modules", "_forward_hooks", "_forward_pre_hooks"):
         held = d.get(table)
         if held is not None:
-          self._entries.append(
-            (f"{prefix}{table}", held, "", self._table_ids(held), "table")
-          )
+          self._entries.append((f"{prefix}{table}", held, "", self._table_ids(held), "table"))
 
   def _table_ids(self, table: dict[Any, Any]) -> tuple[tuple[Any, int], ...]:
     return tuple((k, id(v)) for k, v in table.items() if id(v) not in self._ignored)

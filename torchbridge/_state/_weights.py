@@ -7,6 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
+import tensorflow as tf
+
+from torchbridge._crossing import _exchange
 
 from torchbridge._state import _module_checks
 
@@ -66,3 +70,21 @@ def values_to_set(
       f"its state_dict: {sorted(expected)}."
     )
   return values
+
+
+def current(state_names: Mapping[str, str], variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """`{state_dict name: np.ndarray}`, copies of the variables' values."""
+  return {n: np.array(variables[c].numpy(), copy=True) for n, c in state_names.items()}
+
+
+def assign(
+  weights: Mapping[str, Any],
+  state_names: Mapping[str, str],
+  variables: Mapping[str, Any],
+  owner: str,
+) -> None:
+  """Sets every variable from `{state_dict name: array}`, all or nothing."""
+  for canonical, value in values_to_set(weights, state_names, variables, owner).items():
+    var = variables[canonical]
+    dtype = tf.as_dtype(var.dtype)
+    var.assign(_exchange.tf_owned(tf.constant(value.astype(dtype.as_numpy_dtype))))

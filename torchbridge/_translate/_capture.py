@@ -86,9 +86,7 @@ class Capture:
     drawn: dict[str, Any] | None = None,
   ) -> tuple[Any, dict[str, tf.Tensor]]:
     values: dict[str, Any] = dict(zip(self.program.user_inputs, args_tf))
-    values.update(
-      {p: tf.convert_to_tensor(self._variables[n]) for p, n in self._state.items()}
-    )
+    values.update({p: tf.convert_to_tensor(self._variables[n]) for p, n in self._state.items()})
     values.update({n: tf.constant(c) for n, c in self.program.constants.items()})
     flat_tf = _fx_to_tf.run(self.program.graph, values, draws, drawn)
     n = len(self.mutated)
@@ -239,7 +237,9 @@ def _check(
     raise Refusal("op", str(err)) from err
   except _table.Failed as err:
     raise Refusal("translation", str(err)) from err
-  where = f"{'second ' if size else ''}random inputs of shapes {[list(x.shape) for x in inputs_torch]}"
+  where = (
+    f"{'second ' if size else ''}random inputs of shapes {[list(x.shape) for x in inputs_torch]}"
+  )
   for i, (got, want) in enumerate(zip(outputs_tf, outputs_torch)):
     _compare(got, want, f"output {i}", where, grads=False)
   for n in result.mutated:
@@ -254,7 +254,9 @@ def _check(
   ]
   if not pairs:
     return
-  cotangents = [rng.standard_normal(o_t.shape).astype(o_tf.dtype.as_numpy_dtype) for o_tf, o_t in pairs]
+  cotangents = [
+    rng.standard_normal(o_t.shape).astype(o_tf.dtype.as_numpy_dtype) for o_tf, o_t in pairs
+  ]
   leaves_tf = [a for a in args_tf if a.dtype.is_floating] + trainable
   leaves_torch = [x for x in inputs_torch if x.is_floating_point()] + [
     canonical[n] for n, v in variables.items() if v.trainable
@@ -286,7 +288,9 @@ def _flat_outputs(structure: Any, result_tf: Any) -> list[tf.Tensor]:
 
 
 def _run_exported(
-  program: _export.Program, inputs_torch: Sequence[torch.Tensor], by_name: Mapping[str, torch.Tensor]
+  program: _export.Program,
+  inputs_torch: Sequence[torch.Tensor],
+  by_name: Mapping[str, torch.Tensor],
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
   """Runs the exported graph in torch, recording its random draws."""
   masks: dict[str, torch.Tensor] = {}
@@ -336,7 +340,9 @@ def _check_draws(result: Capture, specs: Sequence[tf.TensorSpec], name: str) -> 
       )
 
 
-def _compare(got_tf: tf.Tensor, want_torch: torch.Tensor, what: str, where: str, grads: bool) -> None:
+def _compare(
+  got_tf: tf.Tensor, want_torch: torch.Tensor, what: str, where: str, grads: bool
+) -> None:
   got = np.asarray(got_tf.numpy())
   want = want_torch.detach().cpu().numpy()
   if got.shape != want.shape:

@@ -234,9 +234,7 @@ def _program(
       "computes outputs only: keep calling the module through the bridge."
     )
   out_kinds = torch.export.graph_signature.OutputKind
-  mutations = [
-    s.target for s in signature.output_specs if s.kind == out_kinds.BUFFER_MUTATION
-  ]
+  mutations = [s.target for s in signature.output_specs if s.kind == out_kinds.BUFFER_MUTATION]
   count = len(signature.output_specs) - len(mutations)
   structure = program.call_spec.out_spec.unflatten(list(range(count)))
   return Program(

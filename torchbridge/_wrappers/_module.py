@@ -115,9 +115,7 @@ class TorchModule(tf.Module):
     run = _runner.resolve_run(run, torchscript, "TorchModule")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
-      state = _torch_state.TorchState(
-        module, f"TorchModule {self.name!r}", _make_variable, run=run
-      )
+      state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable, run=run)
     self._init_untracked(state, output_signature, torchscript, run)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
