@@ -2,13 +2,15 @@
 
 Usage:
   python -m benchmarks.td3_process
-      {torchbridge,torchbridge-torchscript,torch,tf,floor,floor-script,
-       lean-script,scripted-script} --out DIR
+      {torchbridge,torchbridge-torch,torchbridge-torchscript,torch,tf,floor,
+       floor-script,lean-script,scripted-script} --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
       [--policy function|eager]
 
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
-(`torchbridge-torchscript`: the torchbridge backend with `--torchscript`,
+(`torchbridge`: the default `tb.TorchModule`, graph calls on the TF
+runner, its exact translation; `torchbridge-torch`: `--run torch`, graph
+calls through the bridge; `torchbridge-torchscript`: `--torchscript`,
 its modules' graph calls run from C++)
 (same loop, environment, replay buffer and timing window as a user's run,
 evaluation and checkpoints only at the end) with a hook that records each
@@ -125,6 +127,8 @@ def run_script(
   modules=None,
   eager_policy=False,
   torchscript=False,
+  run="auto",
+  jit_compile=False,
 ):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
   each policy call) timed; with `modules` ("bare", "lean" or "scripted"), on
@@ -174,6 +178,8 @@ def run_script(
           "--out",
           out,
           *(["--torchscript"] if torchscript else []),
+          *(["--run", run] if backend == "torchbridge" and not torchscript else []),
+          *(["--jit-compile"] if jit_compile else []),
         ]
       )
   finally:
@@ -297,6 +303,7 @@ def main(argv=None):
     "backend",
     choices=[
       "torchbridge",
+      "torchbridge-torch",
       "torchbridge-torchscript",
       "torch",
       "tf",
@@ -310,6 +317,11 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--start-steps", type=int, default=1000)
   parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument(
+    "--jit-compile",
+    action="store_true",
+    help="TF backends: the script's --jit-compile (the train step compiled by XLA)",
+  )
   parser.add_argument(
     "--torch-thread",
     choices=["script", "on", "off"],
@@ -343,8 +355,9 @@ def main(argv=None):
     )
     start = time.perf_counter()
     torchscript = args.backend == "torchbridge-torchscript"
+    bridged = modules or torchscript or args.backend == "torchbridge-torch"
     durations, script_mean, actor_class, act_traces = run_script(
-      "torchbridge" if modules or torchscript else args.backend,
+      "torchbridge" if bridged else args.backend,
       args.out,
       args.steps,
       args.start_steps,
@@ -353,6 +366,8 @@ def main(argv=None):
       modules=modules,
       eager_policy=args.policy == "eager",
       torchscript=torchscript,
+      run="torch" if args.backend == "torchbridge-torch" else "auto",
+      jit_compile=args.jit_compile,
     )
     wall_s = time.perf_counter() - start
     split = wall_split(wall_s, durations, policy_durations)
@@ -366,6 +381,7 @@ def main(argv=None):
       {
         "pid": os.getpid(),
         "backend": args.backend,
+        "jit_compile": args.jit_compile,
         "train_steps": len(durations),
         "ms_per_train_step": 1e3 * float(np.mean(warm)),
         "first_step_ms": 1e3 * durations[0],

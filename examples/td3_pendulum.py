@@ -71,6 +71,11 @@ def parse_args(argv=None):
     "where it holds, tf (or an error), torch (through the bridge)",
   )
   p.add_argument(
+    "--jit-compile",
+    action="store_true",
+    help="TF backends: compile the train step with XLA (tf.function(jit_compile=True))",
+  )
+  p.add_argument(
     "--export",
     action="store_true",
     help="torchbridge backend: at the end, translate the actor to "
@@ -106,6 +111,7 @@ class Run:
         self.hyper,
         torchscript=args.torchscript,
         run=args.run,
+        jit_compile=args.jit_compile,
       )
       self.tf_checkpoint = tf.train.CheckpointManager(
         tf.train.Checkpoint(**self.agent.checkpoint_items()),

@@ -39,7 +39,16 @@ class TFAgent:
   """TD3 on TF modules: `tb.TorchModule`s or Keras models, Keras Adam."""
 
   def __init__(
-    self, backend, obs_dim, act_dim, max_action, seed, hyper, torchscript=False, run="auto"
+    self,
+    backend,
+    obs_dim,
+    act_dim,
+    max_action,
+    seed,
+    hyper,
+    torchscript=False,
+    run="auto",
+    jit_compile=False,
   ):
     self.hyper, self.max_action = hyper, max_action
     actor_torch, critic_torch = torch_networks(obs_dim, act_dim, max_action, seed)
@@ -82,7 +91,9 @@ class TFAgent:
     self.actor_opt.build(self.actor.trainable_variables)
     self.critic_opt.build(self.critic.trainable_variables)
     self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates")
-    self.train_step = tf.function(self._train_step)
+    # jit_compile=True: the train step compiled by XLA (the Keras port, or
+    # torch modules whose graph calls run as their TF translation).
+    self.train_step = tf.function(self._train_step, jit_compile=jit_compile or None)
     self.act = tf.function(self._act)
 
   def checkpoint_items(self):

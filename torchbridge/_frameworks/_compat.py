@@ -216,3 +216,16 @@ def in_saved_model_trace() -> bool:
   from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
 
   return save_context.in_save_context()
+
+
+def function_graph() -> Any:
+  """The graph of the `tf.function` being traced: the default graph, or,
+  inside `tf.cond` / `tf.while_loop` branches, the function graph they
+  belong to (a call-time capture made in a branch cannot compile with
+  XLA)."""
+  from tensorflow.python.ops import control_flow_v2_func_graphs as cf  # pylint: disable=import-outside-toplevel
+
+  graph = tf.compat.v1.get_default_graph()
+  while isinstance(graph, cf.ControlFlowFuncGraph) and graph.outer_graph is not None:
+    graph = graph.outer_graph
+  return graph

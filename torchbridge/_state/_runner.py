@@ -236,5 +236,6 @@ def _add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
       raise StaleCaptureError(_STALE.format(name=name, change=change))
     return _ZERO[0]
 
-  graph = tf.compat.v1.get_default_graph()
-  graph.capture_call_time_value(guard, tf.TensorSpec([], tf.int32))
+  graph = _compat.function_graph()
+  with graph.as_default():
+    graph.capture_call_time_value(guard, tf.TensorSpec([], tf.int32))

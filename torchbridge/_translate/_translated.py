@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,17 +69,29 @@ class UntranslatedOpsError(NotImplementedError):
     aten._fft_r2c.default
   """
 
-  def __init__(self, message: str, ops: Mapping[str, Any] | None = None) -> None:
-    super().__init__(message)
-    self.ops = dict(ops or {})
+  # Exception's own __init__: AutoGraph then re-raises it as itself from
+  # a `tf.function` (a `run="tf"` refusal), not as a StagingError; `ops`
+  # is set after creation.
+  __init__ = Exception.__init__
+  ops: Mapping[str, Any] = types.MappingProxyType({})
+
+  @classmethod
+  def listing(cls, message: str, ops: Mapping[str, Any]) -> UntranslatedOpsError:
+    """The error with `message`, its `ops` set."""
+    err = cls(message)
+    err.ops = dict(ops)
+    return err
 
 
 class ParityError(ValueError):
   """The translated graph's outputs differ from torch's beyond tolerance.
 
   Raised by `translate`, whose message names each output and its largest
-  difference; `rtol=` and `atol=` set the tolerance.
+  difference; `rtol=` and `atol=` set the tolerance; and by a graph call
+  of a `TorchModule(..., run="tf")` whose translation fails its check.
   """
+
+  __init__ = Exception.__init__  # re-raised as itself by AutoGraph
 
 
 class Translated(tf.Module):
@@ -253,7 +266,7 @@ def translate(
     missing = _fx_to_tf.untranslated(program.graph)
     if missing:
       ops = "\n".join(f"  {op}: {why}" for op, why in sorted(missing.items()))
-      raise UntranslatedOpsError(
+      raise UntranslatedOpsError.listing(
         _UNTRANSLATED.format(name=module_name, count=len(missing), ops=ops), missing
       )
     variables = {
@@ -269,7 +282,7 @@ def translate(
     result_tf = served(*[tf.constant(e.numpy()) for e in examples_torch])
   except _table.Refused as err:  # "<op> (node ...): <reason>"
     op, _, why = str(err).partition(": ")
-    raise UntranslatedOpsError(
+    raise UntranslatedOpsError.listing(
       _UNTRANSLATED.format(name=module_name, count=1, ops=f"  {err}"), {op: why}
     ) from err
   except _table.Failed as err:
