@@ -6,10 +6,14 @@
   fails `mkdocs build --strict`.
 - "What it costs" gets its tables from benchmarks/results/latest.json,
   written by benchmarks/report.py at build time, never pasted.
+- `<!-- include PATH -->` in any page is replaced by the committed results
+  file PATH (a table a benchmark or a tally wrote); a missing file fails
+  the build.
 """
 
 import json
 from pathlib import Path
+import re
 import sys
 
 from mkdocs.structure.files import File
@@ -37,7 +41,18 @@ COSTS_MARKER = (
 )
 
 
+INCLUDE = re.compile(r"<!-- include (\S+) -->")
+
+
+def _include(match):
+  path = ROOT / match.group(1)
+  if not path.is_file():
+    raise ValueError(f"a page includes {match.group(1)}, which does not exist")
+  return path.read_text()
+
+
 def on_page_markdown(markdown, page, config, files):
+  markdown = INCLUDE.sub(_include, markdown)
   if page.file.src_uri != COSTS_PAGE:
     return markdown
   if COSTS_MARKER not in markdown:

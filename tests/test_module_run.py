@@ -371,3 +371,27 @@ def test_keras_layer_keeps_xla_and_fits():
   assert _runners.choices()["torch_auto"]["runner"] == "tf"
   assert layer.get_config().get("run") is None
   assert torch_layer.get_config()["run"] == "torch"
+
+
+def test_timeline_and_info_say_which_runner_each_module_took():
+  from torchbridge._cli import _report  # pylint: disable=import-outside-toplevel
+
+  translated = tb.TorchModule(seeded(0, mlp), name="said_tf")
+  bridged = tb.TorchModule(Spectrum(), name="said_torch")
+  f = tf.function(lambda x, y: (translated(x), bridged(y)))
+  with tb.timeline(annotate=False) as trace:
+    f(tf.ones([2, 3]), tf.ones([2, 4]))
+  assert trace.runners["said_tf"]["runner"] == "tf"
+  assert trace.runners["said_torch"]["runner"] == "torch"
+  assert "aten._fft_r2c" in trace.runners["said_torch"]["reason"]
+  assert trace.chrome_trace()["metadata"]["torchbridge runners"]["said_tf"]["runner"] == "tf"
+  modules = _report.report(load_native=False)["runners"]["modules"]
+  assert modules["said_tf"] == "tf"
+  assert modules["said_torch"].startswith("torch (aten._fft_r2c")
+
+
+def test_capture_cost_is_said():
+  module = tb.TorchModule(seeded(0, mlp), name="capture_cost")
+  tf.function(lambda x: module(x))(tf.ones([2, 3]))
+  seconds = _runners.choices()["capture_cost"]["capture_s"]
+  assert 0 < seconds < 60

@@ -160,6 +160,10 @@ class Runner:
         )
       except capture_module.Refusal as refusal:
         return refusal
+      except Exception as err:  # pylint: disable=broad-except
+        # Anything else in capturing (TF's own gradient code included) is
+        # a limit of the translation: this call takes torch.
+        return capture_module.Refusal("translation", f"{type(err).__name__}: {err}")
       finally:
         if saved is not None:
           _module_checks.restore_modes(saved)
@@ -238,4 +242,7 @@ def _add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
 
   graph = _compat.function_graph()
   with graph.as_default():
-    graph.capture_call_time_value(guard, tf.TensorSpec([], tf.int32))
+    # One check per capture and graph, however often the graph calls it.
+    graph.capture_call_time_value(
+      guard, tf.TensorSpec([], tf.int32), key=("torchbridge check", id(snapshot))
+    )

@@ -1,0 +1,270 @@
+"""Which runner models take by default, and whether they match torch.
+
+Usage:
+  python -m benchmarks.runner_coverage [--quick]
+      [--out benchmarks/results/runner_coverage.json]
+
+Every module of torch's own `module_db` (its first float32 sample, as
+`tests/_module_db_cases.py` enumerates them; `--quick`: the first 20
+modules) and the tiny Hugging Face models of `tests/test_transformers.py`
+(`--quick`: none) go through the default `tb.TorchModule` (`run="auto"`)
+inside a `tf.function`, in inference (`training=False`) and training
+(`training=True`, under a `GradientTape`). Per call it records the
+runner the module took (`tf`: its exact TF translation; `torch`: through
+the bridge, with the reason) and compares, independently of the capture's
+own check, the outputs and the gradients of every floating input and
+trainable parameter (for a fixed random cotangent) with torch autograd on
+a copy of the module; a module whose torch output is random in that mode
+(dropout) is compared by runner only. Outcomes: "tf, matches", "torch"
+(the reason), "MISMATCH" (a bug: the call's result differs from torch),
+"n/a" (torch itself fails, or no tensor input) and "error".
+
+Writes the records (`--out`, with the commit) and the tally as markdown
+beside them (`runner_coverage.md`, which docs/coverage/runners.md
+includes); prints the tally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  (before TensorFlow)
+import tensorflow as tf  # noqa: E402
+
+import torchbridge as tb  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from benchmarks import translate_coverage as tc  # noqa: E402
+from torchbridge._runtime import _runners  # noqa: E402
+
+tf.get_logger().setLevel("ERROR")
+logging.getLogger("torch._export").setLevel(logging.ERROR)
+db_cases = tc.db_cases
+RTOL, ATOL = 1e-4, 1e-5  # float32, atol scaled by the largest |torch value| above 1
+
+
+def _weights(shape, seed):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _floating(t):
+  return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def compare(target, tensors, training, name):
+  """(runner, reason, problem) of one call of `target` on `tensors`."""
+  reference = copy.deepcopy(target)
+  bridged = tb.TorchModule(target, name=name)
+  args_tf = [tf.constant(t.detach().numpy()) for t in tensors]
+  trainable = list(bridged.trainable_variables)
+
+  @tf.function
+  def call(*xs):
+    with tf.GradientTape() as tape:
+      tape.watch([x for x in xs if x.dtype.is_floating])
+      outs = [o for o in tf.nest.flatten(bridged(*xs, training=training)) if o is not None]
+      loss = tf.constant(0.0)
+      for k, o in enumerate(outs):
+        if o.dtype == tf.float32:
+          loss += tf.reduce_sum(o * _weights(o.shape, k))
+    leaves = [x for x in xs if x.dtype.is_floating] + trainable
+    return outs, tape.gradient(loss, leaves)
+
+  outs_tf, grads_tf = call(*args_tf)
+  choice = _runners.choices().get(name, {})
+  runner, reason = choice.get("runner", "?"), choice.get("reason", "")
+  # torch: the same weights, the same mode, the same loss.
+  reference.train(training)
+  inputs = [
+    t.detach().clone().requires_grad_(True) if _floating(t) else t.detach().clone() for t in tensors
+  ]
+  params = dict(reference.named_parameters())
+  torch.manual_seed(0)
+  outs_torch = [o for o in tc.tensor_leaves(reference(*inputs)) if o is not None]
+  random = _is_random(copy.deepcopy(target), tensors, training)
+  if random:
+    return runner, reason, None
+  loss = sum(
+    (o * torch.from_numpy(_weights(tuple(o.shape), k))).sum()
+    for k, o in enumerate(outs_torch)
+    if o.dtype == torch.float32 and o.requires_grad
+  )
+  leaves = [x for x in inputs if _floating(x)] + [
+    params[v.name.split("/", 1)[1].rsplit(":", 1)[0]] for v in trainable
+  ]
+  grads_torch = (
+    torch.autograd.grad(loss, leaves, allow_unused=True)
+    if isinstance(loss, torch.Tensor)
+    else [None] * len(leaves)
+  )
+  for k, (got, want) in enumerate(zip(outs_tf, outs_torch)):
+    problem = _close(got, want, f"output {k}")
+    if problem:
+      return runner, reason, problem
+  for k, (got, want, leaf) in enumerate(zip(grads_tf, grads_torch, leaves)):
+    got = np.zeros(leaf.shape, np.float32) if got is None else tf.convert_to_tensor(got).numpy()
+    want = torch.zeros_like(leaf) if want is None else want
+    problem = _close(got, want, f"gradient {k}")
+    if problem:
+      return runner, reason, problem
+  return runner, reason, None
+
+
+def _is_random(module, tensors, training):
+  module.train(training)
+  with torch.no_grad():
+    torch.manual_seed(1)
+    first = tc.tensor_leaves(module(*copy.deepcopy(tensors)))
+    torch.manual_seed(2)
+    second = tc.tensor_leaves(module(*copy.deepcopy(tensors)))
+  return any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _close(got, want, what):
+  got = np.asarray(got.numpy() if hasattr(got, "numpy") else got, np.float64)
+  want = want.detach().to(torch.float64).numpy()
+  if got.shape != want.shape:
+    return f"{what}: shape {list(got.shape)} vs torch's {list(want.shape)}"
+  finite = np.isfinite(want)
+  scale = max(1.0, float(np.max(np.abs(want[finite]), initial=0.0)))
+  if not np.allclose(got, want, rtol=RTOL, atol=ATOL * scale, equal_nan=True):
+    return f"{what}: differs by {float(np.nanmax(np.abs(got - want))):.3g}"
+  return None
+
+
+def run_sample(info, sample, training, name):
+  fwd, cargs = sample.forward_input, sample.constructor_input
+  try:
+    torch.manual_seed(0)
+    module = info.module_cls(*cargs.args, **cargs.kwargs).to(torch.float32)
+    if info.is_lazy:
+      with torch.no_grad():
+        module(*copy.deepcopy(fwd.args), **copy.deepcopy(fwd.kwargs))
+    module.train(training)
+    with torch.no_grad():
+      module(*copy.deepcopy(fwd.args), **copy.deepcopy(fwd.kwargs))
+  except Exception as err:  # pylint: disable=broad-except
+    return {"outcome": "n/a", "detail": tc._short(f"pure torch fails: {err}", 160)}  # pylint: disable=protected-access
+  tensors = [t.detach().clone() for t in tc.tensor_leaves((fwd.args, fwd.kwargs))]
+  if not tensors:
+    return {"outcome": "n/a", "detail": "no tensor input"}
+  target = tc._with_named_inputs(  # pylint: disable=protected-access
+    tc.Bound, len(tensors), module, copy.deepcopy(fwd.args), copy.deepcopy(fwd.kwargs)
+  )
+  return _outcome(lambda: compare(target, tensors, training, name))
+
+
+def _outcome(fn):
+  start = time.perf_counter()
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      runner, reason, problem = tc._with_timeout(fn, tc.SAMPLE_TIMEOUT_S * 2)  # pylint: disable=protected-access
+  except Exception as err:  # pylint: disable=broad-except
+    return {"outcome": "error", "detail": tc._short(f"{type(err).__name__}: {err}", 300)}  # pylint: disable=protected-access
+  record = {"runner": runner, "seconds": round(time.perf_counter() - start, 2)}
+  if problem:
+    record.update(outcome="MISMATCH", detail=problem)
+  elif runner == "tf":
+    record.update(outcome="tf, matches")
+  else:
+    record.update(outcome="torch", detail=tc._short(reason, 300))  # pylint: disable=protected-access
+  return record
+
+
+def run_transformers(name, training):
+  import test_transformers  # pylint: disable=import-outside-toplevel
+
+  build, make_inputs = test_transformers._load(name)  # pylint: disable=protected-access
+  inputs = make_inputs()
+  torch.manual_seed(0)
+  model = tc._with_named_inputs(tc._Keywords, len(inputs), build(), list(inputs))  # pylint: disable=protected-access
+  tensors = [torch.from_numpy(a) for a in inputs.values()]
+  return _outcome(lambda: compare(model, tensors, training, f"{name}_{training}"))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.runner_coverage", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument(
+    "--out", default=os.path.join(harness.ROOT, "benchmarks", "results", "runner_coverage.json")
+  )
+  args = parser.parse_args(argv)
+  names = sorted(db_cases.MODULES)[: 20 if args.quick else None]
+  records = []
+  for k, name in enumerate(names):
+    info = db_cases.MODULES[name]
+    for training in (False, True):
+      found = db_cases.samples(info, torch.float32, training)
+      if not found:
+        continue
+      record = run_sample(info, found[0], training, f"m{k}_{int(training)}")
+      record.update(model=name, source="module_db", training=training)
+      records.append(record)
+      print(name, training, record["outcome"], record.get("detail", ""), file=sys.stderr)
+  if not args.quick:
+    for name in tc.TRANSFORMERS_MODELS:
+      for training in (False, True):
+        record = run_transformers(name, training)
+        record.update(model=name, source="transformers", training=training)
+        records.append(record)
+        print(name, training, record["outcome"], record.get("detail", ""), file=sys.stderr)
+  data = {
+    "source": harness.environment(2, "cpu")["source"],
+    "torch": torch.__version__,
+    "tensorflow": tf.__version__,
+    "quick": args.quick,
+    "records": records,
+  }
+  with open(args.out, "w") as f:
+    json.dump(data, f, indent=1)
+    f.write("\n")
+  text = markdown(data)
+  with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+    f.write(text)
+  print(text)
+  return 0
+
+
+def markdown(data):
+  """The tally by source and mode, then each model's line."""
+  lines = [
+    f"Measured at {data['source']['commit'][:10]} (torch {data['torch']}, TF "
+    f"{data['tensorflow']}), `benchmarks/runner_coverage.py`: each model "
+    "in a `tf.function` through the default `tb.TorchModule`.",
+    "",
+    "| models | mode | tf, matches | torch (reason below) | MISMATCH | error | n/a |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for source in ("module_db", "transformers"):
+    for training in (False, True):
+      rows = [r for r in data["records"] if r["source"] == source and r["training"] == training]
+      if not rows:
+        continue
+      count = collections.Counter(r["outcome"] for r in rows)
+      lines.append(
+        f"| {source} | {'training' if training else 'inference'} | {count['tf, matches']} | "
+        f"{count['torch']} | {count['MISMATCH']} | {count['error']} | {count['n/a']} |"
+      )
+  lines += ["", "| model | mode | outcome | detail |", "|---|---|---|---|"]
+  for r in data["records"]:
+    detail = (r.get("detail") or "").replace("|", "\\|")
+    mode = "training" if r["training"] else "inference"
+    lines.append(f"| {r['model']} | {mode} | {r['outcome']} | {detail} |")
+  return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+  sys.exit(main())

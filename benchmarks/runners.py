@@ -1,0 +1,278 @@
+"""Graph calls' runners side by side (issue 40): the TD3 train step and the
+small MLP's, each contender in processes of its own, alternated rounds,
+in each venv given.
+
+Usage:
+  python -m benchmarks.runners --python PY [--python PY2] [--rounds 3]
+  python -m benchmarks.runners --one MODEL CONTENDER   (one process)
+
+Contenders: `tb.TorchModule` as users get it (the default `run="auto"`:
+its exact TF translation), the same in a step compiled by XLA, with
+`run="torch"` (torch through the bridge), the Keras port with and without
+XLA, pure torch as written, and (TD3) pure torch with the actor's loss
+differentiated for the actor's parameters only (as TF's tape asks). Each
+step runs on random batches (TD3: Pendulum's shapes, batch 256; MLP:
+`benchmarks.models`' small MLP); the figure is the median of 7 timed
+blocks of about 0.25 s after a warm-up, the first call (tracing, and the
+TF runner's capture) timed apart. Writes `results/runners.json` (with the
+commit) and `results/runners.md`, which the docs include.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  (before TensorFlow)
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+
+TORCHBRIDGE, XLA, RUN_TORCH = "torchbridge", "torchbridge, XLA", 'torchbridge, run="torch"'
+KERAS, KERAS_XLA = "Keras port", "Keras port, XLA"
+TORCH, TORCH_ACTOR_ONLY = "pure torch", "pure torch, actor loss for the actor only"
+CONTENDERS = {
+  "td3": (TORCHBRIDGE, XLA, RUN_TORCH, KERAS, KERAS_XLA, TORCH, TORCH_ACTOR_ONLY),
+  "small_mlp": (TORCHBRIDGE, XLA, RUN_TORCH, KERAS, KERAS_XLA, TORCH),
+}
+
+
+def _td3_step(contender):
+  sys.path.insert(0, os.path.join(harness.ROOT, "examples"))
+  from td3 import agents  # pylint: disable=import-outside-toplevel
+
+  hyper = agents.Hyper()
+  if contender in (TORCH, TORCH_ACTOR_ONLY):
+    agent = agents.TorchAgent(3, 1, 2.0, 0, hyper)
+    if contender == TORCH_ACTOR_ONLY:
+      _actor_only(agent)
+  else:
+    agent = agents.TFAgent(
+      "tf" if contender in (KERAS, KERAS_XLA) else "torchbridge",
+      3,
+      1,
+      2.0,
+      0,
+      hyper,
+      run="torch" if contender == RUN_TORCH else "auto",
+      jit_compile=contender in (XLA, KERAS_XLA),
+    )
+  rng = np.random.default_rng(0)
+  n = hyper.batch_size
+  batches = [
+    (
+      rng.standard_normal((n, 3), dtype=np.float32),
+      rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+      rng.standard_normal((n, 1), dtype=np.float32),
+      rng.standard_normal((n, 3), dtype=np.float32),
+      np.ones((n, 1), np.float32),
+    )
+    for _ in range(8)
+  ]
+  if contender not in (TORCH, TORCH_ACTOR_ONLY):
+    batches = [tuple(tf.constant(a) for a in b) for b in batches]
+  k = iter(range(1 << 62))
+
+  def step():
+    return agent.train_step(*batches[next(k) % len(batches)])
+
+  return step
+
+
+def _actor_only(agent):
+  """The torch agent's actor update differentiating the actor's loss for
+  the actor's parameters only (`torch.autograd.grad`), not the critic's."""
+  h = agent.hyper
+  critic_update = type(agent).train_step
+
+  def train_step(obs, action, reward, next_obs, not_done):
+    policy_freq, h.policy_freq = h.policy_freq, 1 << 62  # the critic's part only
+    try:
+      critic_loss, _ = critic_update(agent, obs, action, reward, next_obs, not_done)
+    finally:
+      h.policy_freq = policy_freq
+    if agent.updates % h.policy_freq == 0:
+      obs_t = torch.as_tensor(obs)
+      loss = -agent.critic(obs_t, agent.actor(obs_t))[0].mean()
+      params = list(agent.actor.parameters())
+      for p, g in zip(params, torch.autograd.grad(loss, params)):
+        p.grad = g
+      agent.actor_opt.step()
+      with torch.no_grad():
+        for online, target in (
+          (agent.actor, agent.actor_target),
+          (agent.critic, agent.critic_target),
+        ):
+          for p, t in zip(online.state_dict().values(), target.state_dict().values()):
+            t.mul_(1 - h.tau).add_(h.tau * p)
+    return critic_loss
+
+  agent.train_step = train_step
+
+
+def _mlp_step(contender):
+  import torchbridge as tb  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import models  # pylint: disable=import-outside-toplevel
+
+  torch.manual_seed(0)
+  shape_torch, _, shape_target = models.batch_shapes("small_mlp")
+  rng = np.random.default_rng(0)
+  x_np = rng.standard_normal(shape_torch, dtype=np.float32)
+  y_np = rng.standard_normal(shape_target, dtype=np.float32)
+  if contender == TORCH:
+    model = models.torch_model("small_mlp")
+    x_torch, y_torch = torch.from_numpy(x_np), torch.from_numpy(y_np)
+    adam = torch.optim.Adam(model.parameters(), 1e-4)
+
+    def torch_step():
+      adam.zero_grad(set_to_none=True)
+      loss = torch.mean((model(x_torch) - y_torch) ** 2)
+      loss.backward()
+      adam.step()
+      return loss
+
+    return torch_step
+  if contender in (KERAS, KERAS_XLA):
+    model = models.keras_model("small_mlp")
+  else:
+    run = "torch" if contender == RUN_TORCH else "auto"
+    model = tb.TorchModule(models.torch_model("small_mlp"), name="mlp", run=run)
+  x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
+  optimizer = tf.keras.optimizers.Adam(1e-4)
+
+  @tf.function(jit_compile=contender in (XLA, KERAS_XLA) or None)
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((model(x_tf) - y_tf) ** 2)
+    variables = model.trainable_variables
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return loss
+
+  return step
+
+
+def one(model, contender, threads):
+  """Times one contender; returns its JSON record."""
+  harness.configure_threads(threads)
+  step = (_td3_step if model == "td3" else _mlp_step)(contender)
+  start = time.perf_counter()
+  step()
+  first_s = time.perf_counter() - start
+  calls = harness.calls_for(step, 0.25)
+  summary = harness.summarize(harness.timed_repeats(step, 7, calls))
+  from torchbridge._runtime import _runners  # pylint: disable=import-outside-toplevel
+
+  return {
+    "model": model,
+    "contender": contender,
+    "median_us": summary["median_us"],
+    "samples_us": summary["samples_us"],
+    "first_call_s": first_s,
+    "runners": _runners.choices(),
+    "torch": torch.__version__,
+  }
+
+
+def measure(pythons, rounds, threads, log=print):
+  """{python: {model: {contender: {"median_us", "first_call_s", "processes"}}}}."""
+  with tempfile.TemporaryDirectory(prefix="runners_") as tmp:
+    path = os.path.join(tmp, "path")
+    os.mkdir(path)
+    # Only benchmarks/ and examples/ on the path: torchbridge is the venv's.
+    for name in ("benchmarks", "examples"):
+      os.symlink(os.path.join(harness.ROOT, name), os.path.join(path, name))
+
+    def job(python, model, contender):
+      args = ["--one", model, contender, "--threads", threads]
+      return lambda: harness.run_process("benchmarks.runners", args, python=python, path=path)
+
+    jobs = {
+      (python, model, contender): job(python, model, contender)
+      for python in pythons
+      for model, names in CONTENDERS.items()
+      for contender in names
+    }
+    runs = harness.alternated(jobs, rounds=rounds, log=lambda m: log(f"  runners {m}"))
+  result: dict = {}
+  for (python, model, contender), records in runs.items():
+    result.setdefault(python, {}).setdefault(model, {})[contender] = {
+      "median_us": float(np.median([r["median_us"] for r in records])),
+      "first_call_s": float(np.median([r["first_call_s"] for r in records])),
+      "torch": records[0]["torch"],
+      "runners": records[0]["runners"],
+      "processes": records,
+    }
+  return result
+
+
+def markdown(data):
+  """The committed table: per venv, each model's contenders, ms a step and
+  the ratio to the Keras port (same XLA setting) and to pure torch."""
+  lines = [
+    f"Measured at {data['source']} ({data['rounds']} alternated rounds, "
+    f"{data['threads']} threads, each contender in processes of its own; "
+    "median of the rounds' medians; random batches).",
+    "",
+  ]
+  for python, models_ in data["venvs"].items():
+    torch_version = next(iter(next(iter(models_.values())).values()))["torch"]
+    lines += [f"**{_venv_name(python)}** (torch {torch_version}):", ""]
+    for model, rows in models_.items():
+      keras, keras_xla, pure = rows[KERAS], rows[KERAS_XLA], rows[TORCH]
+      lines += [
+        f"| {model} train step | ms | / Keras port (same XLA) | / pure torch | first call, s |",
+        "|---|---|---|---|---|",
+      ]
+      for name, row in rows.items():
+        same = keras_xla if name in (XLA, KERAS_XLA) else keras
+        lines.append(
+          f"| {name} | {row['median_us'] / 1e3:.2f} | "
+          f"{row['median_us'] / same['median_us']:.2f}x | "
+          f"{row['median_us'] / pure['median_us']:.2f}x | {row['first_call_s']:.2f} |"
+        )
+      lines.append("")
+  return "\n".join(lines)
+
+
+def _venv_name(python):
+  return "user-install venv" if ".venv-user" in python else "development venv"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.runners", description=__doc__)
+  parser.add_argument("--python", action="append")
+  parser.add_argument("--one", nargs=2, metavar=("MODEL", "CONTENDER"))
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+  parser.add_argument("--out", default=str(Path(harness.ROOT) / "benchmarks" / "results"))
+  args = parser.parse_args(argv)
+  if args.one:
+    print(json.dumps(one(*args.one, args.threads)))
+    return 0
+  pythons = [os.path.abspath(p) for p in (args.python or [sys.executable])]
+  data = {
+    "source": harness.environment(args.threads, "cpu")["source"],
+    "rounds": args.rounds,
+    "threads": args.threads,
+    "venvs": measure(pythons, args.rounds, args.threads),
+  }
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "runners.json").write_text(json.dumps(data, indent=1) + "\n")
+  text = markdown(data)
+  (out / "runners.md").write_text(text)
+  print(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
