@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test check test-user user-venv bench bench-user bench-build soak venv clean docs lint
+.PHONY: demo ppo test check test-user user-venv bench bench-user bench-runners runner-coverage bench-build soak venv clean docs lint
 
 venv: $(STAMP)
 
@@ -128,6 +128,20 @@ bench-user: $(STAMP)
 	# The TD3 example's own needs (the user venv has the package's only).
 	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet gymnasium matplotlib tensorboard
 	$(PY) -m benchmarks.td3_venvs --python $(PY) --python $(USER_PY)
+
+# Graph calls' runners side by side (issue 40): TD3 and the small MLP with
+# the default TorchModule (TF runner), XLA, run="torch", the Keras port with
+# and without XLA and pure torch, in both venvs, alternated
+# (benchmarks/results/runners.{json,md}, included by the docs).
+bench-runners: $(STAMP)
+	test -x $(USER_PY) || $(MAKE) user-venv
+	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet gymnasium
+	$(PY) -m benchmarks.runners --python $(PY) --python $(USER_PY)
+
+# Which runner torch's module_db and the tiny transformers models take on the
+# default path (benchmarks/results/runner_coverage.{json,md}).
+runner-coverage: $(STAMP)
+	$(PY) -m benchmarks.runner_coverage
 
 bench-build: $(STAMP)
 	$(PY) -m benchmarks.build_time

@@ -8,7 +8,7 @@ processes of its own, the order rotating from round to round:
 - `pure torch`: `TorchAgent`, eager modules, torch Adam (the reference);
 - `pure torch, compiled`: the same with its four modules compiled
   (`nn.Module.compile()`: inductor, default options);
-- `torchbridge`: `TFAgent("torchbridge")`, the modules `tb.TorchModule`s,
+- `torchbridge`: `TFAgent("torchbridge", run="torch")`, the modules `tb.TorchModule`s (torch through the bridge),
   Keras Adam, the step a `tf.function`;
 - `torchbridge, compiled`: the same with each `TorchModule`'s torch module
   compiled (`module.torch_module.compile()`), so the bridged calls run
@@ -73,7 +73,7 @@ def _agent(backend, compiled):
     agent = agents.TorchAgent(3, 1, 2.0, 0, hyper)
     modules_torch = [agent.actor, agent.critic, agent.actor_target, agent.critic_target]
   else:
-    agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, hyper)
+    agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, hyper, run="torch")
     modules_torch = [
       m.torch_module for m in (agent.actor, agent.critic, agent.actor_target, agent.critic_target)
     ]

@@ -107,7 +107,10 @@ def _on_random_batches(agent):
 
 
 def _td3_step():
-  return _on_random_batches(agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper()))
+  # The bridge's phases: graph calls through the bridge (run="torch").
+  return _on_random_batches(
+    agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), run="torch")
+  )
 
 
 def _mlp_step():

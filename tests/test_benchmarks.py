@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 from td3.networks import TorchCritic  # noqa: E402
 
 # A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
+# The bridge's costs: in-process graph calls on the torch runner.
+pytestmark = [pytest.mark.slow, pytest.mark.one_pass, pytest.mark.usefixtures("bridge_runner")]
 
 
 def test_quick_run_writes_table_json_targets_and_plots(tmp_path):

@@ -21,8 +21,10 @@ if os.environ.get("TORCHBRIDGE_DISABLE_NATIVE", "").strip() not in ("", "0"):
 
 import _module_db_cases as cases  # noqa: E402  pylint: disable=wrong-import-position
 
-# A slow suite: `make test` and CI run it, `make check` does not.
-pytestmark = pytest.mark.slow
+# A slow suite: `make test` and CI run it, `make check` does not. The
+# bridge's own conformance: graph calls on the torch runner (the default
+# runner's module_db tally is test_runner_coverage.py's).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("bridge_runner")]
 
 
 @pytest.mark.parametrize("name", sorted(cases.MODULES))

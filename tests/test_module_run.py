@@ -319,6 +319,7 @@ def test_saved_model_runs_where_torch_cannot_be_imported(tmp_path):
 
   serving = Serving()
   x = np.random.default_rng(0).standard_normal([4, 3]).astype(np.float32)
+  serving.serve(tf.constant(x))  # traced (with its check) before the save
   path = str(tmp_path / "saved")
   tf.saved_model.save(serving, path)
   want = module(tf.constant(x)).numpy()

@@ -356,8 +356,9 @@ _SAVED_MODEL_ERRORS = (
 )
 
 
-@pytest.mark.parametrize("factory", wrappers("saved_model"))
-def test_saved_model_keeps_the_variables_but_cannot_run_elsewhere(factory, tmp_path):
+def _saved_and_loaded(factory, tmp_path):
+  """The wrapper saved in a SavedModel after a training call and a call
+  of its serving function, and what a fresh process gets calling that."""
   # Garbage from earlier tests is collected here, eagerly, not inside the
   # graph that tf.saved_model.save builds (see the "release" cases below).
   gc.collect()
@@ -392,7 +393,23 @@ def test_saved_model_keeps_the_variables_but_cannot_run_elsewhere(factory, tmp_p
     env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
+  return wrapper, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("factory", wrappers("saved_model"))
+def test_saved_model_of_the_default_runner_runs_elsewhere(factory, tmp_path):
+  wrapper, result = _saved_and_loaded(factory, tmp_path)
+  assert result["ran"], result
+  want = wrapper(tf.ones([2, IN]), training=False).numpy()
+  np.testing.assert_allclose(np.array(result["out"]), want, rtol=1e-6)
+
+
+@pytest.mark.usefixtures("bridge_runner")
+@pytest.mark.parametrize("factory", wrappers("saved_model"))
+def test_saved_model_of_the_torch_runner_keeps_the_variables_but_cannot_run_elsewhere(
+  factory, tmp_path
+):
+  _, result = _saved_and_loaded(factory, tmp_path)
   assert not result["ran"], result
   assert any(e in result["message"] for e in _SAVED_MODEL_ERRORS), result
 

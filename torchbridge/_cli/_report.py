@@ -3,7 +3,8 @@
 `report()` gathers, as a dict of plain values: the versions of everything
 the bridge depends on, the native op (loaded or not, from which file,
 complete or fallback and why), the import-order fix for triton, the thread
-settings of both frameworks, and the GPUs each one sees. `format_text()`
+settings of both frameworks, the GPUs each one sees, and which runner each
+`TorchModule` of the process took in graph calls. `format_text()`
 lays it out for a terminal. Each probe that fails says so in its own field
 rather than failing the report (`info` exits 0 whenever it can report).
 
@@ -11,7 +12,7 @@ Examples:
   >>> from torchbridge._cli import _report
   >>> info = _report.report(load_native=False)
   >>> sorted(info)
-  ['gpus', 'import_order', 'native_op', 'threads', 'versions']
+  ['gpus', 'import_order', 'native_op', 'runners', 'threads', 'versions']
   >>> info["versions"]["torchbridge"] == __import__("torchbridge").__version__
   True
 """

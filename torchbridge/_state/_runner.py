@@ -243,6 +243,11 @@ def _add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
   graph = _compat.function_graph()
   with graph.as_default():
     # One check per capture and graph, however often the graph calls it.
+    # default_value: what `tf.saved_model.save` feeds a function traced
+    # before it (a SavedModel runs without the Python objects).
     graph.capture_call_time_value(
-      guard, tf.TensorSpec([], tf.int32), key=("torchbridge check", id(snapshot))
+      guard,
+      tf.TensorSpec([], tf.int32),
+      key=("torchbridge check", id(snapshot)),
+      default_value=_ZERO[0],
     )

@@ -32,7 +32,13 @@ def _linear(out, x, weight, bias=None):
   # nested function makes XLA recompile a jit-compiled training step on
   # every call (TF 2.21), and the matmul reads the weight as it is anyway.
   y = _matmul_2d(x, weight, transpose_w=True)
-  return y if bias is None else y + bias
+  if bias is None:
+    return y
+  if bias.shape.rank == 1 and (y.shape.rank or 0) >= 2 and y.dtype == bias.dtype:
+    # BiasAdd, as Keras' Dense: its gradient is one BiasAddGrad, where a
+    # broadcasting add's is a reduction and a reshape.
+    return tf.nn.bias_add(y, bias)
+  return y + bias
 
 
 @translates("aten.mm.default", "aten.bmm.default", "aten.matmul.default")

@@ -1,0 +1,35 @@
+"""torch's `module_db` through the default `tb.TorchModule` inside
+`tf.function`, in inference and training: every module either runs as its
+TF translation and matches torch (outputs and gradients, compared here
+independently of the capture's own check) or takes torch with a reason.
+The committed tally (benchmarks/results/runner_coverage.md) comes from the
+same code (`benchmarks/runner_coverage.py`)."""
+
+import os
+
+import pytest
+
+pytest.importorskip("expecttest")  # torch.testing._internal needs it
+
+if os.environ.get("TORCHBRIDGE_DISABLE_NATIVE", "").strip() not in ("", "0"):
+  # The TF runner does not use the native op; one pass is enough.
+  pytest.skip("runs with the native op (make test's first pass)", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from benchmarks import runner_coverage  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", sorted(runner_coverage.db_cases.MODULES))
+def test_module_db_default_runner_matches_torch_or_falls_back(name, training):
+  info = runner_coverage.db_cases.MODULES[name]
+  found = runner_coverage.db_cases.samples(info, torch.float32, training)
+  if not found:
+    pytest.skip(f"module_db gives no float32 sample for {name}")
+  record = runner_coverage.run_sample(info, found[0], training, f"cov_{name}_{training}")
+  assert record["outcome"] in ("tf, matches", "torch", "n/a"), record
+  if record["outcome"] == "torch":
+    assert record["detail"], "a fallback names its reason"
