@@ -87,13 +87,14 @@ docs: $(STAMP)
 # example, torch's lazily loaded native code, and the native op a user gets
 # (complete, built and reported by `python -m torchbridge`). Then what a
 # user sees: `python -m torchbridge info`, and the README example's first
-# graph call timed with an empty cache (the build included) and a warm one.
+# graph call on the torch runner timed with an empty cache (the build
+# included) and a warm one, then on the default runner (the capture).
 USER_VENV := .venv-user
 USER_PY := $(USER_VENV)/bin/python
 USER_REQUIREMENTS ?= requirements-user.txt
 USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
 	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py \
-	test_module_torchscript.py
+	test_module_torchscript.py test_module_run.py
 user-venv:
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
@@ -109,10 +110,12 @@ test-user: user-venv
 	  -p no:cacheprovider $(USER_TESTS)
 	cd tests && ../$(USER_PY) -P -m torchbridge info
 	cache=$$(mktemp -d) && cd tests && for run in cold warm; do \
-	  printf "README example, first graph call, $$run cache: "; \
+	  printf "README example, run=\"torch\", first graph call, $$run cache: "; \
 	  TORCHBRIDGE_CACHE_DIR=$$cache TF_CPP_MIN_LOG_LEVEL=3 \
-	    ../$(USER_PY) -P ../benchmarks/first_call.py || exit 1; \
-	done; rm -rf $$cache
+	    ../$(USER_PY) -P ../benchmarks/first_call.py --run torch || exit 1; \
+	done; printf "README example, default runner (its capture), first graph call: "; \
+	TORCHBRIDGE_CACHE_DIR=$$cache TF_CPP_MIN_LOG_LEVEL=3 \
+	  ../$(USER_PY) -P ../benchmarks/first_call.py || exit 1; rm -rf $$cache
 
 # QUICK=1: the smoke run, 60-80 s here (the test suite runs it too).
 bench: $(STAMP)

@@ -102,7 +102,7 @@ def first_call(cache):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **{_build.CACHE_ENV: str(cache)})
   env.pop("TORCHBRIDGE_DISABLE_NATIVE", None)
   out = subprocess.run(
-    [sys.executable, str(_FIRST_CALL)],
+    [sys.executable, str(_FIRST_CALL), "--run", "torch"],  # the op's build
     env=env,
     capture_output=True,
     text=True,

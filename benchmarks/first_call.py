@@ -1,8 +1,9 @@
 """The README's first example in TF-first order: times its first graph call.
 
-`python benchmarks/first_call.py` prints one JSON line: the first bridged
-training step's time inside a `tf.function` (tracing, the native op's build
-or load, the run), the imports' time, how long loading the op took, whether
+`python benchmarks/first_call.py [--run auto|torch]` prints one JSON line:
+the first training step's time inside a `tf.function` (tracing, the
+native op's build or load, the run; with the default runner, the capture:
+`torch.export`, the translation and its check against torch), the imports' time, how long loading the op took, whether
 this process built it, and which op is active. A standalone script (no
 imports from the repository), so the user-install venv runs it as it is:
 `make test-user` prints its figures, `benchmarks/build_time.py` and
@@ -10,6 +11,7 @@ tests/test_native_cli.py run it in processes of their own.
 """
 
 import json
+import sys
 import time
 
 started = time.perf_counter()
@@ -23,8 +25,11 @@ from torchbridge._native import _build
 
 imported = time.perf_counter()
 
+RUN = sys.argv[sys.argv.index("--run") + 1] if "--run" in sys.argv else "auto"
 actor = tb.TorchModule(
-  torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)), name="actor"
+  torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)),
+  name="actor",
+  run=RUN,
 )
 opt = tf.keras.optimizers.Adam(1e-3)
 
@@ -63,6 +68,7 @@ second_call = time.perf_counter() - before
 print(
   json.dumps(
     {
+      "run": RUN,
       "first_call_s": round(first_call, 3),
       "second_call_ms": round(second_call * 1e3, 3),
       "load_s": round(load_seconds[0], 3) if load_seconds else None,

@@ -62,7 +62,8 @@ def _floating(t):
 
 
 def compare(target, tensors, training, name):
-  """(runner, reason, problem) of one call of `target` on `tensors`."""
+  """((runner, reason, capture seconds), problem) of one call of `target`
+  on `tensors`."""
   reference = copy.deepcopy(target)
   bridged = tb.TorchModule(target, name=name)
   args_tf = [tf.constant(t.detach().numpy()) for t in tensors]
@@ -82,7 +83,7 @@ def compare(target, tensors, training, name):
 
   outs_tf, grads_tf = call(*args_tf)
   choice = _runners.choices().get(name, {})
-  runner, reason = choice.get("runner", "?"), choice.get("reason", "")
+  runner = (choice.get("runner", "?"), choice.get("reason", ""), choice.get("capture_s"))
   # torch: the same weights, the same mode, the same loss.
   reference.train(training)
   inputs = [
@@ -93,7 +94,7 @@ def compare(target, tensors, training, name):
   outs_torch = [o for o in tc.tensor_leaves(reference(*inputs)) if o is not None]
   random = _is_random(copy.deepcopy(target), tensors, training)
   if random:
-    return runner, reason, None
+    return runner, None
   loss = sum(
     (o * torch.from_numpy(_weights(tuple(o.shape), k))).sum()
     for k, o in enumerate(outs_torch)
@@ -110,14 +111,14 @@ def compare(target, tensors, training, name):
   for k, (got, want) in enumerate(zip(outs_tf, outs_torch)):
     problem = _close(got, want, f"output {k}")
     if problem:
-      return runner, reason, problem
+      return runner, problem
   for k, (got, want, leaf) in enumerate(zip(grads_tf, grads_torch, leaves)):
     got = np.zeros(leaf.shape, np.float32) if got is None else tf.convert_to_tensor(got).numpy()
     want = torch.zeros_like(leaf) if want is None else want
     problem = _close(got, want, f"gradient {k}")
     if problem:
-      return runner, reason, problem
-  return runner, reason, None
+      return runner, problem
+  return runner, None
 
 
 def _is_random(module, tensors, training):
@@ -169,10 +170,12 @@ def _outcome(fn):
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      runner, reason, problem = tc._with_timeout(fn, tc.SAMPLE_TIMEOUT_S * 2)  # pylint: disable=protected-access
+      (runner, reason, capture_s), problem = tc._with_timeout(fn, tc.SAMPLE_TIMEOUT_S * 2)  # pylint: disable=protected-access
   except Exception as err:  # pylint: disable=broad-except
     return {"outcome": "error", "detail": tc._short(f"{type(err).__name__}: {err}", 300)}  # pylint: disable=protected-access
   record = {"runner": runner, "seconds": round(time.perf_counter() - start, 2)}
+  if capture_s is not None:
+    record["capture_s"] = capture_s
   if problem:
     record.update(outcome="MISMATCH", detail=problem)
   elif runner == "tf":
@@ -258,11 +261,16 @@ def markdown(data):
         f"| {source} | {'training' if training else 'inference'} | {count['tf, matches']} | "
         f"{count['torch']} | {count['MISMATCH']} | {count['error']} | {count['n/a']} |"
       )
-  lines += ["", "| model | mode | outcome | detail |", "|---|---|---|---|"]
+  lines += [
+    "",
+    "| model | mode | outcome | capture, s | detail |",
+    "|---|---|---|---|---|",
+  ]
   for r in data["records"]:
     detail = (r.get("detail") or "").replace("|", "\\|")
     mode = "training" if r["training"] else "inference"
-    lines.append(f"| {r['model']} | {mode} | {r['outcome']} | {detail} |")
+    capture = f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else ""
+    lines.append(f"| {r['model']} | {mode} | {r['outcome']} | {capture} | {detail} |")
   return "\n".join(lines) + "\n"
 
 

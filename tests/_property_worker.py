@@ -692,7 +692,9 @@ def case_torch_module(spec):
   dtype = DTYPES[spec["dtype"]]
   module = _module(spec).to(dtype[1])
   reference = copy.deepcopy(module)
-  actor = tb.TorchModule(module, name="prop")
+  # The bridge, bit-equal to torch (the default runner's translation is
+  # checked within tolerances: tests/test_module_run.py).
+  actor = tb.TorchModule(module, name="prop", run="torch")
   training = spec["training"]
   if spec["module"] == "embedding":
     x_np = np.random.default_rng(spec["seed"]).integers(0, 7, spec["batch"])

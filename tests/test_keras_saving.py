@@ -17,10 +17,6 @@ import keras
 
 from torchbridge.keras import TorchLayer
 
-pytestmark = pytest.mark.usefixtures(
-  "bridge_runner"
-)  # graph calls on the torch runner: these test the bridge
-
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

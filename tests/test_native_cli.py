@@ -108,6 +108,8 @@ def links(tmp_path):
 
 
 # The README's first example in TF-first order, timing its first graph call.
+# The README example on the torch runner: its first graph call builds or
+# loads the native op (the default runner's translation needs none).
 FIRST_CALL = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "first_call.py"
 )
@@ -203,7 +205,7 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
   record = _build.build_record(libraries[0])
   assert record["complete"] is True and record["seconds"] > 0
 
-  first = run([FIRST_CALL], tmp_path, env)
+  first = run([FIRST_CALL, "--run", "torch"], tmp_path, env)
   result = last_json(first)
   assert result["builds"] == 0 and "building" not in first.stderr
   assert result["native"] and result["complete"], result["status"]
@@ -266,7 +268,7 @@ def test_a_torchscript_library_that_cannot_build_fails_build_and_its_calls_take_
 def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
   compiler = stand_in_compiler(tmp_path)
   env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
-  out = run([FIRST_CALL], tmp_path, env)
+  out = run([FIRST_CALL, "--run", "torch"], tmp_path, env)
   result = last_json(out)
   assert result["builds"] == 1 and links(tmp_path) == 1
   # No logging configured, as in the README's example: the lines reach
@@ -284,8 +286,9 @@ def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
   silenced = run(
     [
       "-c",
-      "import logging, runpy\n"
+      "import logging, runpy, sys\n"
       "logging.getLogger('torchbridge').setLevel(logging.WARNING)\n"
+      "sys.argv[1:] = ['--run', 'torch']\n"
       f"runpy.run_path({FIRST_CALL!r})",
     ],
     tmp_path,
@@ -300,6 +303,7 @@ def test_the_build_lines_follow_the_torchbridge_logger(tmp_path):
       "import logging, runpy, sys\nlogging.basicConfig("
       "stream=sys.stdout, level=logging.INFO, "
       "format='LOG %(name)s %(message)s')\n"
+      "sys.argv[1:] = ['--run', 'torch']\n"
       f"runpy.run_path({FIRST_CALL!r})",
     ],
     tmp_path,

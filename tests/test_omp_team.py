@@ -37,7 +37,7 @@ CHILD = textwrap.dedent("""
     v = tf.ones([4, 3])                 # TF's context and pools are up
     torch.set_num_threads(2)
     x = torch.randn(512, 512)
-    net = tb.TorchModule(torch.nn.Linear(3, 1), name="net")
+    net = tb.TorchModule(torch.nn.Linear(3, 1), name="net", run="torch")
     f = tf.function(lambda v: net(v))
     before = threads()
     (x @ x).sum()                       # the user's thread makes its team
@@ -105,7 +105,7 @@ IDLE_CHILD = textwrap.dedent("""
 
     torch.set_num_threads(2)
     v = tf.random.normal([512, 512])
-    net = tb.TorchModule(torch.nn.Linear(512, 512), name="net")
+    net = tb.TorchModule(torch.nn.Linear(512, 512), name="net", run="torch")
     f = tf.function(lambda v: net(v))
     f(v)
     time.sleep(0.05)
@@ -177,7 +177,7 @@ MIXED_CHILD = textwrap.dedent("""
     net = torch.nn.Sequential(torch.nn.Linear(3, 256), torch.nn.ReLU(),
                               torch.nn.Linear(256, 256), torch.nn.ReLU(),
                               torch.nn.Linear(256, 1))
-    mlp = tb.TorchModule(net, name="mlp")
+    mlp = tb.TorchModule(net, name="mlp", run="torch")
     one, batch = tf.ones([1, 3]), tf.ones([256, 3])
     train = tf.function(lambda x: tf.reduce_sum(mlp(x)))
     if sys.argv[1] == "graph":

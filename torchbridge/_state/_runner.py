@@ -17,6 +17,7 @@ Python on every call of the user's `tf.function`).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 from typing import Any
@@ -207,10 +208,17 @@ def _refusal_error(refusal: Any, name: str) -> Exception:
     'torch through the bridge instead (run="torch" always does).'
   )
   if refusal.what == "op":
-    return _translated.UntranslatedOpsError(message)
+    return _in_graph(_translated.UntranslatedOpsError)(message)
   if refusal.what == "check":
     return _translated.ParityError(message)
   return ValueError(message)
+
+
+@functools.cache
+def _in_graph(error_type: type[Exception]) -> type[Exception]:
+  """`error_type` with Exception's own __init__: AutoGraph re-raises such
+  an error from a `tf.function` as itself, not as a StagingError."""
+  return type(error_type.__name__, (error_type,), {"__init__": Exception.__init__})
 
 
 def _plain_variable(variable: Any) -> tf.Variable:

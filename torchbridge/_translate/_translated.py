@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -69,18 +68,9 @@ class UntranslatedOpsError(NotImplementedError):
     aten._fft_r2c.default
   """
 
-  # Exception's own __init__: AutoGraph then re-raises it as itself from
-  # a `tf.function` (a `run="tf"` refusal), not as a StagingError; `ops`
-  # is set after creation.
-  __init__ = Exception.__init__
-  ops: Mapping[str, Any] = types.MappingProxyType({})
-
-  @classmethod
-  def listing(cls, message: str, ops: Mapping[str, Any]) -> UntranslatedOpsError:
-    """The error with `message`, its `ops` set."""
-    err = cls(message)
-    err.ops = dict(ops)
-    return err
+  def __init__(self, message: str, ops: Mapping[str, Any] | None = None) -> None:
+    super().__init__(message)
+    self.ops = dict(ops or {})
 
 
 class ParityError(ValueError):
@@ -266,7 +256,7 @@ def translate(
     missing = _fx_to_tf.untranslated(program.graph)
     if missing:
       ops = "\n".join(f"  {op}: {why}" for op, why in sorted(missing.items()))
-      raise UntranslatedOpsError.listing(
+      raise UntranslatedOpsError(
         _UNTRANSLATED.format(name=module_name, count=len(missing), ops=ops), missing
       )
     variables = {
@@ -282,7 +272,7 @@ def translate(
     result_tf = served(*[tf.constant(e.numpy()) for e in examples_torch])
   except _table.Refused as err:  # "<op> (node ...): <reason>"
     op, _, why = str(err).partition(": ")
-    raise UntranslatedOpsError.listing(
+    raise UntranslatedOpsError(
       _UNTRANSLATED.format(name=module_name, count=1, ops=f"  {err}"), {op: why}
     ) from err
   except _table.Failed as err:
