@@ -396,3 +396,14 @@ def test_capture_cost_is_said():
   tf.function(lambda x: module(x))(tf.ones([2, 3]))
   seconds = _runners.choices()["capture_cost"]["capture_s"]
   assert 0 < seconds < 60
+
+
+def test_a_hook_added_after_capture_is_seen():
+  module = tb.TorchModule(seeded(0, mlp), name="hooked")
+  f = tf.function(lambda x: module(x))
+  f(tf.ones([1, 3]))
+  handle = module.torch_module[2].register_forward_hook(lambda m, i, o: o * 2)
+  with pytest.raises(StaleCaptureError, match=r"2\._forward_hooks \(its hooks changed\)"):
+    f(tf.ones([1, 3]))
+  handle.remove()
+  f(tf.ones([1, 3]))  # as captured again

@@ -20,6 +20,7 @@ import concurrent.futures
 import functools
 import logging
 import threading
+import weakref
 from typing import Any
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
@@ -229,33 +230,42 @@ def _plain_variable(variable: Any) -> tf.Variable:
 _ZERO: list[tf.Tensor] = []
 
 
+# graph -> {id(snapshot): (snapshot, module name, before_call)}: the
+# captures its one check covers.
+_CHECKS: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, str, Any]]] = (
+  weakref.WeakKeyDictionary()
+)
+
+
 def _add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
   """Makes every call of the graph being traced check, in Python, that the
   state the capture read is unchanged (a call-time capture of TF's: run
   before each call of the outermost `tf.function`, XLA's included), and
   run `before_call()` (taking the torch module's views back, as a bridged
-  call does)."""
+  call does). One such capture per graph checks all its captures."""
   if _compat.in_saved_model_trace():
     return  # a SavedModel runs without the Python objects
   if not _ZERO:
     with tf.init_scope():
       _ZERO.append(tf.constant(0))
-
-  def guard() -> tf.Tensor:
-    before_call()
-    change = snapshot.first_change()
-    if change is not None:
-      raise StaleCaptureError(_STALE.format(name=name, change=change))
-    return _ZERO[0]
-
   graph = _compat.function_graph()
-  with graph.as_default():
-    # One check per capture and graph, however often the graph calls it.
-    # default_value: what `tf.saved_model.save` feeds a function traced
-    # before it (a SavedModel runs without the Python objects).
-    graph.capture_call_time_value(
-      guard,
-      tf.TensorSpec([], tf.int32),
-      key=("torchbridge check", id(snapshot)),
-      default_value=_ZERO[0],
-    )
+  checks = _CHECKS.get(graph)
+  if checks is None:
+    checks = _CHECKS[graph] = {}
+    entries = checks.values()
+
+    def guard() -> tf.Tensor:
+      for watched, module_name, before in entries:
+        before()
+        change = watched.first_change()
+        if change is not None:
+          raise StaleCaptureError(_STALE.format(name=module_name, change=change))
+      return _ZERO[0]
+
+    with graph.as_default():
+      # default_value: what `tf.saved_model.save` feeds a function traced
+      # before it (a SavedModel runs without the Python objects).
+      graph.capture_call_time_value(
+        guard, tf.TensorSpec([], tf.int32), key="torchbridge check", default_value=_ZERO[0]
+      )
+  checks[id(snapshot)] = (snapshot, name, before_call)

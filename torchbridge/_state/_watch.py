@@ -46,6 +46,8 @@ class Snapshot:
     ignored: frozenset[int] = frozenset(),
   ) -> None:
     self._ignored = ignored  # ids of torchbridge's own hooks
+    # (path, a table of submodules or hooks, its entries as captured)
+    self._tables: list[tuple[str, dict[Any, Any], dict[Any, Any]]] = []
     # (path, the module's __dict__, attribute, value as captured, kind)
     self._entries: list[tuple[str, dict[str, Any], str, Any, str]] = []
     for path, m in named_modules:
@@ -63,20 +65,23 @@ class Snapshot:
       for table in ("_modules", "_forward_hooks", "_forward_pre_hooks"):
         held = d.get(table)
         if held is not None:
-          self._entries.append((f"{prefix}{table}", held, "", self._table_ids(held), "table"))
+          self._tables.append((f"{prefix}{table}", held, self._own(held)))
 
-  def _table_ids(self, table: dict[Any, Any]) -> tuple[tuple[Any, int], ...]:
-    return tuple((k, id(v)) for k, v in table.items() if id(v) not in self._ignored)
+  def _own(self, table: dict[Any, Any]) -> dict[Any, Any]:
+    """The table's entries less torchbridge's own hooks."""
+    if not table:
+      return {}
+    return {k: v for k, v in table.items() if id(v) not in self._ignored}
 
   def first_change(self) -> str | None:
     """The first watched attribute that changed, as `path: old -> new`."""
-    for path, d, attr, captured, kind in self._entries:
-      if kind == "table":
-        now = self._table_ids(d)
-        if now != captured:
+    for path, table, held in self._tables:
+      if table or held:
+        now = self._own(table)
+        if len(now) != len(held) or any(held.get(k) is not v for k, v in now.items()):
           what = "submodules" if path.endswith("_modules") else "hooks"
           return f"{path} (its {what} changed)"
-        continue
+    for path, d, attr, captured, kind in self._entries:
       value = d.get(attr, _MISSING)
       if kind == "tensor":
         tensor, version = captured
