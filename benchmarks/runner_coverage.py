@@ -91,7 +91,18 @@ def compare(target, tensors, training, name):
   ]
   params = dict(reference.named_parameters())
   torch.manual_seed(0)
-  outs_torch = [o for o in tc.tensor_leaves(reference(*inputs)) if o is not None]
+  try:
+    outs_torch = [o for o in tc.tensor_leaves(reference(*inputs)) if o is not None]
+  except RuntimeError as err:
+    if "not differentiable with respect to argument" not in str(err):
+      raise
+    # A loss's target: torch takes no gradient for it (the bridge learns the
+    # same), so only the first input is differentiated here.
+    for x in inputs[1:]:
+      if _floating(x):
+        x.requires_grad_(False)
+    torch.manual_seed(0)
+    outs_torch = [o for o in tc.tensor_leaves(reference(*inputs)) if o is not None]
   random = _is_random(copy.deepcopy(target), tensors, training)
   if random:
     return runner, None
@@ -100,7 +111,12 @@ def compare(target, tensors, training, name):
     for k, o in enumerate(outs_torch)
     if o.dtype == torch.float32 and o.requires_grad
   )
-  leaves = [x for x in inputs if _floating(x)] + [
+  leaves = [x for x in inputs if _floating(x)]
+  # TF's gradients of the inputs torch does not differentiate are not compared.
+  grads_tf = [g for g, x in zip(grads_tf, leaves) if x.requires_grad] + list(
+    grads_tf[len(leaves) :]
+  )
+  leaves = [x for x in leaves if x.requires_grad] + [
     params[v.name.split("/", 1)[1].rsplit(":", 1)[0]] for v in trainable
   ]
   grads_torch = (

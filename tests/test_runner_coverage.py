@@ -29,7 +29,8 @@ def test_module_db_default_runner_matches_torch_or_falls_back(name, training):
   found = runner_coverage.db_cases.samples(info, torch.float32, training)
   if not found:
     pytest.skip(f"module_db gives no float32 sample for {name}")
-  record = runner_coverage.run_sample(info, found[0], training, f"cov_{name}_{training}")
+  module_name = f"cov_{name.replace('.', '_')}_{int(training)}"
+  record = runner_coverage.run_sample(info, found[0], training, module_name)
   assert record["outcome"] in ("tf, matches", "torch", "n/a"), record
   if record["outcome"] == "torch":
     assert record["detail"], "a fallback names its reason"

@@ -157,7 +157,9 @@ class Runner:
           call.substitute,
           specs,
           {n: _plain_variable(v) for n, v in state.variables.items()},
-          state.state_names,
+          # state_dict names, and the names of non-persistent buffers
+          # (not in the state_dict: Hugging Face's position ids).
+          {**{n: n for n in state.variables}, **state.state_names},
           state.name,
         )
       except capture_module.Refusal as refusal:

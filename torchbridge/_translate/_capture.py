@@ -227,12 +227,42 @@ def _check(
     writes_torch = written
   args_tf = [tf.constant(x.detach().numpy()) for x in inputs_torch]
   trainable = [v for v in variables.values() if v.trainable]
-  try:
-    with tf.GradientTape(persistent=False, watch_accessed_variables=False) as tape:
-      tape.watch([a for a in args_tf if a.dtype.is_floating])
-      tape.watch(trainable)
+  # Gradients of a random cotangent, for every floating input and
+  # trainable parameter (of the floating outputs torch differentiates).
+  rng = np.random.default_rng(2 + size)
+  differentiated = [
+    k for k, o in enumerate(outputs_torch) if o.is_floating_point() and o.requires_grad
+  ]
+  cotangents = [rng.standard_normal(tuple(outputs_torch[k].shape)) for k in differentiated]
+  leaves_tf = [a for a in args_tf if a.dtype.is_floating] + trainable
+
+  # In a graph, as the call will run (TF's eager gradients of some ops, a
+  # 3-D convolution's among them, fail for want of attributes).
+  @tf.function(autograph=False)
+  def tf_side() -> tuple[list[tf.Tensor], dict[str, tf.Tensor], list[Any]]:
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+      tape.watch(leaves_tf)
       result_tf, writes_tf = result.run(args_tf, draws)
       outputs_tf = _flat_outputs(program.structure, result_tf)
+    if not differentiated:
+      return outputs_tf, writes_tf, []
+    grads = tape.gradient(
+      [outputs_tf[k] for k in differentiated],
+      leaves_tf,
+      output_gradients=[
+        tf.constant(c, outputs_tf[k].dtype) for k, c in zip(differentiated, cotangents)
+      ],
+    )
+    return (
+      outputs_tf,
+      writes_tf,
+      [
+        tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, leaves_tf)
+      ],
+    )
+
+  try:
+    outputs_tf, writes_tf, grads_tf = tf_side()
   except _table.Refused as err:
     raise Refusal("op", str(err)) from err
   except _table.Failed as err:
@@ -244,30 +274,15 @@ def _check(
     _compare(got, want, f"output {i}", where, grads=False)
   for n in result.mutated:
     _compare(writes_tf[n], writes_torch[n], f"buffer {n!r} written", where, grads=False)
-  # Gradients of a random cotangent, for every floating input and
-  # trainable parameter.
-  rng = np.random.default_rng(2 + size)
-  pairs = [
-    (o_tf, o_t)
-    for o_tf, o_t in zip(outputs_tf, outputs_torch)
-    if o_t.is_floating_point() and o_t.requires_grad
-  ]
-  if not pairs:
+  if not differentiated:
     return
-  cotangents = [
-    rng.standard_normal(o_t.shape).astype(o_tf.dtype.as_numpy_dtype) for o_tf, o_t in pairs
-  ]
-  leaves_tf = [a for a in args_tf if a.dtype.is_floating] + trainable
   leaves_torch = [x for x in inputs_torch if x.is_floating_point()] + [
     canonical[n] for n, v in variables.items() if v.trainable
   ]
-  grads_tf = tape.gradient(
-    [o for o, _ in pairs], leaves_tf, output_gradients=[tf.constant(c) for c in cotangents]
-  )
   grads_torch = torch.autograd.grad(
-    [o for _, o in pairs],
+    [outputs_torch[k] for k in differentiated],
     leaves_torch,
-    [torch.from_numpy(c) for c in cotangents],
+    [torch.from_numpy(c).to(outputs_torch[k].dtype) for k, c in zip(differentiated, cotangents)],
     allow_unused=True,
   )
   names = [f"input {k}" for k, a in enumerate(args_tf) if a.dtype.is_floating] + [
@@ -276,9 +291,7 @@ def _check(
   for label, g_tf, g_torch, leaf in zip(names, grads_tf, grads_torch, leaves_torch):
     if g_torch is None:
       g_torch = torch.zeros_like(leaf)
-    if g_tf is None:
-      g_tf = tf.zeros(leaf.shape, _table.tf_dtype(leaf.dtype))
-    _compare(tf.convert_to_tensor(g_tf), g_torch, f"gradient of {label}", where, grads=True)
+    _compare(g_tf, g_torch, f"gradient of {label}", where, grads=True)
 
 
 def _flat_outputs(structure: Any, result_tf: Any) -> list[tf.Tensor]:
