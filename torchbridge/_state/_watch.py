@@ -90,8 +90,8 @@ class Snapshot:
         continue
       if value is captured or (value is not _MISSING and _equal(value, captured)):
         continue
-      now = "deleted" if value is _MISSING else repr(value)
-      return f"{path}: {captured!r} when captured, {now} now"
+      shown = "deleted" if value is _MISSING else repr(value)
+      return f"{path}: {captured!r} when captured, {shown} now"
     return None
 
 
