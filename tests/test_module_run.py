@@ -407,3 +407,23 @@ def test_a_hook_added_after_capture_is_seen():
     f(tf.ones([1, 3]))
   handle.remove()
   f(tf.ones([1, 3]))  # as captured again
+
+
+def test_embedding_padding_row_gets_no_gradient_as_in_torch():
+  # BERT's word embeddings: the check caught the translation giving the
+  # padding row a gradient, and sent the model to torch; now it holds.
+  module = tb.TorchModule(seeded(0, torch.nn.Embedding, 5, 3, 0), name="padded", run="tf")
+  ids = tf.constant([[0, 1, 0, 2]])
+
+  @tf.function
+  def grads(ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(module(ids) ** 2)
+    return tape.gradient(loss, module.trainable_variables)[0]
+
+  got = tf.convert_to_tensor(grads(ids)).numpy()
+  weight = torch.from_numpy(module.get_weights()["weight"]).requires_grad_(True)
+  loss = (torch.nn.functional.embedding(torch.tensor([[0, 1, 0, 2]]), weight, 0) ** 2).sum()
+  loss.backward()
+  np.testing.assert_allclose(got, weight.grad.numpy(), rtol=1e-6)
+  assert not got[0].any()

@@ -225,5 +225,10 @@ def _group_norm(out, x, weight, bias, n, c, hw, groups, eps):
 
 
 @translates("aten.embedding.default")
-def _embedding(out, weight, indices, *unused):
-  return tf.gather(weight, indices)
+def _embedding(out, weight, indices, padding_idx=-1, *unused):
+  rows = tf.gather(weight, indices)
+  if padding_idx is None or padding_idx < 0:
+    return rows
+  # torch gives the padding row no gradient (BERT's word embeddings).
+  padding = tf.expand_dims(tf.equal(indices, tf.cast(padding_idx, indices.dtype)), -1)
+  return tf.where(padding, tf.stop_gradient(rows), rows)
