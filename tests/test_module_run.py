@@ -427,3 +427,40 @@ def test_embedding_padding_row_gets_no_gradient_as_in_torch():
   loss.backward()
   np.testing.assert_allclose(got, weight.grad.numpy(), rtol=1e-6)
   assert not got[0].any()
+
+
+class ValueDependent(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.linear = torch.nn.Linear(3, 3)
+
+  def forward(self, x):
+    y = self.linear(x)
+    return y * 2 if y.sum() > 0 else y  # a decision on values: export refuses
+
+
+def test_export_refusal_falls_back_and_run_tf_raises(caplog):
+  module = tb.TorchModule(seeded(0, ValueDependent), name="value_dependent")
+  x = tf.ones([2, 3])
+  with caplog.at_level(logging.INFO, logger="torchbridge"):
+    out = tf.function(lambda x: module(x))(x)
+  assert "torch.export could not capture the forward" in caplog.text
+  np.testing.assert_allclose(out.numpy(), module(x).numpy(), rtol=1e-6)
+  strict = tb.TorchModule(seeded(0, ValueDependent), name="value_dependent_tf", run="tf")
+  with pytest.raises(ValueError, match="torch.export could not capture"):
+    tf.function(lambda x: strict(x))(x)
+
+
+def test_a_translation_that_raises_falls_back(monkeypatch, caplog):
+  fn, channels_last, refuse = _table.OPS["aten.tanh.default"]
+
+  def broken(out, x):
+    raise RuntimeError("a translation bug")
+
+  monkeypatch.setitem(_table.OPS, "aten.tanh.default", (broken, channels_last, refuse))
+  module = tb.TorchModule(seeded(0, mlp), name="broken_tanh")
+  x = tf.random.normal([4, 3])
+  with caplog.at_level(logging.INFO, logger="torchbridge"):
+    out = tf.function(lambda x: module(x))(x)
+  assert "an op's translation raised" in caplog.text and "a translation bug" in caplog.text
+  np.testing.assert_allclose(out.numpy(), module(x).numpy(), rtol=1e-6)
