@@ -142,6 +142,10 @@ def _loss_weights(shape):
   return np.random.default_rng(1).standard_normal(shape).astype(np.float32)
 
 
+# On the default runner a parameter the loss does not reach (BERT's pooler,
+# whose output this loss leaves out) gets no gradient, TF's rule, and Keras'
+# optimizer says so; torch gives None for it too (checked below).
+@pytest.mark.filterwarnings("ignore:Gradients do not exist for variables:UserWarning")
 @pytest.mark.parametrize("name", sorted(_MODELS))
 def test_gradients_and_sgd_steps_in_tf_function_equal_pure_torch(name):
   module, reference, inputs = _pair(name)
