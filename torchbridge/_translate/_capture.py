@@ -124,7 +124,7 @@ def capture(
   start = time.perf_counter()
   flat = _FlatCall(module, substitute)
   dynamic = any(d is None for s in specs for d in s.shape.as_list())
-  examples = _random_inputs(specs, 0, seed=0)
+  examples = _export.random_inputs(specs, 0, seed=0)
   try:
     exported = _export.export(flat, specs, examples, name, allow_writes=True, varargs=True)
   except ValueError as err:
@@ -148,27 +148,6 @@ def capture(
     _check_draws(result, specs, name)
   result.seconds = time.perf_counter() - start
   return result
-
-
-def _random_inputs(specs: Sequence[tf.TensorSpec], size: int, seed: int) -> list[torch.Tensor]:
-  """Random values (normal floats, integers 0 and 1, random booleans); an
-  unknown dimension has 2 (batch) or 3 elements, or 3 and 4 with size=1."""
-  rng = np.random.default_rng(seed + size)
-  tensors = []
-  for spec in specs:
-    shape = [
-      (2 + size if a == 0 else 3 + size) if d is None else d
-      for a, d in enumerate(spec.shape.as_list())
-    ]
-    dtype = spec.dtype.as_numpy_dtype
-    if spec.dtype.is_floating:
-      array = rng.standard_normal(shape).astype(dtype)
-    elif spec.dtype == tf.bool:
-      array = rng.integers(0, 2, shape).astype(bool)
-    else:
-      array = rng.integers(0, 2, shape).astype(dtype)
-    tensors.append(torch.from_numpy(array))
-  return tensors
 
 
 def _state_torch(
@@ -200,7 +179,7 @@ def _check(
   program = result.program
   inputs_torch = [
     x.requires_grad_(True) if x.is_floating_point() else x
-    for x in _random_inputs(specs, size, seed=1)
+    for x in _export.random_inputs(specs, size, seed=1)
   ]
   canonical, by_name = _state_torch(flat.module, variables, state_names)
   draws: dict[str, Any] | None = None
@@ -334,7 +313,7 @@ def _run_exported(
 
 def _check_draws(result: Capture, specs: Sequence[tf.TensorSpec], name: str) -> None:
   """TF's own random draws: each dropout keeps 1 - p of its elements."""
-  args_tf = [tf.constant(x.numpy()) for x in _random_inputs(specs, 0, seed=3)]
+  args_tf = [tf.constant(x.numpy()) for x in _export.random_inputs(specs, 0, seed=3)]
   drawn: dict[str, Any] = {}
   result.run(args_tf, drawn=drawn)
   nodes = {n.name: n for n in result.program.graph.nodes}

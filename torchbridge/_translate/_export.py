@@ -108,10 +108,22 @@ def example_inputs(
         )
       tensors.append(torch.from_numpy(array.astype(spec.dtype.as_numpy_dtype)))
     return tensors
-  rng = np.random.default_rng(0)
+  return random_inputs(specs)
+
+
+def random_inputs(
+  specs: Sequence[tf.TensorSpec], size: int = 0, seed: int = 0
+) -> list[torch.Tensor]:
+  """Random torch tensors of `specs` (normal floats, integers 0 and 1,
+  random booleans); an unknown dimension has 2 elements (the first) or 3,
+  one more each with size=1 (a second size to check a capture at)."""
+  rng = np.random.default_rng(seed + size)
   tensors = []
   for spec in specs:
-    shape = [(2 if a == 0 else 3) if d is None else d for a, d in enumerate(spec.shape.as_list())]
+    shape = [
+      (2 + size if a == 0 else 3 + size) if d is None else d
+      for a, d in enumerate(spec.shape.as_list())
+    ]
     dtype = spec.dtype.as_numpy_dtype
     if spec.dtype.is_floating:
       array = rng.standard_normal(shape).astype(dtype)

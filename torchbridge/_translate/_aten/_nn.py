@@ -129,11 +129,10 @@ def _batch_norm(out, x, weight, bias, mean, var, momentum, eps):
   return result, None, None
 
 
-@translates("aten._native_batch_norm_legit.no_stats", channels_last=True)
-def _batch_norm_batch_stats(out, x, weight, bias, *args):
-  """Normalization by the input's own statistics (InstanceNorm's and
-  GroupNorm-like uses; BatchNorm in eval mode reads its running ones)."""
-  eps = args[-1]
+def _normalized_by_batch(x, weight, bias, eps):
+  """`x` normalized by its own statistics over every axis but the channel
+  one: (the result, in x's layout; the batch mean, variance and 1/std,
+  flat, one per channel; the number of values per channel)."""
   channels_last = isinstance(x, ChannelsLast)
   x_tf = x.tensor_tf if channels_last else x
   channel = x_tf.shape.rank - 1 if channels_last else 1
@@ -147,7 +146,17 @@ def _batch_norm_batch_stats(out, x, weight, bias, *args):
   if bias is not None:
     y_tf = y_tf + tf.reshape(bias, shape)
   result = ChannelsLast(y_tf) if channels_last else y_tf
-  return result, tf.reshape(mean, [-1]), tf.reshape(rstd, [-1])
+  mean_flat = tf.reshape(mean, [-1])
+  count = tf.size(x_tf) // tf.size(mean_flat)
+  return result, mean_flat, tf.reshape(var, [-1]), tf.reshape(rstd, [-1]), count
+
+
+@translates("aten._native_batch_norm_legit.no_stats", channels_last=True)
+def _batch_norm_batch_stats(out, x, weight, bias, *args):
+  """Normalization by the input's own statistics (InstanceNorm's and
+  GroupNorm-like uses; BatchNorm in eval mode reads its running ones)."""
+  result, mean, _, rstd, _ = _normalized_by_batch(x, weight, bias, args[-1])
+  return result, mean, rstd
 
 
 @translates("aten._native_batch_norm_legit_functional.default", channels_last=True)
@@ -158,26 +167,13 @@ def _batch_norm_training(out, x, weight, bias, running_mean, running_var, traini
   if not training:
     y_tf, _, _ = _batch_norm(out, x, weight, bias, running_mean, running_var, momentum, eps)
     return y_tf, None, None, running_mean, running_var
-  channels_last = isinstance(x, ChannelsLast)
-  x_tf = x.tensor_tf if channels_last else x
-  channel = x_tf.shape.rank - 1 if channels_last else 1
-  axes = [a for a in range(x_tf.shape.rank) if a != channel]
-  mean, var = tf.nn.moments(x_tf, axes, keepdims=True)
-  rstd = tf.math.rsqrt(var + eps)
-  shape = [-1 if a == channel else 1 for a in range(x_tf.shape.rank)]
-  y_tf = (x_tf - mean) * rstd
-  if weight is not None:
-    y_tf = y_tf * tf.reshape(weight, shape)
-  if bias is not None:
-    y_tf = y_tf + tf.reshape(bias, shape)
-  mean_flat, var_flat = tf.reshape(mean, [-1]), tf.reshape(var, [-1])
+  result, mean, var, rstd, count = _normalized_by_batch(x, weight, bias, eps)
   # torch updates the running variance with the unbiased batch variance.
-  count = tf.cast(tf.size(x_tf) // tf.size(mean_flat), var_flat.dtype)
-  unbiased = var_flat * count / tf.maximum(count - 1, 1)
-  new_mean = (1 - momentum) * running_mean + momentum * tf.cast(mean_flat, running_mean.dtype)
+  count = tf.cast(count, var.dtype)
+  unbiased = var * count / tf.maximum(count - 1, 1)
+  new_mean = (1 - momentum) * running_mean + momentum * tf.cast(mean, running_mean.dtype)
   new_var = (1 - momentum) * running_var + momentum * tf.cast(unbiased, running_var.dtype)
-  result = ChannelsLast(y_tf) if channels_last else y_tf
-  return result, mean_flat, tf.reshape(rstd, [-1]), new_mean, new_var
+  return result, mean, rstd, new_mean, new_var
 
 
 @translates("aten.native_dropout.default", random=True)
