@@ -35,6 +35,7 @@ import torch  # noqa: E402  (before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
+from benchmarks import train_step  # noqa: E402
 
 TORCHBRIDGE, XLA, RUN_TORCH = "torchbridge", "torchbridge, XLA", 'torchbridge, run="torch"'
 KERAS, KERAS_XLA = "Keras port", "Keras port, XLA"
@@ -129,35 +130,14 @@ def _mlp_step(contender):
   x_np = rng.standard_normal(shape_torch, dtype=np.float32)
   y_np = rng.standard_normal(shape_target, dtype=np.float32)
   if contender == TORCH:
-    model = models.torch_model("small_mlp")
-    x_torch, y_torch = torch.from_numpy(x_np), torch.from_numpy(y_np)
-    adam = torch.optim.Adam(model.parameters(), 1e-4)
-
-    def torch_step():
-      adam.zero_grad(set_to_none=True)
-      loss = torch.mean((model(x_torch) - y_torch) ** 2)
-      loss.backward()
-      adam.step()
-      return loss
-
-    return torch_step
+    return train_step._torch_step("small_mlp", x_np, y_np, "cpu", optimizer=True)  # pylint: disable=protected-access
   if contender in (KERAS, KERAS_XLA):
     model = models.keras_model("small_mlp")
   else:
     run = "torch" if contender == RUN_TORCH else "auto"
     model = tb.TorchModule(models.torch_model("small_mlp"), name="mlp", run=run)
-  x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
-  optimizer = tf.keras.optimizers.Adam(1e-4)
-
-  @tf.function(jit_compile=contender in (XLA, KERAS_XLA) or None)
-  def step():
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean((model(x_tf) - y_tf) ** 2)
-    variables = model.trainable_variables
-    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    return loss
-
-  return step
+  step = train_step._tf_step(model, tf.constant(x_np), tf.constant(y_np))  # pylint: disable=protected-access
+  return tf.function(step, jit_compile=contender in (XLA, KERAS_XLA) or None)
 
 
 def one(model, contender, threads):

@@ -134,27 +134,26 @@ def test_short_run_as_make_demo_runs_it(tmp_path):
   # make demo's flags: --export only; graph calls on the default runner
   # (the modules' TF translations): nothing crosses to torch in a train
   # step, so nothing is copied; the policy's eager calls run torch.
-  out = tmp_path / "demo"
-  proc = _run(out, steps=300, extra=("--export",))
+  results, _ = _exported_short_run(tmp_path / "demo", ("--export",))
+  assert results["exchange_stats"]["copied"] == 0
+
+
+def _exported_short_run(out, extra):
+  """300 steps with `extra` flags (--export among them): the results and
+  the log, the run and its export checked."""
+  proc = _run(out, steps=300, extra=extra)
   log, _ = proc.communicate(timeout=240)
   assert proc.returncode == 0, log
   results = json.loads((out / "results.json").read_text())
   assert results["train_steps"] == 200
   assert all(np.isfinite(r) for _, r in results["eval_returns"])
   assert results["export"]["equal"] and results["export"]["torch_importable_in_server"] is False
-  assert results["exchange_stats"]["copied"] == 0
+  return results, log
 
 
 def test_short_run_with_torchscript_and_its_refusal_elsewhere(tmp_path):
   # --torchscript --export (make demo's flags before the default runner).
-  out = tmp_path / "torchscript"
-  proc = _run(out, steps=300, extra=("--torchscript", "--export"))
-  log, _ = proc.communicate(timeout=240)
-  assert proc.returncode == 0, log
-  results = json.loads((out / "results.json").read_text())
-  assert results["train_steps"] == 200
-  assert all(np.isfinite(r) for _, r in results["eval_returns"])
-  assert results["export"]["equal"] and results["export"]["torch_importable_in_server"] is False
+  results, log = _exported_short_run(tmp_path / "torchscript", ("--torchscript", "--export"))
   if _loader_complete():
     # The critic's gradient for the action, a strided column, is copied
     # once on every second step (the actor's update), and nothing else.
