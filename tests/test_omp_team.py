@@ -188,7 +188,9 @@ MIXED_CHILD = textwrap.dedent("""
     makes_worker = settled() > before   # torch's OpenMP makes a worker here
     release()
     before = settled()
-    mlp(one)                            # eager, as a policy acts
+    mlp(batch)                          # eager, as a policy acts on a batch
+                                        # (a [1, 3] forward is too small for
+                                        # torch to open a parallel region)
     after_call = settled()
     release()
     settled()
