@@ -4,8 +4,8 @@ Knows flat lists of tensors, not modules: the call protocol (`_protocol`:
 the one `Forward` the core runs), binding a call's arguments
 (`_arguments`), the adapter from a wrapper's torch result to that protocol
 (`_call_bridged`), output specs (`_signature`, `_output_check`), the op and
-its gradient (`_bridge`, `_eager`, `_graph`, `_gradients`; `_traced_call`
-for a traced module run from C++), the state kept
+its gradient (`_bridge`, `_eager`, `_graph`, `_gradients`; `_exported_call`
+for an exported program run from C++), the state kept
 for the backward (`_saved`) and torch's autograd engine (`_vjp`). Never
 imports Keras or Ray, nor anything about modules (`_state`, `_wrappers`).
 
@@ -19,20 +19,20 @@ from torchbridge._call._arguments import bind_arguments
 from torchbridge._call._arguments import check_not_xla
 from torchbridge._call._arguments import check_output_signature
 from torchbridge._call._call_bridged import call_bridged
+from torchbridge._call._exported_call import call_exported
 from torchbridge._call._gradients import is_differentiable
 from torchbridge._call._protocol import Forward
 from torchbridge._call._protocol import Outputs
 from torchbridge._call._signature import probe_sizes
 from torchbridge._call._signature import specs_of_runs
 from torchbridge._call._signature import stand_in_args
-from torchbridge._call._traced_call import call_traced
 
 __all__ = [
   "Forward",
   "Outputs",
   "bind_arguments",
   "call_bridged",
-  "call_traced",
+  "call_exported",
   "check_not_xla",
   "check_output_signature",
   "is_differentiable",

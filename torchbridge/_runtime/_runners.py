@@ -14,10 +14,24 @@ _lock = threading.Lock()
 _choices: dict[str, dict[str, Any]] = {}
 
 
-def record(module: str, runner: str, reason: str = "", capture_s: float | None = None) -> None:
+def record(
+  module: str,
+  runner: str,
+  reason: str = "",
+  capture_s: float | None = None,
+  path: str | None = None,
+  path_reason: str = "",
+) -> None:
   """Notes that `module`'s latest graph call took `runner` ("tf": its TF
-  translation; "torch": the bridge), and why when it is not "tf"."""
+  translation; "torch": the bridge), and why when it is not "tf"; for
+  "torch", `path` says how: "C++" (the captured program run from the op)
+  or "Python" (the forward's Python on every call; `path_reason` says
+  why)."""
   entry: dict[str, Any] = {"runner": runner, "reason": reason}
+  if path is not None:
+    entry["path"] = path
+  if path_reason:
+    entry["path_reason"] = path_reason
   if capture_s is not None:
     entry["capture_s"] = round(capture_s, 4)
   with _lock:
@@ -25,6 +39,7 @@ def record(module: str, runner: str, reason: str = "", capture_s: float | None =
 
 
 def choices() -> dict[str, dict[str, Any]]:
-  """`{module name: {"runner": "tf" | "torch", "reason": str, ...}}`."""
+  """`{module name: {"runner": "tf" | "torch", "reason": str, ...}}`
+  ("path": "C++" | "Python" for "torch")."""
   with _lock:
     return {k: dict(v) for k, v in _choices.items()}

@@ -38,13 +38,14 @@ TORCH = object()  # `Runner.call`'s answer: this call runs torch
 
 _STALE = """\
 {name}: {change}.
-A graph traced before that change runs this module as TF ops (its
-translation, run="auto") with the old value baked in, so it refuses to run
-rather than compute with a stale value. Trace again to capture the new
-value (a new tf.function, or new input shapes); for a value that changes
-during training, pass it as a tensor argument or keep it in a buffer
-(register_buffer), which graph calls read at run time; or construct the
-module with run="torch", which runs the forward's Python on every call."""
+A graph traced before that change runs this module from a capture (its TF
+translation, or torch from C++) with the old value baked in, so it refuses
+to run rather than compute with a stale value. Trace again to capture the
+new value (a new tf.function, or new input shapes); for a value that
+changes during training, pass it as a tensor argument or keep it in a
+buffer (register_buffer), which graph calls read at run time; or set
+TORCHBRIDGE_TORCH_RUNNER=python and construct the module with run="torch",
+which runs the forward's Python on every call."""
 
 
 class StaleCaptureError(RuntimeError):
@@ -133,7 +134,7 @@ class Runner:
       "",
       captured.seconds,
     )
-    _add_guard(snapshot, self._state.name, self._take_views_back)
+    add_guard(snapshot, self._state.name, self._state.take_views_back)
     result, writes = captured.run(call.args_tf)
     mutated_buffers[mode_key] = frozenset(writes)
     for n, value_tf in writes.items():
@@ -178,14 +179,6 @@ class Runner:
         ignored=frozenset(views.hook_ids()),
       )
     return captured, snapshot
-
-  def _take_views_back(self) -> None:
-    # The torch module's views of the variables (lent when it was read)
-    # would make TF copy each variable on its next update, and go stale.
-    views = self._state._views  # pylint: disable=protected-access
-    if views.lent:
-      with self._state._lock:  # pylint: disable=protected-access
-        views.take_back()
 
   def _say(self, runner: str, message: str, reason: str, seconds: float | None = None) -> None:
     _runners.record(self._state.name, runner, reason, seconds)
@@ -239,7 +232,7 @@ _CHECKS: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, str, Any]]] = (
 )
 
 
-def _add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
+def add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
   """Makes every call of the graph being traced check, in Python, that the
   state the capture read is unchanged (a call-time capture of TF's: run
   before each call of the outermost `tf.function`, XLA's included), and

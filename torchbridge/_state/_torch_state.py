@@ -28,7 +28,7 @@ from torchbridge._state import _swap
 from torchbridge._runtime import _runners
 from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
-from torchbridge._state import _torchscript
+from torchbridge._state import _torch_runner
 from torchbridge._state import _weights
 from torchbridge._state import _write_recorder
 
@@ -70,7 +70,8 @@ class TorchState:
     self._lock = threading.RLock()
     self._exclusive = _exclusive.ExclusiveCalls(owner_name)  # read, op, assign
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
-    self.torchscript: _torchscript.TorchScriptCalls | None = None  # use_torchscript()
+    # Graph calls that run torch: from C++ where they can (_torch_runner.py).
+    self.torch_runner = _torch_runner.TorchRunner(self)
     # Graph calls as TF ops (run="auto" / "tf"), or None: always torch.
     self.runner = _runner.Runner(self, run) if run != "torch" else None
     self._modules = list(module.modules())
@@ -92,9 +93,14 @@ class TorchState:
       {n: (t, self.variables[n]) for n, t in list(params.items()) + list(buffers.items())},
     )
 
-  def use_torchscript(self) -> None:
-    """Graph calls run a trace of the forward in C++ where they can."""
-    self.torchscript = _torchscript.TorchScriptCalls(self.name)
+  def take_views_back(self) -> None:
+    """Takes back the torch module's views of the variables (lent when it
+    was read), which would make TF copy each variable on its next update,
+    and go stale."""
+    views = self._views
+    if views.lent:
+      with self._lock:
+        views.take_back()
 
   def sync_torch(self) -> torch.nn.Module:
     """Points the torch module's tensors at the variables; returns it.
@@ -161,11 +167,12 @@ class TorchState:
       if translated is not _runner.TORCH:
         return translated
     if not tf.executing_eagerly():
-      if self.runner is None:
-        _runners.record(
-          self.name, "torch", "torchscript=True" if self.torchscript else "run='torch'"
-        )
       _call.check_not_xla(self.name)
+      in_c = self.torch_runner.call_or_none(
+        call, training, mode_key, self._mutated_buffers, after_writes, output_signature
+      )
+      if in_c is not None:
+        return in_c
     names = self.param_names + self.buffer_names
     vars_tf = _compat.read_values([self.variables[n] for n in names])
     n_params, n_vars = len(self.param_names), len(names)
@@ -258,12 +265,6 @@ class TorchState:
       }
     # Output specs found by a real run while tracing use the current weights.
     stand_ins = [functools.partial(self._current_value, n) for n in names]
-    if self.torchscript is not None and not tf.executing_eagerly():
-      traced = self.torchscript.call_or_none(
-        mode_key, vars_tf + call.args_tf, stand_ins, run, differentiable, self._mutated_buffers
-      )
-      if traced is not None:  # else this call takes the Python path
-        return traced
     outputs = _call.call_bridged(
       run,
       vars_tf + call.args_tf,

@@ -47,7 +47,7 @@ class Refusal(Exception):
     self.reason = reason
 
 
-class _FlatCall(torch.nn.Module):
+class FlatCall(torch.nn.Module):
   """The module called with the call's flat tensors (the exported inputs)."""
 
   def __init__(self, module: torch.nn.Module, substitute: Callable[..., Any]) -> None:
@@ -74,8 +74,8 @@ class Capture:
     self.program = program
     self._variables = variables
     # placeholder -> the variable's name (the module's canonical name)
-    self._state = {p: state_names[_inner(t)] for p, t in program.state_inputs.items()}
-    self.mutated = tuple(state_names[_inner(t)] for t in program.mutations)
+    self._state = {p: state_names[inner_name(t)] for p, t in program.state_inputs.items()}
+    self.mutated = tuple(state_names[inner_name(t)] for t in program.mutations)
     self.seconds = seconds  # export, translation and check
     self.random = bool(_fx_to_tf.random_nodes(program.graph))
 
@@ -95,7 +95,7 @@ class Capture:
     return tf.nest.map_structure(lambda i: outputs[i], self.program.structure), writes
 
 
-def _inner(target: str) -> str:
+def inner_name(target: str) -> str:
   return target[len("module.") :] if target.startswith("module.") else target
 
 
@@ -122,7 +122,7 @@ def capture(
     Refusal: with what sent the call back to torch.
   """
   start = time.perf_counter()
-  flat = _FlatCall(module, substitute)
+  flat = FlatCall(module, substitute)
   dynamic = any(d is None for s in specs for d in s.shape.as_list())
   examples = _export.random_inputs(specs, 0, seed=0)
   try:
@@ -134,10 +134,10 @@ def capture(
   if missing:
     raise Refusal("op", "; ".join(f"{op}: {why}" for op, why in sorted(missing.items())))
   for target in list(program.state_inputs.values()):
-    if _inner(target) not in state_names:
+    if inner_name(target) not in state_names:
       raise Refusal(
         "export",
-        f"the forward reads the tensor {_inner(target)!r}, which is not a "
+        f"the forward reads the tensor {inner_name(target)!r}, which is not a "
         "parameter or buffer of the module (register it with "
         "register_buffer to have it run as TF ops)",
       )
@@ -166,7 +166,7 @@ def _state_torch(
 
 def _check(
   result: Capture,
-  flat: _FlatCall,
+  flat: FlatCall,
   module: torch.nn.Module,
   specs: Sequence[tf.TensorSpec],
   variables: Mapping[str, tf.Variable],
@@ -304,7 +304,7 @@ def _run_exported(
     if node.name in user:
       args.append(user[node.name])
     elif node.name in program.state_inputs:
-      args.append(by_name[_inner(program.state_inputs[node.name])])
+      args.append(by_name[inner_name(program.state_inputs[node.name])])
     else:
       args.append(torch.from_numpy(program.constants[node.name]))
   flat = _Recorder(module).run(*args)

@@ -142,12 +142,15 @@ def export(
   name: str,
   allow_writes: bool = False,
   varargs: bool = False,
+  decompose: bool = True,
 ) -> Program:
   """`torch.export` of the module, decomposed; returns a `Program`.
 
   `allow_writes`: a forward that writes buffers (BatchNorm in training
   mode) is exported with their new values as outputs (`Program.mutations`)
-  instead of refused. `varargs`: the forward takes `*inputs`."""
+  instead of refused. `varargs`: the forward takes `*inputs`.
+  `decompose=False`: torch's own ops, functionalized, not decomposed into
+  those TF translates (what the C++ torch runner runs)."""
   dynamic = tuple(
     {a: _dynamic_dim(k, a) for a, d in enumerate(spec.shape.as_list()) if d is None} or None
     for k, spec in enumerate(specs)
@@ -170,7 +173,7 @@ def export(
       if varargs:
         shapes = (dynamic,) if any(d is not None for d in dynamic) else None
       program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
-      program = program.run_decompositions(_decompositions())
+      program = program.run_decompositions(_decompositions() if decompose else {})
   except Exception as err:  # torch.export's errors are many and unrelated
     raise ValueError(
       f"translate({name!r}): torch.export could not export the module with "

@@ -1,5 +1,5 @@
 """A graph call run from C++: the forward and backward ops of a
-`_native._traced.TracedModule`, with TF's gradient.
+`_native._exported.ExportedProgram`, with TF's gradient.
 
 The forward op returns a one-byte handle besides the outputs; the handle
 owns the forward's autograd record in C++ and is what the backward op
@@ -22,18 +22,19 @@ from torchbridge._frameworks import _compat
 from torchbridge._native import _op
 
 
-def call_traced(
-  traced: Any,  # a `_native._traced.TracedModule`
+def call_exported(
+  program: Any,  # a `_native._exported.ExportedProgram`
   args_tf: Sequence[tf.Tensor],
   out_specs: Sequence[tf.TensorSpec],
   differentiable: Sequence[bool],
   name: str,
 ) -> list[tf.Tensor]:
-  """The traced module on `args_tf` as one differentiable TF op (in a graph).
+  """The program on `args_tf` as one differentiable TF op (eagerly, or in
+  a graph).
 
   Args:
-    traced: the module and its two C++ callbacks.
-    args_tf: flat list of TF tensors, the traced function's arguments.
+    program: the exported program and its two C++ callbacks.
+    args_tf: flat list of TF tensors, the program's arguments.
     out_specs: its outputs' `tf.TensorSpec`s (None for a dimension that
       follows one TF leaves unknown).
     differentiable: one bool per argument: which get gradients.
@@ -45,7 +46,7 @@ def call_traced(
   def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
     with tf.device("/CPU:0"):  # C++ callbacks run in the CPU kernel
       results = _op.call(
-        traced.forward,
+        program.forward,
         list(args),
         [tf.int8] + [s.dtype for s in out_specs],
         [[1]] + [s.shape for s in out_specs],
@@ -57,14 +58,16 @@ def call_traced(
       if _compat.tape_could_record():
         raise NotImplementedError(
           f"{name}: a second-order gradient (a tape recording this backward) "
-          "through a torchscript=True module: its backward runs in C++ and "
-          "builds no graph to differentiate. Use torchscript=False for this "
-          "module (the Python path gives every order)."
+          "through the C++ torch runner: its backward runs in C++ and builds "
+          "no graph to differentiate. Set TORCHBRIDGE_TORCH_RUNNER=python "
+          "before the tf.function is traced (the Python path gives every "
+          "order), or construct the module with run=\"auto\" where it "
+          "translates (TF's own gradients)."
         )
       dys = [tf.zeros_like(out) if dy is None else dy for dy, out in zip(dys_tf, outs_tf)]
       with tf.device("/CPU:0"):
         grads = _op.call(
-          traced.backward,
+          program.backward,
           [handle_tf, *dys],
           [a.dtype for a in args],
           [a.shape for a in args],

@@ -1,0 +1,429 @@
+"""The C++ torch runner: its library (csrc/exported/exported_call.cc, built
+on first use and cached beside the op's) and the programs it runs.
+
+An `ExportedProgram` is a `torch.export` graph handed to that library node
+by node (each node one boxed call of its ATen op through torch's
+dispatcher), with the two C++ callbacks (`_callbacks.NativeCallback`) that
+the native op's CPU kernel runs for its forward and backward ops, with no
+GIL and no Python per call. Nothing here runs at import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import operator
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch  # before tensorflow
+
+from torchbridge._crossing import _stats
+from torchbridge._native import _build
+from torchbridge._native import _callbacks
+from torchbridge._native import _compiler
+
+_SOURCE = Path("exported") / "exported_call.cc"
+_STEM = "torchbridge_exported"
+_lock = threading.Lock()
+_library: Any = None
+_loaded_from: Path | None = None
+_failure: str | None = None  # why the library cannot be built or loaded
+
+
+def library() -> Any:
+  """The loaded library (ctypes), building it on first use.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  global _library, _loaded_from
+  if _library is not None:
+    return _library
+  with _lock:
+    if _library is None:
+      path = build_or_reuse()
+      _library, _loaded_from = _load(path), path
+  return _library
+
+
+def unavailable() -> str | None:
+  """Why the library cannot be had (built or loaded), or None once it is
+  loaded; tried once per process."""
+  global _failure
+  if _library is None and _failure is None:
+    try:
+      library()
+    # AttributeError: a file without the library's functions.
+    except (_compiler.BuildError, OSError, AttributeError) as err:
+      _failure = f"its C++ library could not be built or loaded: {err}"
+  return _failure
+
+
+def loaded_from() -> Path | None:
+  """The file the library was loaded from; None before it is."""
+  return _loaded_from
+
+
+def library_path() -> Path:
+  """Where this set-up's library is (or would be) cached; no build.
+
+  Raises:
+    BuildError: torch's C++ headers are missing.
+  """
+  source, stem, headers = _own_parts()
+  return _target(source, stem, headers, _torch_flags(source))
+
+
+def build_or_reuse(force: bool = False) -> Path:
+  """The library's path, built if not cached (or with `force`); what
+  `python -m torchbridge build` runs ahead of first use.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  source, stem, headers = _own_parts()
+  return build_torch_library(source, stem, headers, force)
+
+
+def _own_parts() -> tuple[Path, str, list[Path]]:
+  """This library's source, file stem and the headers it includes."""
+  sources = _build.source_dir()
+  return sources / _SOURCE, _STEM, [sources / "native_callback.h"]
+
+
+def _torch_flags(source: Path) -> tuple[list[str], list[str]]:
+  """(compile flags, link flags) for torch's C++ side."""
+  flags = _compiler.torch_interop_flags(_build.source_dir())
+  if flags is None or not source.is_file():
+    raise _compiler.BuildError(
+      f"building {source.name} needs torch's C++ headers and libraries "
+      f"(torch/include, torch/lib) and {source}"
+    )
+  return flags
+
+
+def _target(
+  source: Path, stem: str, headers: Sequence[Path], flags: tuple[list[str], list[str]]
+) -> Path:
+  """The cached library's path, keyed by the set-up, `flags`, `source` and
+  `headers`."""
+  digest = hashlib.sha256()
+  for part in (_build._versions(), " ".join(flags[0] + flags[1])):
+    digest.update(part.encode() + b"\0")
+  for path in (source, *headers):
+    digest.update(path.read_bytes())
+  return _build.cache_dir() / f"{stem}-{digest.hexdigest()[:20]}.so"
+
+
+def build_torch_library(
+  source: Path, stem: str, headers: Sequence[Path] = (), force: bool = False
+) -> Path:
+  """`source` compiled against torch's C++ headers and libraries (none of
+  TF's) into a shared library cached beside the op's, keyed by the set-up,
+  the flags, `source` and the `headers` it includes; built once per key
+  (said through the "torchbridge" logger), or again with `force`.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  compile_flags, link_flags = flags = _torch_flags(source)
+  target = _target(source, stem, headers, flags)
+  sources = _build.source_dir()
+
+  def build(compiler: str, target: Path) -> None:
+    _build._say(
+      logging.INFO,
+      "torchbridge: building %s into %s, once per set-up (10-30 s on 2 cores)",
+      source.name,
+      target.parent,
+    )
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{stem}-") as work:
+      output = Path(work, target.name)
+      common = [compiler, "-fPIC", "-O2", "-I" + str(sources), *compile_flags]
+      plan = _compiler.Plan(
+        files={},
+        compiles=[common + ["-c", str(source), "-o", f"{output}.o"]],
+        link=[compiler, "-shared", "-o", str(output), f"{output}.o", *link_flags],
+      )
+      failure = _compiler.run(plan, target.with_suffix(".log"))
+      if failure:
+        raise _compiler.BuildError(failure.replace("the native op (csrc/)", source.name))
+      os.chmod(output, 0o755)
+      os.replace(output, target)
+    _build._say(
+      logging.INFO,
+      "torchbridge: built %s in %.1f s: %s",
+      source.name,
+      time.monotonic() - started,
+      target,
+    )
+
+  return _build.build_once(target, build, force)
+
+
+def _load(path: Path) -> Any:
+  lib = ctypes.CDLL(str(path))
+  i64, p, s = ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
+  signatures = {
+    "tbe_new": (p, [i64, i64]),
+    "tbe_op": (i64, [p, s, s, i64, s, i64]),
+    "tbe_getitem": (i64, [p, i64]),
+    "tbe_arith": (i64, [p, i64]),
+    "tbe_arg": (None, [p, i64]),
+    "tbe_value_slot": (None, [p, i64]),
+    "tbe_value_none": (None, [p]),
+    "tbe_value_int": (None, [p, i64]),
+    "tbe_value_double": (None, [p, ctypes.c_double]),
+    "tbe_value_bool": (None, [p, ctypes.c_int]),
+    "tbe_value_str": (None, [p, s]),
+    "tbe_value_device": (ctypes.c_int, [p, s, s, i64]),
+    "tbe_finish": (ctypes.c_int, [p, ctypes.POINTER(i64), i64, i64, s, i64]),
+    "tbe_records": (i64, [p, ctypes.c_int]),
+    "tbe_copies": (None, [ctypes.POINTER(i64)]),
+  }
+  for name, (restype, argtypes) in signatures.items():
+    function = getattr(lib, name)
+    function.restype, function.argtypes = restype, argtypes
+
+  def copies() -> tuple[int, int, int]:
+    counts = (ctypes.c_int64 * 2)()
+    lib.tbe_copies(counts)
+    # The op counted each result it adopted as a zero-copy crossing; a copied
+    # one is a copy, counted once.
+    return -counts[0], counts[0], counts[1]
+
+  _stats.add_source(copies)
+  return lib
+
+
+class Unsupported(ValueError):
+  """A node of the exported graph the C++ runner cannot call."""
+
+
+# Python's arithmetic on sizes in an exported graph (csrc's IntOp codes).
+_ARITHMETIC = {
+  operator.add: 0,
+  operator.sub: 1,
+  operator.mul: 2,
+  operator.floordiv: 3,
+  operator.mod: 4,
+  operator.lt: 5,
+  operator.le: 6,
+  operator.gt: 7,
+  operator.ge: 8,
+  operator.eq: 9,
+  operator.ne: 10,
+  operator.neg: 11,
+  operator.truediv: 12,
+}
+_INTS, _DOUBLES, _BOOLS, _TENSORS, _OPTIONAL_TENSORS = range(5)
+# c10's ScalarType, Layout and MemoryFormat codes, as boxed calls take them.
+_SCALAR_TYPES = {
+  torch.uint8: 0,
+  torch.int8: 1,
+  torch.int16: 2,
+  torch.int32: 3,
+  torch.int64: 4,
+  torch.float16: 5,
+  torch.float32: 6,
+  torch.float64: 7,
+  torch.complex64: 9,
+  torch.complex128: 10,
+  torch.bool: 11,
+  torch.bfloat16: 15,
+}
+_LAYOUTS = {torch.strided: 0}
+_MEMORY_FORMATS = {
+  torch.contiguous_format: 0,
+  torch.preserve_format: 1,
+  torch.channels_last: 2,
+  torch.channels_last_3d: 3,
+}
+
+
+class ExportedProgram:
+  """An exported ATen graph loaded into the C++ runner.
+
+  Args:
+    graph: the `torch.fx.Graph` of `torch.export` (functional ATen ops).
+    inputs: its placeholders' names, in the order the op passes them.
+    num_state_outputs: its leading outputs that are buffers' new values.
+    num_threads: the user's torch thread count, for the thread that runs it.
+
+  Raises:
+    Unsupported: a node the runner cannot call (named).
+
+  `forward` and `backward` are the callbacks of its two ops: the forward
+  op takes the program's arguments and returns a one-byte handle and the
+  outputs (with no record made when nothing consumes the handle); the
+  backward op takes the handle and one gradient per output and returns one
+  gradient per argument (those the graph consumes).
+  """
+
+  def __init__(
+    self, graph: Any, inputs: Sequence[str], num_state_outputs: int, num_threads: int
+  ) -> None:
+    lib = library()
+    self._lib = lib
+    context = lib.tbe_new(len(inputs), num_threads)
+    self._context = context
+    slots: dict[str, Any] = {n: k for k, n in enumerate(inputs)}
+    outputs: list[int] = []
+    for node in graph.nodes:
+      if node.op == "placeholder":
+        if node.name not in slots:
+          raise Unsupported(f"the graph's input {node.name!r} is not passed to it")
+      elif node.op == "call_function":
+        slots[node.name] = self._add(node, slots)
+      elif node.op == "output":
+        for out in flat_outputs(node.args[0]):
+          if not isinstance(out, torch.fx.Node) or not isinstance(slots.get(out.name), int):
+            raise Unsupported(f"the graph returns {out!r}, which is not a tensor it computes")
+          outputs.append(slots[out.name])
+      else:
+        raise Unsupported(f"a {node.op} node ({node.target})")
+    error = ctypes.create_string_buffer(1024)
+    array = (ctypes.c_int64 * max(1, len(outputs)))(*outputs)
+    if lib.tbe_finish(context, array, len(outputs), num_state_outputs, error, len(error)):
+      raise Unsupported(error.value.decode())
+    self.num_outputs = len(outputs)
+    self.forward = _callbacks.NativeCallback(_address(lib.tbe_forward), context, owner=self)
+    self.backward = _callbacks.NativeCallback(_address(lib.tbe_backward), context, owner=self)
+
+  def _add(self, node: Any, slots: dict[str, Any]) -> Any:
+    """Hands `node` to the program; returns its slot, or for a node of
+    several results a tuple of theirs."""
+    lib, context, target = self._lib, self._context, node.target
+    if target is operator.getitem:
+      source, index = node.args
+      held = slots[source.name]
+      if isinstance(held, tuple):  # an op of several results: no step
+        return held[index]
+      slot = lib.tbe_getitem(context, index)
+      self._value_arg(slots, source)
+      return slot
+    if target in _ARITHMETIC:
+      slot = lib.tbe_arith(context, _ARITHMETIC[target])
+      for arg in node.args:
+        self._value_arg(slots, arg)
+      return slot
+    schema = getattr(target, "_schema", None)
+    if not isinstance(target, torch._ops.OpOverload) or schema is None:  # pylint: disable=protected-access
+      raise Unsupported(f"{target} (not an ATen op) in node {node.name!r}")
+    error = ctypes.create_string_buffer(1024)
+    num_out = len(schema.returns)
+    first = lib.tbe_op(
+      context, schema.name.encode(), schema.overload_name.encode(), num_out, error, len(error)
+    )
+    if first < 0:
+      raise Unsupported(f"{target}: {error.value.decode()}")
+    given = dict(node.kwargs)
+    for k, argument in enumerate(schema.arguments):
+      if k < len(node.args) and not argument.kwarg_only:
+        value = node.args[k]
+      elif argument.name in given:
+        value = given[argument.name]
+      elif argument.has_default_value():
+        value = argument.default_value
+      else:
+        raise Unsupported(f"{target}: argument {argument.name!r} is missing in {node.name!r}")
+      self._argument(slots, argument.type, value, f"{target}'s {argument.name}")
+    return tuple(range(first, first + num_out)) if num_out != 1 else first
+
+  def _argument(self, slots: dict[str, Any], kind: Any, value: Any, where: str) -> None:
+    """One argument of the schema type `kind` (a `torch._C` type)."""
+    lib, context = self._lib, self._context
+    if isinstance(kind, torch._C.OptionalType):  # pylint: disable=protected-access
+      if value is None:
+        lib.tbe_arg(context, -1)
+        lib.tbe_value_none(context)
+        return
+      kind = kind.getElementType()
+    if isinstance(kind, torch._C.ListType):  # pylint: disable=protected-access
+      element = kind.getElementType()
+      optional = isinstance(element, torch._C.OptionalType)  # pylint: disable=protected-access
+      if optional:
+        element = element.getElementType()
+      list_kind = {
+        "int": _INTS,
+        "SymInt": _INTS,
+        "float": _DOUBLES,
+        "bool": _BOOLS,
+        "Tensor": _OPTIONAL_TENSORS if optional else _TENSORS,
+      }.get(str(element))
+      if list_kind is None or (optional and list_kind != _OPTIONAL_TENSORS):
+        raise Unsupported(f"{where}: a {kind} argument")
+      lib.tbe_arg(context, list_kind)
+      for item in value if isinstance(value, (list, tuple)) else [value]:
+        self._value(slots, item, where)
+      return
+    if str(kind) == "Generator" and value is not None:
+      raise Unsupported(f"{where}: a torch.Generator argument")
+    lib.tbe_arg(context, -1)
+    self._value(slots, value, where)
+
+  def _value_arg(self, slots: dict[str, Any], value: Any) -> None:
+    self._lib.tbe_arg(self._context, -1)
+    self._value(slots, value, "an operand")
+
+  def _value(self, slots: dict[str, Any], value: Any, where: str) -> None:
+    lib, context = self._lib, self._context
+    if isinstance(value, torch.fx.Node):
+      slot = slots.get(value.name)
+      if not isinstance(slot, int):
+        raise Unsupported(f"{where}: {value.name!r} is not one value")
+      lib.tbe_value_slot(context, slot)
+    elif value is None:
+      lib.tbe_value_none(context)
+    elif isinstance(value, bool):
+      lib.tbe_value_bool(context, int(value))
+    elif isinstance(value, int):
+      lib.tbe_value_int(context, value)
+    elif isinstance(value, float):
+      lib.tbe_value_double(context, value)
+    elif isinstance(value, str):
+      lib.tbe_value_str(context, value.encode())
+    elif isinstance(value, torch.dtype):
+      lib.tbe_value_int(context, _code(_SCALAR_TYPES, value, where))
+    elif isinstance(value, torch.layout):
+      lib.tbe_value_int(context, _code(_LAYOUTS, value, where))
+    elif isinstance(value, torch.memory_format):
+      lib.tbe_value_int(context, _code(_MEMORY_FORMATS, value, where))
+    elif isinstance(value, torch.device):
+      error = ctypes.create_string_buffer(1024)
+      if lib.tbe_value_device(context, str(value).encode(), error, len(error)):
+        raise Unsupported(f"{where}: {error.value.decode()}")
+    else:
+      raise Unsupported(f"{where}: a {type(value).__name__} value ({value!r})")
+
+  def records(self, made: bool = False) -> int:
+    """Forward records alive (each freed with its handle), or made so far."""
+    return int(self._lib.tbe_records(self._context, int(made)))
+
+
+def _code(table: dict[Any, int], value: Any, where: str) -> int:
+  if value not in table:
+    raise Unsupported(f"{where}: {value}")
+  return table[value]
+
+
+def flat_outputs(value: Any) -> list[Any]:
+  if isinstance(value, (list, tuple)):
+    return [x for v in value for x in flat_outputs(v)]
+  return [value]
+
+
+def _address(function: Any) -> int:
+  """A ctypes function's address."""
+  return int(ctypes.cast(function, ctypes.c_void_p).value or 0)

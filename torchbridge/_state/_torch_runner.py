@@ -1,0 +1,425 @@
+"""The C++ torch runner: graph calls that run torch do it from the op's C++.
+
+Where a module's graph call runs torch (`run="torch"`, or `run="auto"`
+where the TF translation does not hold), each call signature is captured
+once with `torch.export` (the capture the TF runner uses, with the same
+key and the same watch on Python state, `_watch.py`), checked once
+against the Python path on random inputs, and run from the native op's
+CPU kernel (`_native/_exported.py`): one boxed dispatcher call per ATen
+node, autograd recorded as eager torch records it, no GIL and no Python
+per call. Where it cannot (a capture torch refuses, a node the runner
+cannot call, a failed check, a GPU, a replica of a `tf.distribute`
+strategy, the native op without torch's side), the call takes the Python
+path, said once at WARNING with the reason.
+
+`TORCHBRIDGE_TORCH_RUNNER=python` (read when a graph call is traced) sends
+every such call down the Python path: the forward's Python runs on every
+call (prints, breakpoints, attributes that change between calls).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch  # before TensorFlow, as everywhere in torchbridge
+import tensorflow as tf
+
+from torchbridge import _call
+from torchbridge._native import _exported
+from torchbridge._native import _loader
+from torchbridge._runtime import _placement
+from torchbridge._runtime import _runners
+from torchbridge._state import _module_checks
+from torchbridge._state import _runner
+from torchbridge._state import _watch
+
+_LOG = logging.getLogger("torchbridge")
+
+ENV = "TORCHBRIDGE_TORCH_RUNNER"  # "python": graph calls take the Python path
+
+
+class _Refused(Exception):
+  """Why a signature takes the Python path."""
+
+
+class _Captured:
+  """One captured signature: the program, its output specs and structure."""
+
+  def __init__(
+    self,
+    program: _exported.ExportedProgram,
+    constants_tf: list[tf.Tensor],
+    out_specs: list[tf.TensorSpec],
+    structure: Any,
+    mutated: tuple[str, ...],
+    seconds: float,
+  ) -> None:
+    self.program = program
+    self.constants_tf = constants_tf
+    self.out_specs = out_specs
+    self.structure = structure
+    self.mutated = mutated
+    self.seconds = seconds
+
+
+class TorchRunner:
+  """The C++ torch runner's captures of one module, by signature."""
+
+  def __init__(self, state: Any) -> None:
+    self._state = state
+    self._captures: dict[Any, Any] = {}  # key -> (_Captured, Snapshot) or reason
+    self._said: set[str] = set()
+
+  def why_not(self, args_tf: Sequence[tf.Tensor], in_replica: bool) -> str | None:
+    """Why this graph call takes the Python path (before any capture), or
+    None."""
+    if os.environ.get(ENV, "").lower() == "python":
+      return f"{ENV}=python"
+    if in_replica:
+      return "it runs in a replica of a tf.distribute strategy"
+    if not _loader.has_torch_interop():
+      return f"the complete native op is not loaded ({_loader.status()})"
+    if tf.config.list_logical_devices("GPU"):
+      return "a GPU is visible (the C++ runner runs in the op's CPU kernel only)"
+    for arg in args_tf:
+      if arg.shape.rank is None:
+        return (
+          "an argument has an unknown rank while tracing; give the tf.function "
+          "an input_signature with known ranks"
+        )
+    return _exported.unavailable()  # builds the library on first use
+
+  def call_or_none(
+    self,
+    call: Any,
+    training: bool | list[bool],
+    mode_key: str,
+    mutated_buffers: dict[str, frozenset[str]],
+    after_writes: list[Any] | None,
+    output_signature: Any,
+  ) -> Any:
+    """The graph call's result, its op running the captured program in C++
+    (the buffers it writes assigned to their variables); None where the
+    call takes the Python path (said once)."""
+    state = self._state
+    names = state.param_names + state.buffer_names
+    why_not = self.why_not(call.args_tf, _distribute_in_replica())
+    if why_not is not None:
+      self._say_python(why_not, quiet=why_not == f"{ENV}=python")
+      return None
+    key = (
+      mode_key,
+      isinstance(training, list),
+      tuple((tuple(a.shape.as_list()), a.dtype.name) for a in call.args_tf),
+      call.static_key(),
+    )
+    entry = self._captures.get(key)
+    if isinstance(entry, tuple) and entry[1].first_change() is not None:
+      entry = None  # Python state it read changed: capture again
+    if entry is None:
+      # On a thread of its own: eager, with a tape stack of its own (the
+      # check's gradients need one; tracing stops the caller's tapes).
+      with concurrent.futures.ThreadPoolExecutor(1, "torchbridge-capture") as pool:
+        entry = pool.submit(self._capture, call, training).result()
+      self._captures[key] = entry
+    if isinstance(entry, str):
+      self._say_python(entry)
+      return None
+    captured, snapshot = entry
+    if output_signature is not None:
+      mismatch = _signature_mismatch(output_signature, captured)
+      if mismatch:
+        self._say_python(mismatch)
+        return None
+    _runners.record(state.name, "torch", self._why_torch(), captured.seconds, path="C++")
+    _runner.add_guard(snapshot, state.name, state.take_views_back)
+    vars_tf = _read([state.variables[n] for n in names])
+    differentiable = (
+      [state.variables[n].trainable for n in state.param_names]
+      + [False] * len(state.buffer_names)
+      + [_call.is_differentiable(a.dtype) for a in call.args_tf]
+      + [False] * len(captured.constants_tf)
+    )
+    outs_tf = _call.call_exported(
+      captured.program,
+      vars_tf + list(call.args_tf) + captured.constants_tf,
+      captured.out_specs,
+      differentiable,
+      state.name,
+    )
+    n = len(captured.mutated)
+    writes = dict(zip(captured.mutated, outs_tf[:n]))
+    mutated_buffers[mode_key] = frozenset(writes)
+    for name, value_tf in writes.items():
+      variable = state.variables[name]
+      variable.assign(value_tf)
+      if after_writes is not None:
+        after_writes.append(tf.convert_to_tensor(variable))
+    outputs = outs_tf[n:]
+    return tf.nest.map_structure(lambda i: outputs[i], captured.structure)
+
+  def _capture(self, call: Any, training: bool | list[bool]) -> Any:
+    """(_Captured, Snapshot), or the reason the signature takes the Python
+    path."""
+    state = self._state
+    start = time.perf_counter()
+    specs = [tf.TensorSpec(a.shape, a.dtype) for a in call.args_tf]
+    with state._lock:  # pylint: disable=protected-access
+      views = state._views  # pylint: disable=protected-access
+      views.lend()
+      views.suspend_hooks()
+      saved = _module_checks.set_modes(state.module, state._modules, training)  # pylint: disable=protected-access
+      try:
+        captured = self._export(call, specs)
+        _check(captured, state, call, specs)
+      except _Refused as refused:
+        return str(refused)
+      except Exception as err:  # pylint: disable=broad-except
+        return f"the capture raised {type(err).__name__}: {err}"
+      finally:
+        if saved is not None:
+          _module_checks.restore_modes(saved)
+        views.resume_hooks()
+      snapshot = _watch.Snapshot(
+        list(state.module.named_modules()),
+        watch_mode=False,
+        ignored=frozenset(views.hook_ids()),
+      )
+    # Capturing ran torch on a thread of the user's process, as the Python
+    # path's tracing does: its idle OpenMP team is released the same way.
+    _placement.graph_call_traced()
+    captured.seconds = time.perf_counter() - start
+    return captured, snapshot
+
+  def _export(self, call: Any, specs: list[tf.TensorSpec]) -> _Captured:
+    from torchbridge._translate import _capture  # torch.export: on first use
+    from torchbridge._translate import _export
+
+    state = self._state
+    flat = _capture.FlatCall(state.module, call.substitute)
+    examples = _export.random_inputs(specs, 0, seed=0)
+    try:
+      program = _export.export(
+        flat, specs, examples, state.name, allow_writes=True, varargs=True, decompose=False
+      )
+    except ValueError as err:
+      raise _Refused(f"torch.export could not capture the forward: {err}") from err
+    canonical = {n: n for n in state.variables}
+    canonical.update(state.state_names)
+    names = state.param_names + state.buffer_names
+    inputs = [f"torchbridge_unused_{k}" for k in range(len(names))]
+    for placeholder, target in program.state_inputs.items():
+      inner = _capture.inner_name(target)
+      if inner not in canonical:
+        raise _Refused(
+          f"the forward reads the tensor {inner!r}, which is not a parameter or "
+          "buffer of the module (register it with register_buffer)"
+        )
+      inputs[names.index(canonical[inner])] = placeholder
+    inputs += list(program.user_inputs)
+    constants = list(program.constants)
+    inputs += constants
+    mutated = tuple(canonical[_capture.inner_name(t)] for t in program.mutations)
+    try:
+      loaded = _exported.ExportedProgram(
+        program.graph, inputs, len(mutated), torch.get_num_threads()
+      )
+    except _exported.Unsupported as err:
+      raise _Refused(f"the C++ runner cannot run a node of the capture: {err}") from err
+    outputs = [n for n in program.graph.nodes if n.op == "output"][0]
+    out_specs = []
+    for k, node in enumerate(_exported.flat_outputs(outputs.args[0])):
+      if k < len(mutated):
+        variable = state.variables[mutated[k]]
+        out_specs.append(tf.TensorSpec(variable.shape, variable.dtype))
+      else:
+        out_specs.append(_spec_of(node, state.name))
+    constants_tf = [tf.constant(program.constants[c]) for c in constants]
+    return _Captured(loaded, constants_tf, out_specs, program.structure, mutated, 0.0)
+
+  def _why_torch(self) -> str:
+    """Why the call runs torch: run="torch", or the TF runner's refusal."""
+    if self._state.runner is None:
+      return "run='torch'"
+    return str(_runners.choices().get(self._state.name, {}).get("reason", ""))
+
+  def _say_python(self, reason: str, quiet: bool = False) -> None:
+    _runners.record(self._state.name, "torch", self._why_torch(), path="Python", path_reason=reason)
+    if reason in self._said:
+      return
+    self._said.add(reason)
+    (_LOG.info if quiet else _LOG.warning)(
+      "torchbridge: %s: graph calls run torch on the Python path (the forward's "
+      "Python on every call), not the C++ runner: %s.",
+      self._state.name,
+      reason,
+    )
+
+
+def _distribute_in_replica() -> bool:
+  from torchbridge._state import _distribute  # pylint: disable=import-outside-toplevel
+
+  return _distribute.in_replica_of_several()
+
+
+def _read(variables: Sequence[Any]) -> list[tf.Tensor]:
+  from torchbridge._frameworks import _compat  # pylint: disable=import-outside-toplevel
+
+  return _compat.read_values(variables)
+
+
+def _spec_of(node: Any, name: str) -> tf.TensorSpec:
+  from torch.fx.experimental import symbolic_shapes  # pylint: disable=import-outside-toplevel
+
+  value = node.meta.get("val") if hasattr(node, "meta") else None
+  if not isinstance(value, torch.Tensor):
+    raise _Refused(f"the forward returns {value!r}, not a tensor")
+  shape = [int(d) if symbolic_shapes.is_concrete_int(d) else None for d in value.shape]
+  try:
+    dtype = tf.as_dtype(torch.empty((), dtype=value.dtype).numpy().dtype)
+  except TypeError as err:
+    raise _Refused(f"{name} returns a {value.dtype} tensor, which TF has no dtype for") from err
+  return tf.TensorSpec(shape, dtype)
+
+
+def _signature_mismatch(output_signature: Any, captured: _Captured) -> str | None:
+  declared = tf.nest.flatten(output_signature)
+  outputs = captured.out_specs[len(captured.mutated) :]
+  if len(declared) != len(outputs) or any(
+    d.dtype != o.dtype or not d.shape.is_compatible_with(o.shape)
+    for d, o in zip(declared, outputs)
+  ):
+    return (
+      f"the capture's outputs {outputs} do not match output_signature "
+      f"{output_signature} (the Python path checks each call against it)"
+    )
+  return None
+
+
+def _check(captured: _Captured, state: Any, call: Any, specs: list[tf.TensorSpec]) -> None:
+  """The C++ run against the Python path's forward on random inputs (a
+  second size where a dimension is unknown): outputs, written buffers and
+  the gradients of every floating input and trainable parameter. A forward
+  that draws random numbers is run from the same seed both ways (the
+  user's torch random state is put back after)."""
+  from torchbridge._translate import _capture  # pylint: disable=import-outside-toplevel
+  from torchbridge._translate import _export  # pylint: disable=import-outside-toplevel
+
+  dynamic = any(d is None for s in specs for d in s.shape.as_list())
+  names = state.param_names + state.buffer_names
+  rng_state = torch.random.get_rng_state()
+  try:
+    for size in (0, 1) if dynamic else (0,):
+      inputs_torch = _export.random_inputs(specs, size, seed=1)
+      values_torch = {n: torch.from_numpy(np.array(state.variables[n].numpy())) for n in names}
+      # The C++ runner, as a graph call runs it (its two ops, eagerly here).
+      vars_tf = [tf.constant(values_torch[n].numpy()) for n in names]
+      args_tf = [tf.constant(x.numpy()) for x in inputs_torch]
+      trainable = [k for k, n in enumerate(state.param_names) if state.variables[n].trainable]
+      leaves_tf = [vars_tf[k] for k in trainable] + [a for a in args_tf if a.dtype.is_floating]
+      differentiable = (
+        [k in trainable for k in range(len(state.param_names))]
+        + [False] * len(state.buffer_names)
+        + [a.dtype.is_floating for a in args_tf]
+        + [False] * len(captured.constants_tf)
+      )
+      torch.manual_seed(1234 + size)
+      with tf.GradientTape(persistent=True) as tape:
+        tape.watch(leaves_tf)
+        outs_tf = _call.call_exported(
+          captured.program,
+          vars_tf + args_tf + captured.constants_tf,
+          captured.out_specs,
+          differentiable,
+          state.name,
+        )
+      n = len(captured.mutated)
+      # The Python path: the module's forward on the same values, seeded alike.
+      leaves_torch = {}
+      for n_ in names:
+        t = values_torch[n_].clone()
+        if n_ in state.param_names and state.variables[n_].trainable:
+          t.requires_grad_(True)
+        leaves_torch[n_] = t
+      inputs_leaves = [
+        x.clone().requires_grad_(True) if x.is_floating_point() else x for x in inputs_torch
+      ]
+      tensors = {f"module.{k}": leaves_torch[c] for k, c in state.state_names.items()}
+      tensors.update({f"module.{k}": v for k, v in leaves_torch.items()})
+      flat = _capture.FlatCall(state.module, call.substitute)
+      torch.manual_seed(1234 + size)
+      try:
+        result_torch = torch.func.functional_call(flat, tensors, tuple(inputs_leaves))
+      except Exception as err:  # the user's forward on random inputs
+        raise _Refused(
+          f"the forward raised on random inputs: {type(err).__name__}: {err}"
+        ) from err
+      by_index = _export.flatten_like(captured.structure, result_torch)
+      outputs_torch = [by_index[i] for i in sorted(tf.nest.flatten(captured.structure))]
+      where = f"random inputs of shapes {[list(x.shape) for x in inputs_torch]}"
+      for k, (got, want) in enumerate(zip(outs_tf[n:], outputs_torch)):
+        _compare(got, want, f"output {k}", where)
+      for k, buffer in enumerate(captured.mutated):
+        _compare(outs_tf[k], leaves_torch[buffer], f"buffer {buffer!r} written", where)
+      differentiated = [
+        k for k, o in enumerate(outputs_torch) if o.is_floating_point() and o.requires_grad
+      ]
+      if not differentiated or not leaves_tf:
+        continue
+      rng = np.random.default_rng(7 + size)
+      cotangents = [
+        rng.standard_normal(tuple(outputs_torch[k].shape)).astype(
+          outputs_torch[k].detach().numpy().dtype
+        )
+        for k in differentiated
+      ]
+      grads_tf = tape.gradient(
+        [outs_tf[n + k] for k in differentiated],
+        leaves_tf,
+        output_gradients=[tf.constant(c) for c in cotangents],
+      )
+      leaves = [leaves_torch[state.param_names[k]] for k in trainable] + [
+        x for x in inputs_leaves if x.is_floating_point()
+      ]
+      grads_torch = torch.autograd.grad(
+        [outputs_torch[k] for k in differentiated],
+        leaves,
+        [torch.from_numpy(c) for c in cotangents],
+        allow_unused=True,
+      )
+      labels = [f"parameter {state.param_names[k]!r}" for k in trainable] + [
+        f"input {k}" for k, a in enumerate(args_tf) if a.dtype.is_floating
+      ]
+      for label, g_tf, g_torch, leaf in zip(labels, grads_tf, grads_torch, leaves):
+        _compare(
+          tf.zeros_like(leaf.detach().numpy()) if g_tf is None else g_tf,
+          torch.zeros_like(leaf) if g_torch is None else g_torch,
+          f"gradient of {label}",
+          where,
+        )
+  finally:
+    torch.random.set_rng_state(rng_state)
+
+
+def _compare(got_tf: Any, want_torch: torch.Tensor, what: str, where: str) -> None:
+  got = np.asarray(got_tf.numpy() if hasattr(got_tf, "numpy") else got_tf)
+  want = want_torch.detach().cpu().numpy()
+  if got.shape != want.shape:
+    raise _Refused(f"check: {what} has shape {list(got.shape)}, torch's {list(want.shape)} ({where})")
+  if got.dtype.kind in "fc":
+    scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+    tol = {np.float64: 1e-9, np.float32: 1e-5, np.float16: 1e-2}.get(got.dtype.type, 2e-2)
+    ok = np.allclose(got, want, rtol=tol, atol=tol * scale, equal_nan=True)
+  else:
+    ok = np.array_equal(got, want)
+  if not ok:
+    diff = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))) if got.size else 0
+    raise _Refused(
+      f"check: {what} differs from the Python path's by up to {diff:.3g} ({where})"
+    )
