@@ -103,10 +103,14 @@ def rss_bytes():
 @pytest.fixture
 def bridge_runner(monkeypatch):
   """Modules built with the default `run="auto"` take the torch runner (the
-  bridge) in graph calls: for the tests of the bridge's own mechanics
-  (its op, crossings, records, threads), which the TF runner bypasses.
-  The default runner itself is tested in test_module_run.py."""
+  bridge) in graph calls, on its Python path: for the tests of the bridge's
+  own mechanics (its op, crossings, records, threads), which the TF runner
+  and the C++ torch runner bypass (TORCHBRIDGE_TORCH_RUNNER=python, which
+  subprocesses inherit). The default runner itself is tested in
+  test_module_run.py, the C++ torch runner in test_torch_runner.py."""
   from torchbridge._state import _runner  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setenv("TORCHBRIDGE_TORCH_RUNNER", "python")
 
   resolve = _runner.resolve_run
 

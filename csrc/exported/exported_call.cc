@@ -41,9 +41,21 @@ namespace {
 // An argument's value: a constant, or the slot a node's result is in.
 struct Value {
   bool is_slot = false;
+  bool wrap = false;  // a number passed for a Tensor: a 0-d "wrapped number"
   int64_t slot = 0;
   c10::IValue constant;
 };
+
+// A number as eager torch passes it for a Tensor argument (`x * 2.0`): a
+// 0-d tensor marked as a wrapped number, so type promotion treats it as a
+// Python scalar.
+at::Tensor WrappedNumber(const c10::IValue& number) {
+  at::Tensor t = number.isDouble() ? at::scalar_tensor(number.toDouble(), at::kDouble)
+                 : number.isBool() ? at::scalar_tensor(number.toBool(), at::kBool)
+                                   : at::scalar_tensor(number.toInt(), at::kLong);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
 
 // The list kinds of the schemas' list arguments.
 enum ListKind : int64_t { kInts = 0, kDoubles = 1, kBools = 2, kTensors = 3, kOptionalTensors = 4 };
@@ -78,6 +90,7 @@ struct Module {
   std::vector<Step> steps;
   std::vector<int64_t> outputs;   // the slots of the program's results
   int64_t num_state_outputs = 0;  // leading results: buffers' new values
+  std::vector<uint8_t> leaves;    // arguments that get gradients (floating)
   bool finished = false;
   int num_threads = 0;  // the user's torch thread count, for the calling thread
   std::mutex mutex;
@@ -85,8 +98,9 @@ struct Module {
   int64_t records_made = 0;
 };
 
-const c10::IValue& Resolve(const Value& v, const std::vector<c10::IValue>& slots) {
-  return v.is_slot ? slots[v.slot] : v.constant;
+c10::IValue Resolve(const Value& v, const std::vector<c10::IValue>& slots) {
+  if (!v.is_slot) return v.constant;
+  return v.wrap ? c10::IValue(WrappedNumber(slots[v.slot])) : slots[v.slot];
 }
 
 c10::IValue BuildList(int64_t kind, const std::vector<Value>& items,
@@ -117,7 +131,7 @@ c10::IValue BuildList(int64_t kind, const std::vector<Value>& items,
     case kOptionalTensors: {
       c10::List<std::optional<at::Tensor>> list;
       for (const Value& v : items) {
-        const c10::IValue& item = Resolve(v, slots);
+        c10::IValue item = Resolve(v, slots);
         list.push_back(item.isNone() ? std::optional<at::Tensor>()
                                      : std::optional<at::Tensor>(item.toTensor()));
       }
@@ -204,7 +218,7 @@ std::vector<at::Tensor> Run(const Module& m, std::vector<at::Tensor> args) {
         break;
       }
       case Step::kGetItem: {
-        const c10::IValue& list = Resolve(step.args[0].value, slots);
+        c10::IValue list = Resolve(step.args[0].value, slots);
         if (list.isTuple()) {
           slots[step.first_out] = list.toTupleRef().elements().at(step.index);
         } else {
@@ -213,8 +227,8 @@ std::vector<at::Tensor> Run(const Module& m, std::vector<at::Tensor> args) {
         break;
       }
       case Step::kArith: {
-        const c10::IValue& a = Resolve(step.args[0].value, slots);
-        const c10::IValue& b = step.args.size() > 1 ? Resolve(step.args[1].value, slots) : a;
+        c10::IValue a = Resolve(step.args[0].value, slots);
+        c10::IValue b = step.args.size() > 1 ? Resolve(step.args[1].value, slots) : a;
         slots[step.first_out] = Arithmetic(step.index, a, b);
         break;
       }
@@ -379,6 +393,21 @@ void tbe_value_slot(void* module, int64_t slot) {
   value.slot = slot;
   AddValue(static_cast<Module*>(module), std::move(value));
 }
+// A number for a Tensor argument: from a slot, or (`kind` 0 int, 1 double,
+// 2 bool) a constant.
+void tbe_value_wrapped_slot(void* module, int64_t slot) {
+  Value value;
+  value.is_slot = true;
+  value.wrap = true;
+  value.slot = slot;
+  AddValue(static_cast<Module*>(module), std::move(value));
+}
+void tbe_value_wrapped(void* module, int64_t kind, double v) {
+  c10::IValue number = kind == 1   ? c10::IValue(v)
+                       : kind == 2 ? c10::IValue(v != 0)
+                                   : c10::IValue(static_cast<int64_t>(v));
+  AddValue(static_cast<Module*>(module), Constant(WrappedNumber(number)));
+}
 void tbe_value_none(void* module) { AddValue(static_cast<Module*>(module), Constant({})); }
 void tbe_value_int(void* module, int64_t v) {
   AddValue(static_cast<Module*>(module), Constant(v));
@@ -406,7 +435,7 @@ int tbe_value_device(void* module, const char* v, char* error, int64_t error_siz
 // new values, handed back with no graph): checks every node's arguments
 // against its op's schema. 0, or 1 and `error`.
 int tbe_finish(void* module, const int64_t* outputs, int64_t num_outputs, int64_t num_state,
-               char* error, int64_t error_size) {
+               const uint8_t* leaves, char* error, int64_t error_size) {
   auto* m = static_cast<Module*>(module);
   try {
     for (Step& step : m->steps) {
@@ -439,6 +468,7 @@ int tbe_finish(void* module, const int64_t* outputs, int64_t num_outputs, int64_
       m->outputs.push_back(outputs[i]);
     }
     m->num_state_outputs = num_state;
+    m->leaves.assign(leaves, leaves + m->num_inputs);
     m->finished = true;
     return 0;
   } catch (const std::exception& e) {
@@ -481,7 +511,9 @@ int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
     for (int64_t i = 0; i < num_inputs; ++i) {
       at::Tensor t = at::fromDLPack(inputs[i]);
       inputs[i] = nullptr;
-      args.push_back(record && Differentiable(t) ? t.detach().requires_grad_(true) : t);
+      const bool leaf = record && i < static_cast<int64_t>(m->leaves.size()) && m->leaves[i] &&
+                        Differentiable(t);
+      args.push_back(leaf ? t.detach().requires_grad_(true) : t);
     }
     at::AutoGradMode grad_mode(record);
     std::vector<at::Tensor> outs = Run(*m, args);
@@ -556,13 +588,12 @@ int tbe_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
         dys.push_back(in[i + 1]);
       }
     }
+    std::vector<int64_t> zeros;  // asked for, but no leaf (an eager op asks for all)
     for (int64_t k = 0; k < num_outputs; ++k) {
       if (!required[k]) continue;
       if (!rec->args[k].requires_grad()) {
-        SetError(error, error_size,
-                 "a gradient was asked for argument " + std::to_string(k) +
-                     ", which is not floating");
-        return 1;
+        zeros.push_back(k);
+        continue;
       }
       wanted.push_back(rec->args[k]);
       index.push_back(k);
@@ -581,6 +612,10 @@ int tbe_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
       at::Tensor g = grads[j].defined() ? grads[j] : at::zeros_like(wanted[j]);
       result[index[j]] = Export(g);
       made.push_back(result[index[j]]);
+    }
+    for (int64_t k : zeros) {
+      result[k] = Export(at::zeros_like(rec->args[k]));
+      made.push_back(result[k]);
     }
     for (int64_t k = 0; k < num_outputs; ++k) outputs[k] = result[k];
     return 0;

@@ -47,9 +47,20 @@ class WrapperFactory:
   wrap: Callable  # wrap(torch_module, name) -> wrapper
   variables_by_name: Callable  # wrapper -> {state_dict name: variable}
   known_bugs: dict[str, str] = dataclasses.field(default_factory=dict)
+  # The runner its graph calls take: "default" (run="auto"), "C++" (the C++
+  # torch runner) or "Python" (the torch runner's Python path).
+  runner: str = "default"
 
   def __repr__(self):
     return self.name
+
+
+def _python_path(wrapper):
+  """`wrapper` with the C++ torch runner turned off: graph calls run the
+  forward's Python (what TORCHBRIDGE_TORCH_RUNNER=python does process-wide)."""
+  state = getattr(wrapper, "_state", None) or wrapper._torch_state  # pylint: disable=protected-access
+  state.torch_runner.enabled = False
+  return wrapper
 
 
 WRAPPERS = [
@@ -58,6 +69,24 @@ WRAPPERS = [
   ),
   WrapperFactory(
     "TorchLayer", lambda m, name: tb.keras.TorchLayer(m, name=name), _torch_layer_variables
+  ),
+  WrapperFactory(
+    "TorchModule-torch-C++",
+    lambda m, name: tb.TorchModule(m, name=name, run="torch"),
+    _torch_module_variables,
+    runner="C++",
+  ),
+  WrapperFactory(
+    "TorchLayer-torch-C++",
+    lambda m, name: tb.keras.TorchLayer(m, name=name, run="torch"),
+    _torch_layer_variables,
+    runner="C++",
+  ),
+  WrapperFactory(
+    "TorchModule-torch-Python",
+    lambda m, name: _python_path(tb.TorchModule(m, name=name, run="torch")),
+    _torch_module_variables,
+    runner="Python",
   ),
 ]
 

@@ -398,6 +398,8 @@ def _saved_and_loaded(factory, tmp_path):
 
 @pytest.mark.parametrize("factory", wrappers("saved_model"))
 def test_saved_model_of_the_default_runner_runs_elsewhere(factory, tmp_path):
+  if factory.runner != "default":
+    pytest.skip("a torch runner's graph calls need torch (tested below)")
   wrapper, result = _saved_and_loaded(factory, tmp_path)
   assert result["ran"], result
   want = wrapper(tf.ones([2, IN]), training=False).numpy()
@@ -517,3 +519,22 @@ def test_torch_module_outlives_its_wrapper_collected_in_a_graph(factory):
       gc.collect()
 
   check_torch_module_outlives_its_wrapper(factory, collect_in_a_graph)
+
+
+# ------------------------------------------------------------------ runners
+
+
+@pytest.mark.parametrize("factory", wrappers("runner"))
+@pytest.mark.parametrize("training", [False, True])
+def test_graph_calls_take_the_runner_the_factory_names(factory, training):
+  # So that every case above ran where its factory says: the TF runner
+  # (default), the C++ torch runner, or the torch runner's Python path.
+  from torchbridge._runtime import _runners  # pylint: disable=import-outside-toplevel
+
+  wrapper, _ = wrapped(factory)
+  tf.function(lambda x: wrapper(x, training=training))(tf.constant(data(4)))
+  choice = _runners.choices()[wrapper.name]
+  if factory.runner == "default":
+    assert choice["runner"] == "tf", choice
+  else:
+    assert choice["runner"] == "torch" and choice["path"] == factory.runner, choice

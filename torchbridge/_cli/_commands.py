@@ -8,8 +8,8 @@ Installed as the `torchbridge` command too (setup.py's console script).
       whenever it can report.
   python -m torchbridge build [--force]
       builds the native op into the cache ahead of time (for Dockerfiles
-      and clusters), and the C++ call path of `TorchModule(...,
-      torchscript=True)` beside it; exit 1 with the reason when either
+      and clusters), and the C++ torch runner's library beside it; exit 1
+      with the reason when either
       cannot be built, or when only the op's fallback builds
       (`--allow-fallback` accepts both).
 
@@ -48,14 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     help="do not load or build the native op; report what the cache holds",
   )
   build = commands.add_parser(
-    "build", help="build the native TF op (and torchscript=True's C++ call path) into the cache now"
+    "build", help="build the native TF op (and the C++ torch runner) into the cache now"
   )
   build.add_argument("--force", action="store_true", help="build again even if a library is cached")
   build.add_argument(
     "--allow-fallback",
     action="store_true",
-    help="exit 0 when only the op without torch's side builds, or torchscript=True's "
-    "C++ call path cannot be built (such modules then take the Python path)",
+    help="exit 0 when only the op without torch's side builds, or the C++ torch "
+    "runner cannot be built (graph calls that run torch then take the Python path)",
   )
   args = parser.parse_args(argv)
   if args.command == "info":
@@ -76,7 +76,7 @@ def _build(args: argparse.Namespace) -> int:
   # pylint: disable=import-outside-toplevel
   from torchbridge._native import _loader
   from torchbridge._native import _build
-  from torchbridge._native import _traced
+  from torchbridge._native import _exported
 
   if os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0"):
     print(
@@ -98,13 +98,13 @@ def _build(args: argparse.Namespace) -> int:
     return 0 if args.allow_fallback else 1
   print(f"torchbridge build: the native op is built and complete: {path}")
   try:
-    traced = _traced.build_or_reuse(force=args.force)
+    runner = _exported.build_or_reuse(force=args.force)
   except _build.BuildError as err:
     print(
-      f"torchbridge build: torchscript=True's C++ call path failed to build (such "
-      f"modules take the Python path): {err}",
+      f"torchbridge build: the C++ torch runner failed to build (graph calls that "
+      f"run torch take the Python path): {err}",
       file=sys.stderr,
     )
     return 0 if args.allow_fallback else 1
-  print(f"torchbridge build: torchscript=True's C++ call path is built: {traced}")
+  print(f"torchbridge build: the C++ torch runner is built: {runner}")
   return 0

@@ -33,7 +33,7 @@ from torchbridge._frameworks import _load_order
 from torchbridge._native import _loader
 from torchbridge._native import _build
 from torchbridge._native import _compiler
-from torchbridge._native import _traced
+from torchbridge._native import _exported
 from torchbridge._runtime import _runners
 from torchbridge._runtime import _torch_thread
 
@@ -61,12 +61,26 @@ def _runners_report() -> dict[str, Any]:
   in the command line's own process: call `report()` from the program)."""
   return {
     "default": 'run="auto": the exact TF translation where it holds, else torch',
-    "modules": {
-      name: (entry["runner"] + (f" ({entry['reason']})" if entry.get("reason") else ""))
-      for name, entry in _runners.choices().items()
-    }
+    "capture": "torch.export, once per signature, checked against torch",
+    "torch_runner": (
+      "Python path for every graph call (TORCHBRIDGE_TORCH_RUNNER=python)"
+      if os.environ.get("TORCHBRIDGE_TORCH_RUNNER", "").lower() == "python"
+      else "C++ (the capture's ATen graph run from the op) where it can, else Python"
+    ),
+    "modules": {name: _runner_line(entry) for name, entry in _runners.choices().items()}
     or "none yet in this process",
   }
+
+
+def _runner_line(entry: dict[str, Any]) -> str:
+  line = entry["runner"]
+  if entry.get("path"):
+    line += f" from {entry['path']}"
+  if entry.get("reason"):
+    line += f" ({entry['reason']})"
+  if entry.get("path_reason"):
+    line += f"; Python path: {entry['path_reason']}"
+  return line
 
 
 def format_text(info: dict[str, dict[str, Any]]) -> str:
@@ -160,25 +174,25 @@ def _native_op(load: bool) -> dict[str, Any]:
     "build_log": record.get("log"),
     "build_seconds": record.get("seconds"),
     "built": record.get("built"),
-    "torchscript_call_path": _torchscript_call_path(),
+    "torch_runner_library": _torch_runner_library(),
     "cache_dir": str(_build.cache_dir()),
     "disabled_by": f"{_loader.DISABLE_ENV}={os.environ[_loader.DISABLE_ENV]}" if disabled else None,
   }
 
 
-def _torchscript_call_path() -> str:
-  """Where `TorchModule(..., torchscript=True)`'s C++ library stands (never
-  built here: `python -m torchbridge build` builds it)."""
-  if _traced.loaded_from() is not None:
-    return f"loaded from {_traced.loaded_from()}"
+def _torch_runner_library() -> str:
+  """Where the C++ torch runner's library stands (never built here:
+  `python -m torchbridge build` builds it)."""
+  if _exported.loaded_from() is not None:
+    return f"loaded from {_exported.loaded_from()}"
   try:
-    cached = _traced.library_path()
+    cached = _exported.library_path()
   except _build.BuildError as err:
-    return f"unavailable (such modules take the Python path): {err}"
+    return f"unavailable (graph calls that run torch take the Python path): {err}"
   if cached.is_file():
-    return f"built, loaded on the first torchscript=True graph call: {cached}"
+    return f"built, loaded on the first graph call that runs torch: {cached}"
   return (
-    "not built yet: it builds on the first torchscript=True graph call, "
+    "not built yet: it builds on the first graph call that runs torch, "
     "or run `python -m torchbridge build`"
   )
 

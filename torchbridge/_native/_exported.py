@@ -183,12 +183,14 @@ def _load(path: Path) -> Any:
     "tbe_arg": (None, [p, i64]),
     "tbe_value_slot": (None, [p, i64]),
     "tbe_value_none": (None, [p]),
+    "tbe_value_wrapped_slot": (None, [p, i64]),
+    "tbe_value_wrapped": (None, [p, i64, ctypes.c_double]),
     "tbe_value_int": (None, [p, i64]),
     "tbe_value_double": (None, [p, ctypes.c_double]),
     "tbe_value_bool": (None, [p, ctypes.c_int]),
     "tbe_value_str": (None, [p, s]),
     "tbe_value_device": (ctypes.c_int, [p, s, s, i64]),
-    "tbe_finish": (ctypes.c_int, [p, ctypes.POINTER(i64), i64, i64, s, i64]),
+    "tbe_finish": (ctypes.c_int, [p, ctypes.POINTER(i64), i64, i64, ctypes.c_char_p, s, i64]),
     "tbe_records": (i64, [p, ctypes.c_int]),
     "tbe_copies": (None, [ctypes.POINTER(i64)]),
   }
@@ -259,6 +261,8 @@ class ExportedProgram:
     graph: the `torch.fx.Graph` of `torch.export` (functional ATen ops).
     inputs: its placeholders' names, in the order the op passes them.
     num_state_outputs: its leading outputs that are buffers' new values.
+    leaves: per input, whether it gets a gradient (torch records autograd
+      for those only: a buffer is not differentiable to every op).
     num_threads: the user's torch thread count, for the thread that runs it.
 
   Raises:
@@ -272,7 +276,12 @@ class ExportedProgram:
   """
 
   def __init__(
-    self, graph: Any, inputs: Sequence[str], num_state_outputs: int, num_threads: int
+    self,
+    graph: Any,
+    inputs: Sequence[str],
+    num_state_outputs: int,
+    leaves: Sequence[bool],
+    num_threads: int,
   ) -> None:
     lib = library()
     self._lib = lib
@@ -295,7 +304,8 @@ class ExportedProgram:
         raise Unsupported(f"a {node.op} node ({node.target})")
     error = ctypes.create_string_buffer(1024)
     array = (ctypes.c_int64 * max(1, len(outputs)))(*outputs)
-    if lib.tbe_finish(context, array, len(outputs), num_state_outputs, error, len(error)):
+    flags = bytes(int(bool(f)) for f in leaves).ljust(len(inputs), b"\0")
+    if lib.tbe_finish(context, array, len(outputs), num_state_outputs, flags, error, len(error)):
       raise Unsupported(error.value.decode())
     self.num_outputs = len(outputs)
     self.forward = _callbacks.NativeCallback(_address(lib.tbe_forward), context, owner=self)
@@ -371,6 +381,19 @@ class ExportedProgram:
     if str(kind) == "Generator" and value is not None:
       raise Unsupported(f"{where}: a torch.Generator argument")
     lib.tbe_arg(context, -1)
+    if isinstance(kind, torch._C.TensorType) and _is_number(value):  # pylint: disable=protected-access
+      # A number for a Tensor (`x * 2.0`): passed as eager torch passes it.
+      if isinstance(value, torch.fx.Node):
+        lib.tbe_value_wrapped_slot(context, slots[value.name])
+      elif isinstance(value, float):
+        lib.tbe_value_wrapped(context, 1, value)
+      elif isinstance(value, bool):
+        lib.tbe_value_wrapped(context, 2, float(value))
+      elif abs(value) < 2**53:
+        lib.tbe_value_wrapped(context, 0, float(value))
+      else:
+        raise Unsupported(f"{where}: the integer {value} passed for a tensor")
+      return
     self._value(slots, value, where)
 
   def _value_arg(self, slots: dict[str, Any], value: Any) -> None:
@@ -410,6 +433,13 @@ class ExportedProgram:
   def records(self, made: bool = False) -> int:
     """Forward records alive (each freed with its handle), or made so far."""
     return int(self._lib.tbe_records(self._context, int(made)))
+
+
+def _is_number(value: Any) -> bool:
+  """A Python number, or a node computing one (a size)."""
+  if isinstance(value, torch.fx.Node):
+    return isinstance(value.meta.get("val"), (int, float, bool, torch.SymInt, torch.SymFloat))
+  return isinstance(value, (int, float, bool))
 
 
 def _code(table: dict[Any, int], value: Any, where: str) -> int:

@@ -3,6 +3,8 @@ and the errors that teach the fix; and the train/eval mode of one call."""
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,12 +133,22 @@ def restore_modes(saved: list[tuple[torch.nn.Module, bool]]) -> None:
 
 
 def check_torchscript(torchscript: Any, owner: str) -> bool:
-  """`torchscript=` as a Python bool; a TypeError naming the fix otherwise."""
+  """`torchscript=`, deprecated: a Python bool (True warns, and means
+  run="torch"); a TypeError naming the fix otherwise."""
   if not isinstance(torchscript, (bool, np.bool_)):
     raise TypeError(
-      f"{owner}(torchscript=...) takes True or False, got {torchscript!r} "
-      f"({type(torchscript).__name__}); pass torchscript=True to run graph calls "
-      "from C++, or leave it out."
+      f"{owner}(torchscript=...) is deprecated and takes True or False, got "
+      f"{torchscript!r} ({type(torchscript).__name__}); leave it out: graph "
+      'calls that run torch run from C++ already (run="torch").'
+    )
+  if torchscript:
+    warnings.warn(
+      f'{owner}(torchscript=True) is deprecated and means run="torch": graph '
+      "calls that run torch run from C++ (a torch.export capture, no TorchScript) "
+      'whenever they can. Pass run="torch" instead (or nothing: run="auto" runs '
+      "the exact TF translation where it holds).",
+      DeprecationWarning,
+      stacklevel=3,
     )
   return bool(torchscript)
 

@@ -75,12 +75,15 @@ class TorchRunner:
     self._state = state
     self._captures: dict[Any, Any] = {}  # key -> (_Captured, Snapshot) or reason
     self._said: set[str] = set()
+    self.enabled = True  # False: this module's graph calls take the Python path
 
   def why_not(self, args_tf: Sequence[tf.Tensor], in_replica: bool) -> str | None:
     """Why this graph call takes the Python path (before any capture), or
     None."""
     if os.environ.get(ENV, "").lower() == "python":
       return f"{ENV}=python"
+    if not self.enabled:
+      return "the C++ runner is turned off for this module"
     if in_replica:
       return "it runs in a replica of a tf.distribute strategy"
     if not _loader.has_torch_interop():
@@ -111,7 +114,7 @@ class TorchRunner:
     names = state.param_names + state.buffer_names
     why_not = self.why_not(call.args_tf, _distribute_in_replica())
     if why_not is not None:
-      self._say_python(why_not, quiet=why_not == f"{ENV}=python")
+      self._say_python(why_not, quiet=not self.enabled or why_not == f"{ENV}=python")
       return None
     key = (
       mode_key,
@@ -226,9 +229,15 @@ class TorchRunner:
     constants = list(program.constants)
     inputs += constants
     mutated = tuple(canonical[_capture.inner_name(t)] for t in program.mutations)
+    leaves = (
+      [state.variables[n].trainable for n in state.param_names]
+      + [False] * len(state.buffer_names)
+      + [_call.is_differentiable(s.dtype) for s in specs]
+      + [False] * len(constants)
+    )
     try:
       loaded = _exported.ExportedProgram(
-        program.graph, inputs, len(mutated), torch.get_num_threads()
+        program.graph, inputs, len(mutated), leaves, torch.get_num_threads()
       )
     except _exported.Unsupported as err:
       raise _Refused(f"the C++ runner cannot run a node of the capture: {err}") from err

@@ -59,7 +59,7 @@ class TorchLayer(keras.layers.Layer):
   translation where it holds (checked against torch when captured), so
   the layer keeps `supports_jit = True` and Keras may compile it with XLA
   (`jit_compile=True`; Keras' `"auto"` picks XLA on GPU machines). With
-  `run="torch"` (or `torchscript=True`) XLA cannot call into torch: the
+  `run="torch"` XLA cannot call into torch: the
   layer sets `supports_jit = False`, Keras' `"auto"` then compiles without
   XLA, and an explicit `model.compile(jit_compile=True)` warns and falls
   back to `jit_compile=False`. A `tf.function(jit_compile=True)` around a
@@ -80,10 +80,7 @@ class TorchLayer(keras.layers.Layer):
       forward's result (None for unknown dimensions): declared, nothing is
       inferred while tracing (see `tb.TorchModule`); every buffer is then
       written back after each call. Not part of the layer's config.
-    torchscript: True to run graph calls (`fit`, `predict`, a
-      `tf.function`) traced, in C++, with no Python per call, as
-      `tb.TorchModule(..., torchscript=True)` does (same refusals and
-      fallbacks). Part of the layer's config.
+    torchscript: deprecated alias of `run="torch"` (True warns).
     run: "auto" (default), "tf" or "torch": the runner of graph calls
       (see `tb.TorchModule`). Part of the layer's config.
     **kwargs: Keras layer arguments (`name`, `dtype`, `trainable`). `dtype`
@@ -123,10 +120,7 @@ class TorchLayer(keras.layers.Layer):
     self.supports_jit = run != "torch"
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight, run=run)
-    self._torchscript = torchscript
     self._run = run
-    if torchscript:
-      self._torch_state.use_torchscript()
     # Tracked by torch name, in a trackable holder, so that
     # tf.train.Checkpoint and tf.saved_model find them through the layer's
     # attributes, as they find a Dense layer's kernel (Keras' own tracking,
@@ -174,12 +168,10 @@ class TorchLayer(keras.layers.Layer):
   def get_config(self) -> dict[str, Any]:
     config = super().get_config()
     # Subclasses whose __init__ builds the module (and so takes no `module`
-    # argument) are rebuilt by their code: no pickle in their config; the
-    # same for `torchscript`.
+    # argument) are rebuilt by their code: no pickle in their config.
+    # (`torchscript=True`, deprecated, is saved as the run="torch" it means.)
     parameters = inspect.signature(type(self).__init__).parameters
-    if self._torchscript and "torchscript" in parameters:
-      config["torchscript"] = True
-    if not self._torchscript and self._run != "auto" and "run" in parameters:
+    if self._run != "auto" and "run" in parameters:
       config["run"] = self._run
     if "module" in parameters:
       buffer = io.BytesIO()

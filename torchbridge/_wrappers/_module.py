@@ -63,7 +63,7 @@ class TorchModule(tf.Module):
   the call is an ordinary part of the graph (XLA, SavedModel, TF's device
   placement). Where an op has no translation or the check fails, the call
   runs torch through the bridge, said once at INFO (logger "torchbridge").
-  `"tf"`: the translation or an error. `"torch"`: always the bridge.
+  `"tf"`: the translation or an error. `"torch"`: always torch.
   Eager calls always run torch. Dropout in a translated call draws from
   TF's random stream (the same keep rate, not torch's draws). A plain
   Python attribute the forward read (an exploration scale, a flag) is
@@ -71,19 +71,20 @@ class TorchModule(tf.Module):
   graph traced before the change raises `StaleCaptureError` naming it
   (what is watched: docs/guides/torch-module.md).
 
-  `torchscript=True` (which implies `run="torch"`) runs graph calls with no Python per call: on the first
-  call of each signature inside `tf.function` (argument shapes and dtypes,
-  torch modes), the forward runs once for real and is traced
-  (`torch.jit.trace`, the weights as arguments, so TF's updates reach every
-  call); the native op's CPU kernel then runs the trace in C++, forward and
-  backward. For forwards a trace reproduces: no decision on tensor values
-  (torch's tracer warning on one is an error), no buffer written in that
-  mode, a tensor or a flat tuple or list of tensors returned; no
-  second-order gradient. Dimensions TF leaves unknown (a batch of any
-  size) are traced at one size and checked at another. Eager calls, and
-  graph calls on a GPU, in a `tf.distribute` replica, with an unknown
-  rank or without the complete native op, take the Python path (the last
-  four say so once, at WARNING).
+  Graph calls that run torch run from C++ with no Python per call (the C++
+  torch runner): each signature is captured once with `torch.export`
+  (same key and same watch on Python state as the TF runner), checked
+  once against the Python path on random inputs (outputs, written buffers,
+  gradients; a second size where a dimension is unknown; random draws from
+  the same seed), and its ATen graph runs from the native op's CPU kernel,
+  one dispatcher call per node, autograd recorded as eager torch records
+  it. Where the capture is refused or fails its check, and for graph calls
+  on a GPU, in a `tf.distribute` replica, with an unknown rank or without
+  the complete native op, the call takes the Python path (the forward's
+  Python on every call), said once at WARNING;
+  `TORCHBRIDGE_TORCH_RUNNER=python` asks for it. A second-order gradient
+  through the C++ runner raises an error naming that fix.
+  `torchscript=True` is a deprecated alias of `run="torch"` (it warns).
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
@@ -116,26 +117,23 @@ class TorchModule(tf.Module):
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
       state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable, run=run)
-    self._init_untracked(state, output_signature, torchscript, run)
+    self._init_untracked(state, output_signature, run)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
   _TF_MODULE_IGNORED_PROPERTIES = frozenset(
-    ("_state", "_output_signature", "_torchscript", "_run")
+    ("_state", "_output_signature", "_run")
   ).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   @_compat.no_dependency_tracking
   def _init_untracked(
-    self, state: _torch_state.TorchState, output_signature: Any, torchscript: bool, run: str
+    self, state: _torch_state.TorchState, output_signature: Any, run: str
   ) -> None:
     state.name = self.name  # errors raised by calls name the module
-    if torchscript:
-      state.use_torchscript()
     self._state = state
     self._output_signature = output_signature
-    self._torchscript = torchscript
     self._run = run
 
   @property
@@ -181,7 +179,7 @@ class TorchModule(tf.Module):
 
     module_copy = copy.deepcopy(self.torch_module, memo)
     return _rebuild_torch_module(
-      type(self), module_copy, self.name, self._output_signature, self._torchscript, self._run
+      type(self), module_copy, self.name, self._output_signature, False, self._run
     )
 
   def __reduce__(self) -> tuple[Any, ...]:
@@ -193,7 +191,7 @@ class TorchModule(tf.Module):
         self.torch_module,
         self.name,
         self._output_signature,
-        self._torchscript,
+        False,  # torchscript=, deprecated: `run` holds what it meant
         self._run,
       ),
     )
