@@ -153,6 +153,11 @@ class Runner:
       views.suspend_hooks()
       saved = _module_checks.set_modes(state.module, state._modules, training)  # pylint: disable=protected-access
       try:
+        before = _watch.Snapshot(
+          list(state.module.named_modules()),
+          watch_mode=False,
+          ignored=frozenset(views.hook_ids()),
+        )
         captured = capture_module.capture(
           state.module,
           call.substitute,
@@ -163,6 +168,15 @@ class Runner:
           {**{n: n for n in state.variables}, **state.state_names},
           state.name,
         )
+        changed = before.first_change()
+        if changed is not None:
+          # Exported and checked, the forward changed what it reads (a
+          # counter of its own calls): no capture holds one value of it.
+          return capture_module.Refusal(
+            "check",
+            f"the forward changed its Python state while captured: {changed}; "
+            "a capture would keep one value",
+          )
       except capture_module.Refusal as refusal:
         return refusal
       except Exception as err:  # pylint: disable=broad-except

@@ -114,7 +114,9 @@ class TorchRunner:
     names = state.param_names + state.buffer_names
     why_not = self.why_not(call.args_tf, _distribute_in_replica())
     if why_not is not None:
-      self._say_python(why_not, quiet=not self.enabled or why_not == f"{ENV}=python")
+      # The process's set-up (said where it is chosen: the native op's own
+      # fallback warns once) only at DEBUG; an unknown rank at WARNING.
+      self._say_python(why_not, quiet="unknown rank" not in why_not)
       return None
     key = (
       mode_key,
@@ -179,8 +181,19 @@ class TorchRunner:
       views.suspend_hooks()
       saved = _module_checks.set_modes(state.module, state._modules, training)  # pylint: disable=protected-access
       try:
+        before = _watch.Snapshot(
+          list(state.module.named_modules()),
+          watch_mode=False,
+          ignored=frozenset(views.hook_ids()),
+        )
         captured = self._export(call, specs)
         _check(captured, state, call, specs)
+        changed = before.first_change()
+        if changed is not None:
+          raise _Refused(
+            f"the forward changed its Python state while captured: {changed}; "
+            "a capture would keep one value"
+          )
       except _Refused as refused:
         return str(refused)
       except Exception as err:  # pylint: disable=broad-except
@@ -263,7 +276,7 @@ class TorchRunner:
     if reason in self._said:
       return
     self._said.add(reason)
-    (_LOG.info if quiet else _LOG.warning)(
+    (_LOG.debug if quiet else _LOG.warning)(
       "torchbridge: %s: graph calls run torch on the Python path (the forward's "
       "Python on every call), not the C++ runner: %s.",
       self._state.name,
