@@ -3,16 +3,14 @@ the call path", measured.
 
 `ScriptedTorchModule` stands where a `tb.TorchModule` stood, as
 `bare_native.LeanTorchModule` does, on the same native op and variables,
-but its calls never enter Python: the torch module is traced once
-(`torch.jit.trace` with the parameters swapped for the traced function's
-inputs, as TF hands them to each call) and each forward and backward op
-runs it from C++ (torchbridge's own C++ call path, csrc/traced/, through
-the ops' C++ callbacks, `csrc/native_callback.h`): no GIL, no Python
-frame, no parameter swap, the module's own Python replaced by
-TorchScript's interpreter and autograd run in C++. It is
-`TorchModule(torchscript=True)`'s path with none of the wrapper around it
-(binding, modes, checks, the fallbacks); it was measured first with a
-copy of that runner of its own, then merged into it. Its floor,
+but its calls never enter Python: the torch module is captured once
+(`torch.export`, its parameters lifted to inputs, as TF hands them to each
+call) and each forward and backward op runs the captured ATen graph from
+C++ (torchbridge's C++ torch runner, csrc/exported/, through the ops' C++
+callbacks, `csrc/native_callback.h`): no GIL, no Python frame, no
+parameter swap, one dispatcher call per ATen node and autograd run in
+C++. It is the C++ torch runner with none of the wrapper around it
+(binding, modes, checks, watches, the fallbacks). Its floor,
 `NoPythonFloorModule`, hands back fresh torch tensors from C++
 (`benchmarks/csrc/scripted_call.cc`).
 
@@ -30,7 +28,7 @@ from torchbridge._native import _callbacks
 from torchbridge._native import _compiler
 from torchbridge._native import _loader
 from torchbridge._native import _op
-from torchbridge._native import _traced
+from torchbridge._native import _exported
 from torchbridge._runtime import _omp_team
 
 _SOURCE = Path(__file__).resolve().parent / "csrc" / "scripted_call.cc"
@@ -43,7 +41,7 @@ def library():
   if _library is not None:
     return _library
   # Built as torchbridge builds its own torch-side library (cached, locked).
-  target = _traced.build_torch_library(_SOURCE, "benchmarks_scripted_call")
+  target = _exported.build_torch_library(_SOURCE, "benchmarks_scripted_call")
   lib = ctypes.CDLL(str(target))
   lib.tbs_bare_new.restype = ctypes.c_void_p
   lib.tbs_bare_new.argtypes = [
@@ -66,7 +64,7 @@ def unavailable():
     return f"the native op with its torch side is not loaded ({_loader.status()})"
   try:
     library()
-    _traced.library()
+    _exported.library()
   except (RuntimeError, OSError, _compiler.BuildError) as err:
     return " ".join(str(err).split())[:300]
   return None
@@ -78,64 +76,42 @@ def _call_on_cpu(callback, inputs_tf, dtypes, shapes):
     return _op.call(callback, inputs_tf, dtypes, shapes)
 
 
-class _Functional(torch.nn.Module):
-  """`module`'s forward with its parameters as arguments after its inputs.
-
-  The parameters are swapped in for the traced call (as a bridge's call
-  swaps them in); `module` is held unregistered, so the traced module
-  keeps none of its tensors.
-  """
-
-  def __init__(self, module, n_in):
-    super().__init__()
-    object.__setattr__(self, "_held", module)
-    by_id = {id(p): k for k, p in enumerate(module.parameters())}
-    self._slots = [
-      (sub._parameters, key, by_id[id(p)])  # pylint: disable=protected-access
-      for sub in module.modules()
-      for key, p in sub._parameters.items()  # pylint: disable=protected-access
-      if p is not None
-    ]
-    self.n_in = n_in
-
-  def forward(self, *args):
-    params = args[self.n_in :]
-    originals = [table[key] for table, key, _ in self._slots]
-    for table, key, k in self._slots:
-      table[key] = params[k]
-    try:
-      return self._held(*args[: self.n_in])
-    finally:
-      for (table, key, _), original in zip(self._slots, originals):
-        table[key] = original
-
-
 class ScriptedTorchModule(bare_native.BareNativeModule):
-  """The torch module traced to TorchScript and run from the native op's
-  kernel in C++: a bridge whose calls run no Python at all."""
+  """The torch module captured with `torch.export` and run from the native
+  op's kernel in C++: a bridge whose calls run no Python at all."""
 
   def __init__(self, module_torch, name="scripted_bridge"):
     super().__init__(module_torch, name, torch_outputs=True)
-    self._traced = {}  # input shapes -> (module context, forward, backward)
+    self._programs = {}  # input shapes -> (forward, backward, program)
 
   def _callbacks_for(self, key):
-    if key not in self._traced:
+    if key not in self._programs:
       module = self._module_torch
-      params = [p.detach() for p in module.parameters()]
-      example = tuple(torch.zeros(s) for s in key) + tuple(params)
-      with torch.no_grad():
-        traced = torch.jit.trace(_Functional(module, len(key)), example, check_trace=False)
-      # Tracing ran the module on this thread: its OpenMP team is released
-      # again, as `_outputs_for` does (see there).
+      example = tuple(torch.zeros(s) for s in key)
+      exported = torch.export.export(module, example).run_decompositions({})
+      # The op passes the inputs, then the parameters in module order.
+      position = {n: len(key) + k for k, (n, _) in enumerate(module.named_parameters())}
+      names = [None] * (len(key) + len(position))
+      user = 0
+      for spec in exported.graph_signature.input_specs:
+        if spec.kind == torch.export.graph_signature.InputKind.PARAMETER:
+          names[position[spec.target]] = spec.arg.name
+        else:
+          names[user] = spec.arg.name
+          user += 1
+      # Exporting ran the module on this thread: its OpenMP team is
+      # released again, as `_outputs_for` does (see there).
       _omp_team.release_user_team()
-      traced_cpp = _traced.TracedModule(traced, torch.get_num_threads())
-      self._traced[key] = (traced_cpp.forward, traced_cpp.backward, traced_cpp)
-    return self._traced[key]
+      program = _exported.ExportedProgram(
+        exported.graph, names, 0, [True] * len(names), torch.get_num_threads()
+      )
+      self._programs[key] = (program.forward, program.backward, program)
+    return self._programs[key]
 
   def records(self, made=False):
     """Forward records alive (freed with their handles), or made so far
     (`made`), over all shapes."""
-    return sum(t.records(made) for _, _, t in self._traced.values())
+    return sum(t.records(made) for _, _, t in self._programs.values())
 
   @tf.autograph.experimental.do_not_convert
   def __call__(self, *inputs_tf):

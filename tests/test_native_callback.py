@@ -57,12 +57,12 @@ def _inputs():
   )
 
 
-def _traced_critic(scripted_native):
-  """A traced critic, its forward and backward callbacks, and its forward
+def _exported_critic(scripted_native):
+  """A captured critic, its forward and backward callbacks, and its forward
   op's arguments for `_inputs()`."""
   module = scripted_native.ScriptedTorchModule(_critic(), "critic")
   obs, action = _inputs()
-  module(obs, action)  # traces it
+  module(obs, action)  # captures it
   forward, backward, _ = module._callbacks_for(((6, 3), (6, 1)))
   return module, forward, backward, [obs, action, *[tf.convert_to_tensor(v) for v in module.params]]
 
@@ -137,11 +137,11 @@ def test_an_inference_call_records_nothing(scripted_native):
 
 
 def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_native):
-  module, forward, backward, args = _traced_critic(scripted_native)
+  module, forward, backward, args = _exported_critic(scripted_native)
   # Three outputs declared besides the handle; the module returns two.
   with pytest.raises(
     tf.errors.InternalError,
-    match="C\\+\\+ callback failed: the traced module returned 2 tensors, the op declares 3",
+    match="C\\+\\+ callback failed: the program returned 2 tensors, the op declares 3",
   ):
     _op.call(forward, args, [tf.int8] + [tf.float32] * 3)
   # A shape the graph declared that the output does not have: the kernel's
@@ -164,7 +164,7 @@ def test_a_failing_cpp_callback_is_a_tf_error_and_the_next_call_works(scripted_n
 
 
 def test_a_graphs_cpp_callbacks_are_unregistered_with_it(scripted_native):
-  _, forward, _, args = _traced_critic(scripted_native)
+  _, forward, _, args = _exported_critic(scripted_native)
   gc.collect()
   before = _native_count()
 

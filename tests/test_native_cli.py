@@ -63,22 +63,23 @@ def real_library():
     raise
 
 
-def stand_in_compiler(tmp_path, fail_interop=False, fail_traced=False):
+def stand_in_compiler(tmp_path, fail_interop=False, fail_exported=False):
   """A CXX whose compile steps write empty objects (or fail, for
-  torch_interop.cc with `fail_interop`, for torchscript=True's
-  traced_call.cc with `fail_traced`), and whose link copies the real op's
-  library and appends a line to `cxx.log`."""
+  torch_interop.cc with `fail_interop`, for the C++ torch runner's
+  exported_call.cc with `fail_exported`), and whose link copies the real
+  op's library (an empty file for the C++ torch runner's, whose loading
+  then fails) and appends a line to `cxx.log`."""
   real = real_library()
   path = tmp_path / "cxx"
   path.write_text(
     textwrap.dedent(f"""\
       #!/bin/sh
-      out=""; compile=0; interop=0; traced=0
+      out=""; compile=0; interop=0; exported=0
       for arg in "$@"; do
         case "$arg" in
           -c) compile=1 ;;
           *torch_interop.cc) interop=1 ;;
-          *traced_call.cc) traced=1 ;;
+          *exported_call.cc) exported=1 ;;
         esac
       done
       while [ $# -gt 0 ]; do
@@ -89,12 +90,15 @@ def stand_in_compiler(tmp_path, fail_interop=False, fail_traced=False):
         if [ "$interop" = 1 ] && [ "{int(fail_interop)}" = 1 ]; then
           echo "torch_interop.cc:1: error: stand-in failure" >&2; exit 1
         fi
-        if [ "$traced" = 1 ] && [ "{int(fail_traced)}" = 1 ]; then
-          echo "traced_call.cc:1: error: stand-in failure" >&2; exit 1
+        if [ "$exported" = 1 ] && [ "{int(fail_exported)}" = 1 ]; then
+          echo "exported_call.cc:1: error: stand-in failure" >&2; exit 1
         fi
         : > "$out"; exit 0
       fi
       echo link >> "{tmp_path}/cxx.log"
+      case "$out" in
+        *torchbridge_exported*) : > "$out"; exit 0 ;;  # loading it fails: Python path
+      esac
       cp "{real}" "$out"
       """)
   )
@@ -197,11 +201,11 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
   assert built.returncode == 0, built.stderr[-3000:]
   assert "built and complete" in built.stdout
   assert "building the native TF op" in built.stderr  # announced
-  # The op, and torchscript=True's C++ call path beside it.
+  # The op, and the C++ torch runner's library beside it.
   libraries = list((tmp_path / "cache").glob("torchbridge_op*.so"))
-  [traced] = (tmp_path / "cache").glob("torchbridge_traced-*.so")
+  [runner] = (tmp_path / "cache").glob("torchbridge_exported-*.so")
   assert len(libraries) == 1
-  assert f"torchscript=True's C++ call path is built: {traced}" in built.stdout
+  assert f"the C++ torch runner is built: {runner}" in built.stdout
   record = _build.build_record(libraries[0])
   assert record["complete"] is True and record["seconds"] > 0
 
@@ -217,25 +221,25 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
 
   again = cli(["build"], tmp_path, env)  # cached: nothing to do
   assert again.returncode == 0 and "building" not in again.stderr
-  # info names the C++ call path's library; a torchscript=True graph call
+  # info names the C++ torch runner's library; a run="torch" graph call
   # loads it, building nothing.
   info = last_json(cli(["info", "--json", "--no-build"], tmp_path, env))["native_op"]
-  assert str(traced) in info["torchscript_call_path"]
-  first = run(["-c", TORCHSCRIPT_CALL], tmp_path, env)
+  assert str(runner) in info["torch_runner_library"]
+  first = run(["-c", TORCH_RUNNER_CALL], tmp_path, env)
   result = last_json(first)
-  assert result == {"cpp": True, "loaded_from": str(traced)}, first.stderr[-3000:]
+  assert result == {"cpp": True, "loaded_from": str(runner)}, first.stderr[-3000:]
   assert "building" not in first.stderr
 
 
-# One torchscript=True graph call; whether it ran in C++, and from where.
-TORCHSCRIPT_CALL = """
+# One run="torch" graph call; whether it ran in C++, and from where.
+TORCH_RUNNER_CALL = """
 import json, torch, tensorflow as tf, torchbridge as tb
-from torchbridge._native import _traced
-m = tb.TorchModule(torch.nn.Linear(3, 2), torchscript=True)
+from torchbridge._native import _exported
+m = tb.TorchModule(torch.nn.Linear(3, 2), run="torch")
 with tb.timeline(annotate=False) as trace:
   y = tf.function(m)(tf.ones([4, 3]))
 assert y.shape == (4, 2)
-loaded = _traced.loaded_from()
+loaded = _exported.loaded_from()
 print(json.dumps({
   "cpp": "torchbridge/C++ callback" in {e["name"] for e in trace.events},
   "loaded_from": None if loaded is None else str(loaded),
@@ -243,24 +247,24 @@ print(json.dumps({
 """
 
 
-def test_a_torchscript_library_that_cannot_build_fails_build_and_its_calls_take_python(
+def test_a_torch_runner_library_that_cannot_build_fails_build_and_its_calls_take_python(
   tmp_path,
 ):
-  compiler = stand_in_compiler(tmp_path, fail_traced=True)
+  compiler = stand_in_compiler(tmp_path, fail_exported=True)
   env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   out = cli(["build"], tmp_path, env)
   assert out.returncode == 1
   assert "built and complete" in out.stdout  # the op itself
-  assert "torchscript=True's C++ call path failed to build" in out.stderr
-  assert "traced_call.cc" in out.stderr and "stand-in failure" in out.stderr
+  assert "the C++ torch runner failed to build" in out.stderr
+  assert "exported_call.cc" in out.stderr and "stand-in failure" in out.stderr
   assert cli(["build", "--allow-fallback"], tmp_path, env).returncode == 0
   info = last_json(cli(["info", "--json", "--no-build"], tmp_path, env))["native_op"]
-  assert "not built yet" in info["torchscript_call_path"]
-  # A torchscript=True module then runs on the Python path, said once with
-  # the reason; its results are right.
-  call = run(["-c", TORCHSCRIPT_CALL], tmp_path, env)
+  assert "not built yet" in info["torch_runner_library"]
+  # A run="torch" module then runs on the Python path, said once with the
+  # reason; its results are right.
+  call = run(["-c", TORCH_RUNNER_CALL], tmp_path, env)
   assert last_json(call) == {"cpp": False, "loaded_from": None}
-  assert call.stderr.count("takes the Python path") == 1
+  assert call.stderr.count("graph calls run torch on the Python path") == 1
   assert "its C++ library could not be built or loaded" in call.stderr
   assert "stand-in failure" in call.stderr
 
@@ -270,7 +274,8 @@ def test_a_cold_first_call_announces_the_build_on_stderr(tmp_path):
   env = {_build.CACHE_ENV: str(tmp_path / "cache"), _loader.DISABLE_ENV: None, "CXX": str(compiler)}
   out = run([FIRST_CALL, "--run", "torch"], tmp_path, env)
   result = last_json(out)
-  assert result["builds"] == 1 and links(tmp_path) == 1
+  # The op, then the C++ torch runner (the graph call runs torch).
+  assert result["builds"] == 1 and links(tmp_path) == 2
   # No logging configured, as in the README's example: the lines reach
   # stderr, saying what, where, about how long, and how to build ahead.
   start = next(line for line in out.stderr.splitlines() if "building the native TF op" in line)
@@ -319,7 +324,7 @@ def test_build_force_builds_again(tmp_path):
   env = {_build.CACHE_ENV: str(tmp_path / "cache"), "CXX": str(compiler)}
   assert cli(["build"], tmp_path, env).returncode == 0
   assert cli(["build"], tmp_path, env).returncode == 0
-  assert links(tmp_path) == 2  # the op, torchscript=True's library
+  assert links(tmp_path) == 2  # the op, the C++ torch runner's library
   assert cli(["build", "--force"], tmp_path, env).returncode == 0
   assert links(tmp_path) == 4
 

@@ -77,26 +77,31 @@ class TorchRunner:
     self._said: set[str] = set()
     self.enabled = True  # False: this module's graph calls take the Python path
 
-  def why_not(self, args_tf: Sequence[tf.Tensor], in_replica: bool) -> str | None:
-    """Why this graph call takes the Python path (before any capture), or
-    None."""
+  def why_not(
+    self, args_tf: Sequence[tf.Tensor], in_replica: bool
+  ) -> tuple[str, int] | None:
+    """Why this graph call takes the Python path (before any capture), and
+    the level to say it at; or None. The user's own choices and the
+    native op's fallback (which warns once itself) are said at DEBUG."""
     if os.environ.get(ENV, "").lower() == "python":
-      return f"{ENV}=python"
+      return f"{ENV}=python", logging.DEBUG
     if not self.enabled:
-      return "the C++ runner is turned off for this module"
+      return "the C++ runner is turned off for this module", logging.DEBUG
     if in_replica:
-      return "it runs in a replica of a tf.distribute strategy"
+      return "it runs in a replica of a tf.distribute strategy", logging.INFO
     if not _loader.has_torch_interop():
-      return f"the complete native op is not loaded ({_loader.status()})"
+      return f"the complete native op is not loaded ({_loader.status()})", logging.DEBUG
     if tf.config.list_logical_devices("GPU"):
-      return "a GPU is visible (the C++ runner runs in the op's CPU kernel only)"
+      return "a GPU is visible (the C++ runner runs in the op's CPU kernel only)", logging.INFO
     for arg in args_tf:
       if arg.shape.rank is None:
         return (
           "an argument has an unknown rank while tracing; give the tf.function "
-          "an input_signature with known ranks"
+          "an input_signature with known ranks",
+          logging.WARNING,
         )
-    return _exported.unavailable()  # builds the library on first use
+    unavailable = _exported.unavailable()  # builds the library on first use
+    return None if unavailable is None else (unavailable, logging.WARNING)
 
   def call_or_none(
     self,
@@ -114,9 +119,7 @@ class TorchRunner:
     names = state.param_names + state.buffer_names
     why_not = self.why_not(call.args_tf, _distribute_in_replica())
     if why_not is not None:
-      # The process's set-up (said where it is chosen: the native op's own
-      # fallback warns once) only at DEBUG; an unknown rank at WARNING.
-      self._say_python(why_not, quiet="unknown rank" not in why_not)
+      self._say_python(*why_not)
       return None
     key = (
       mode_key,
@@ -271,12 +274,13 @@ class TorchRunner:
       return "run='torch'"
     return str(_runners.choices().get(self._state.name, {}).get("reason", ""))
 
-  def _say_python(self, reason: str, quiet: bool = False) -> None:
+  def _say_python(self, reason: str, level: int = logging.WARNING) -> None:
     _runners.record(self._state.name, "torch", self._why_torch(), path="Python", path_reason=reason)
     if reason in self._said:
       return
     self._said.add(reason)
-    (_LOG.debug if quiet else _LOG.warning)(
+    _LOG.log(
+      level,
       "torchbridge: %s: graph calls run torch on the Python path (the forward's "
       "Python on every call), not the C++ runner: %s.",
       self._state.name,
