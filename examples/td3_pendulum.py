@@ -57,18 +57,13 @@ def parse_args(argv=None):
   p.add_argument("--checkpoint-every", type=int, default=2000)
   p.add_argument("--threads", type=int, default=2, help="threads for each framework's kernels")
   p.add_argument(
-    "--torchscript",
-    action="store_true",
-    help="torchbridge backend: the four modules' graph calls run a trace "
-    "of each in C++, no Python per call (tb.TorchModule(torchscript=True))",
-  )
-  p.add_argument(
     "--run",
     choices=("auto", "tf", "torch"),
     default="auto",
     help="torchbridge backend: the runner of the modules' graph calls "
     "(tb.TorchModule(run=...)): auto (default) their exact TF translation "
-    "where it holds, tf (or an error), torch (through the bridge)",
+    "where it holds, tf (or an error), torch (torch through the bridge: "
+    "from C++, a torch.export capture of each)",
   )
   p.add_argument(
     "--jit-compile",
@@ -83,9 +78,15 @@ def parse_args(argv=None):
     "it in a process without torch (DIR/actor_savedmodel)",
   )
   args = p.parse_args(argv)
-  if args.torchscript and args.backend != "torchbridge":
-    p.error(f"--torchscript is for the torchbridge backend, not --backend {args.backend}")
+  if args.run != "auto" and args.backend != "torchbridge":
+    p.error(f"--run is for the torchbridge backend, not --backend {args.backend}")
   return args
+
+
+def _runners_taken():
+  with tb.timeline(annotate=False) as seen:
+    pass
+  return seen.runners
 
 
 class Run:
@@ -109,7 +110,6 @@ class Run:
         self.max_action,
         args.seed,
         self.hyper,
-        torchscript=args.torchscript,
         run=args.run,
         jit_compile=args.jit_compile,
       )
@@ -263,6 +263,8 @@ def train(args):
       "gymnasium": gym.__version__,
     },
     "exchange_stats": tb.exchange_stats(),
+    # Which runner each module's graph calls took (tb.timeline() says it).
+    "runners": _runners_taken(),
     # Threads of this process at the end (Linux): TF's pools, torch's
     # OpenMP teams, the torch thread of the bridge, Python's own.
     "threads_at_end": (

@@ -34,9 +34,9 @@ def _batch(rng, n=32):
 
 
 @pytest.mark.parametrize(
-  "backend,torchscript", [("torchbridge", False), ("torchbridge", True), ("tf", False)]
+  "backend,run", [("torchbridge", "auto"), ("torchbridge", "torch"), ("tf", "auto")]
 )
-def test_tf_backends_match_pure_torch_step_by_step(backend, torchscript):
+def test_tf_backends_match_pure_torch_step_by_step(backend, run):
   # Without target-policy noise the algorithm is deterministic: the same
   # initial weights and batches must give the same losses and actions. SGD
   # in both frameworks (Keras' and torch's Adam place epsilon differently).
@@ -44,7 +44,7 @@ def test_tf_backends_match_pure_torch_step_by_step(backend, torchscript):
   reference = agents.TorchAgent(3, 1, 2.0, seed=3, hyper=hyper)
   reference.actor_opt = torch.optim.SGD(reference.actor.parameters(), hyper.lr)
   reference.critic_opt = torch.optim.SGD(reference.critic.parameters(), hyper.lr)
-  agent = agents.TFAgent(backend, 3, 1, 2.0, seed=3, hyper=hyper, torchscript=torchscript)
+  agent = agents.TFAgent(backend, 3, 1, 2.0, seed=3, hyper=hyper, run=run)
   agent.actor_opt = tf.keras.optimizers.SGD(hyper.lr)
   agent.critic_opt = tf.keras.optimizers.SGD(hyper.lr)
   rng = np.random.default_rng(0)
@@ -151,23 +151,23 @@ def _exported_short_run(out, extra):
   return results, log
 
 
-def test_short_run_with_torchscript_and_its_refusal_elsewhere(tmp_path):
-  # --torchscript --export (make demo's flags before the default runner).
-  results, log = _exported_short_run(tmp_path / "torchscript", ("--torchscript", "--export"))
+def test_short_run_on_the_torch_runner_and_its_refusal_elsewhere(tmp_path):
+  # --run torch --export: the four modules' graph calls run torch, from C++.
+  results, log = _exported_short_run(tmp_path / "torch_runner", ("--run", "torch", "--export"))
   if _loader_complete():
     # The critic's gradient for the action, a strided column, is copied
     # once on every second step (the actor's update), and nothing else.
     stats = results["exchange_stats"]
     assert stats["copied"] == results["train_steps"] // 2
     assert stats["bytes_copied"] == stats["copied"] * 256 * 4
-  if _loader_complete():
-    # Every graph call ran in C++: no call said it took the Python path.
-    assert "takes the Python path" not in log
-  else:
-    assert "takes the Python path" in log
-  proc = _run(tmp_path / "torch", backend="torch", steps=10, extra=("--torchscript",))
+  # Every graph call ran in C++ (where the op has torch's side): no call
+  # said it took the Python path.
+  assert "on the Python path" not in log
+  paths = {r["path"] for r in results["runners"].values()}
+  assert paths == ({"C++"} if _loader_complete() else {"Python"}), results["runners"]
+  proc = _run(tmp_path / "torch", backend="torch", steps=10, extra=("--run", "torch"))
   log, _ = proc.communicate(timeout=240)
-  assert proc.returncode != 0 and "--torchscript is for the torchbridge backend" in log
+  assert proc.returncode != 0 and "--run is for the torchbridge backend" in log
 
 
 def _loader_complete():

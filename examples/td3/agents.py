@@ -46,7 +46,6 @@ class TFAgent:
     max_action,
     seed,
     hyper,
-    torchscript=False,
     run="auto",
     jit_compile=False,
   ):
@@ -59,9 +58,9 @@ class TFAgent:
       actor_out = tf.TensorSpec([None, act_dim], tf.float32)
       critic_out = (tf.TensorSpec([None, 1], tf.float32),) * 2  # the twin Q heads
       # The default (run="auto"): graph calls run each module's exact TF
-      # translation; run="torch": torch through the bridge;
-      # torchscript=True: torch, a trace of each module run from C++.
-      ts = {"torchscript": torchscript} if torchscript else {"run": run}
+      # translation; run="torch": torch through the bridge (from C++, a
+      # torch.export capture of each module).
+      ts = {"run": run}
       self.actor = tb.TorchModule(actor_torch, name="actor", output_signature=actor_out, **ts)
       self.critic = tb.TorchModule(critic_torch, name="critic", output_signature=critic_out, **ts)
       self.actor_target = tb.TorchModule(
@@ -83,8 +82,8 @@ class TFAgent:
       self._critic_call = lambda m, o, a: m([o, a])
     else:
       raise ValueError(f"TFAgent backend must be 'torchbridge' or 'tf', got {backend!r}")
-    if torchscript and backend != "torchbridge":
-      raise ValueError(f"torchscript=True is for the torchbridge backend, not {backend!r}")
+    if run != "auto" and backend != "torchbridge":
+      raise ValueError(f"run={run!r} is for the torchbridge backend, not {backend!r}")
     self.actor_opt = tf.keras.optimizers.Adam(hyper.lr)
     self.critic_opt = tf.keras.optimizers.Adam(hyper.lr)
     # Slots exist before the first step, so a restore can match them all.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 # Reentrant: a garbage collection that runs while this thread holds it may
 # run a finalizer that counts (a wrapper's copy-back, _state._torch_views).
@@ -63,6 +64,24 @@ def add_source(counts: Callable[[], tuple[int, int, int]]) -> None:
     _sources.append(counts)
     for i, n in enumerate(counts()):
       _baseline[i] += n
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+  """Crossings made inside are left out of `exchange_stats()` (a capture's
+  check against the Python path, which is no call of the user's): the
+  counters are where they were before (crossings that other threads make
+  meanwhile are left out too)."""
+  with _stats_lock:
+    before = dict(_stats)
+    external_before = _external()
+  try:
+    yield
+  finally:
+    with _stats_lock:
+      _stats.update(before)
+      for i, (now, then) in enumerate(zip(_external(), external_before)):
+        _baseline[i] += now - then
 
 
 def _external() -> list[int]:
