@@ -27,7 +27,7 @@ LEAN_TD3 = "leanest Python bridge on the same ops (bare_native.LeanTorchModule)"
 # kernel in C++, with no Python per call (scripted_native.ScriptedTorchModule).
 SCRIPTED_TD3 = "no-Python bridge on the same ops (scripted_native.ScriptedTorchModule)"
 # torchbridge with its modules' graph calls traced and run in C++.
-TORCHSCRIPT_TD3 = "torchbridge, torchscript=True"
+TORCH_RUNNER_TD3 = "torchbridge, run=\"torch\" (C++ torch runner)"
 
 
 def _median(timings, name):
@@ -145,7 +145,7 @@ def floors(results):
   torch_ = td3.get("pure torch")
   labels = {
     LEAN_TD3: "leanest Python bridge",
-    TORCHSCRIPT_TD3: TORCHSCRIPT_TD3,
+    TORCH_RUNNER_TD3: TORCH_RUNNER_TD3,
     SCRIPTED_TD3: "no-Python bridge",
   }
   for contender, label in labels.items():

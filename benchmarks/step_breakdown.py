@@ -21,8 +21,9 @@ floor whose ops take and hand back torch tensors, and the same ops running
 the same torch modules through the leanest Python bridge one can write
 (`bare_native.LeanTorchModule`): what is left of the bridge's share once
 that one is taken out is torchbridge's own Python. For TD3, also the
-step with `tb.TorchModule(..., torchscript=True)` (each module traced, its
-graph calls run from the native op's kernel in C++: no Python per call),
+step on the C++ torch runner (`run="torch"`: each module captured with
+`torch.export`, its graph calls run from the native op's kernel in C++: no
+Python per call),
 unrecorded and recorded, against its own floor (the same ops handing back
 fresh torch tensors from C++): what is left once Python is taken out
 altogether.
@@ -107,10 +108,12 @@ def _on_random_batches(agent):
 
 
 def _td3_step():
-  # The bridge's phases: graph calls through the bridge (run="torch").
-  return _on_random_batches(
-    agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), run="torch")
-  )
+  # The bridge's phases: graph calls through the bridge (run="torch") on
+  # its Python path (the C++ torch runner is the step of `_no_python_steps`).
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), run="torch")
+  for module in (agent.actor, agent.critic, agent.actor_target, agent.critic_target):
+    module._state.torch_runner.enabled = False  # pylint: disable=protected-access
+  return _on_random_batches(agent)
 
 
 def _mlp_step():
@@ -210,7 +213,7 @@ def _rows(events, step_events, idle_row):
 
 
 def _no_python_steps(name):
-  """For TD3, (the step with `torchscript=True` modules: each traced and
+  """For TD3, (the step on the C++ torch runner: each module captured and
   run from the native ops' kernel in C++, no Python per call; its floor,
   the same ops handing back fresh torch tensors from C++,
   `scripted_native.NoPythonFloorModule`). (None, None) for the small MLP,
@@ -219,7 +222,7 @@ def _no_python_steps(name):
     return None, None
   from benchmarks import td3_process  # pylint: disable=import-outside-toplevel
 
-  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), torchscript=True)
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), run="torch")
   return (
     _on_random_batches(agent),
     _on_random_batches(td3_process.bare_native_agent(kind="no-python-floor")),
@@ -263,7 +266,7 @@ def timeline_pass(
   `tb.timeline(annotate=False)` alone (no profiler), the floor step, and
   (given) the floor step with torch tensors in and out of its ops, the
   step through the leanest Python bridge, and the step with
-  `torchscript=True` modules (no Python per call), unrecorded and recorded
+  modules on the C++ torch runner (no Python per call), unrecorded and recorded
   in turn as the bridged step is (its kernels' phases: the C++ callback is
   torch's compute in TorchScript's interpreter), with its floor (the same
   ops, fresh torch tensors handed back from C++).
@@ -343,13 +346,13 @@ def timeline_pass(
     ),
     # The same step through the leanest Python bridge on the same ops.
     "lean_bridge_mean_ms": _trimmed_mean(lean_ms) if lean_ms else None,
-    # The same step with torchscript=True (no Python per call), its
+    # The same step on the C++ torch runner (no Python per call), its
     # recorded rows and its floor.
-    "torchscript_mean_ms": _trimmed_mean(scripted_ms) if scripted_ms else None,
-    "torchscript_recorded_mean_ms": (
+    "cpp_runner_mean_ms": _trimmed_mean(scripted_ms) if scripted_ms else None,
+    "cpp_runner_recorded_mean_ms": (
       _trimmed_mean(scripted_recorded_ms) if scripted_recorded_ms else None
     ),
-    "torchscript_rows_ms": _scripted_rows(scripted_events, scripted_marks)
+    "cpp_runner_rows_ms": _scripted_rows(scripted_events, scripted_marks)
     if scripted_marks
     else None,
     "no_python_floor_mean_ms": _trimmed_mean(scripted_floor_ms) if scripted_floor_ms else None,
@@ -360,7 +363,7 @@ def timeline_pass(
   }
 
 
-# torchscript=True's kernel phases: its callback runs no Python, only
+# The C++ torch runner's kernel phases: its callback runs no Python, only
 # torch (TorchScript's interpreter, autograd) and DLPack in C++.
 SCRIPTED_CALLBACK = "torch, run from C++: forwards (TorchScript) and backwards, DLPack in and out"
 
@@ -542,7 +545,7 @@ def _step_markdown(name, r, placement):
       f"torch-tensor floor and torch: "
       f"{lean_ms - (t['floor_torch_outputs_mean_ms'] or t['floor_mean_ms']) - t['torch_compute_ms']:.2f} ms."
     )
-  if t.get("torchscript_mean_ms") is not None:
+  if t.get("cpp_runner_mean_ms") is not None:
     lines += _scripted_markdown(t, step_ms)
   lines.append("")
   lines += _table(
@@ -574,29 +577,29 @@ def _step_markdown(name, r, placement):
 
 
 def _scripted_markdown(t, step_ms):
-  """torchscript=True's lines and its recorded rows."""
-  scripted_ms, floor_ms = t["torchscript_mean_ms"], t["no_python_floor_mean_ms"]
-  rows = t["torchscript_rows_ms"]
+  """The C++ torch runner's lines and its recorded rows."""
+  scripted_ms, floor_ms = t["cpp_runner_mean_ms"], t["no_python_floor_mean_ms"]
+  rows = t["cpp_runner_rows_ms"]
   compute = rows.get(SCRIPTED_CALLBACK, 0.0)
   share = scripted_ms - floor_ms - compute
   lines = [
-    f"- The same step with `tb.TorchModule(..., torchscript=True)` (each "
-    f"module traced to TorchScript, its graph calls run from the native op's "
+    f"- The same step on the C++ torch runner (`tb.TorchModule(..., run=\"torch\")`: each "
+    f"module captured with torch.export, its graph calls run from the native op's "
     f"kernel in C++: no Python per call; alternated blocks): "
     f"{scripted_ms:.2f} ms; the Python path's step {step_ms / scripted_ms:.2f}x "
     f"it. Its floor, the same ops handing back fresh torch tensors from C++ "
     f"(`scripted_native.NoPythonFloorModule`; alternated blocks): {floor_ms:.2f} ms. "
-    f"Recorded ({t['torchscript_recorded_mean_ms']:.2f} ms a step), its C++ "
+    f"Recorded ({t['cpp_runner_recorded_mean_ms']:.2f} ms a step), its C++ "
     f"callbacks (torch's compute, DLPack in and out) take {compute:.2f} ms; "
     f"its share (its step - its floor - its callbacks): {share:.2f} ms, "
     f"{share / scripted_ms:.0%} of its step.",
     "",
   ]
   lines += _table(
-    "The torchscript=True step, recorded by tb.timeline(annotate=False)",
+    "The C++ torch runner's step, recorded by tb.timeline(annotate=False)",
     rows,
     "recorded",
-    t["torchscript_recorded_mean_ms"],
+    t["cpp_runner_recorded_mean_ms"],
   )
   return lines
 

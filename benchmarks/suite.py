@@ -34,7 +34,7 @@ FLOOR_TD3 = "floor: TD3 TF function + Keras Adam + bare native ops (6 per step o
 TD3_TORCH_THREAD = "torchbridge, calls on the torch thread"
 LEAN_TD3 = report.LEAN_TD3
 SCRIPTED_TD3 = report.SCRIPTED_TD3
-TORCHSCRIPT_TD3 = report.TORCHSCRIPT_TD3
+TORCH_RUNNER_TD3 = report.TORCH_RUNNER_TD3
 
 EXCHANGE_SIZES = {"4KB": 4 << 10, "256KB": 256 << 10, "16MB": 16 << 20, "64MB": 64 << 20}
 
@@ -194,7 +194,7 @@ def td3(quick, threads, log=print):
     TD3_TORCH_THREAD: "torchbridge",
     LEAN_TD3: "lean-script",
     SCRIPTED_TD3: "scripted-script",
-    TORCHSCRIPT_TD3: "torchbridge-torchscript",
+    TORCH_RUNNER_TD3: "torchbridge-torch",
   }
   why_not = scripted_native.unavailable()  # builds its C++ callbacks once, here
   if why_not:

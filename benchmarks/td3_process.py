@@ -2,7 +2,7 @@
 
 Usage:
   python -m benchmarks.td3_process
-      {torchbridge,torchbridge-torch,torchbridge-torchscript,torch,tf,floor,
+      {torchbridge,torchbridge-torch,torchbridge-torch-python,torch,tf,floor,
        floor-script,lean-script,scripted-script} --out DIR
       [--steps N] [--start-steps M] [--threads T] [--torch-thread on|off]
       [--policy function|eager]
@@ -10,8 +10,8 @@ Usage:
 `torchbridge`, `torch` and `tf` run examples/td3_pendulum.py's own main
 (`torchbridge`: the default `tb.TorchModule`, graph calls on the TF
 runner, its exact translation; `torchbridge-torch`: `--run torch`, graph
-calls through the bridge; `torchbridge-torchscript`: `--torchscript`,
-its modules' graph calls run from C++)
+calls through the bridge on the C++ torch runner; `torchbridge-torch-python`:
+the same on its Python path, `TORCHBRIDGE_TORCH_RUNNER=python`)
 (same loop, environment, replay buffer and timing window as a user's run,
 evaluation and checkpoints only at the end) with a hook that records each
 train step's time: the script's `sec_per_train_step` is a mean that
@@ -38,7 +38,7 @@ wall time plus that compute is what no bridge can go below.
 `bare_native.LeanTorchModule`s: the torch modules through the leanest
 Python bridge on the same native op (none of torchbridge's Python).
 `scripted-script` runs it with `scripted_native.ScriptedTorchModule`s: the
-torch modules traced to TorchScript and run from the op's kernel in C++
+torch modules captured with torch.export and run from the op's kernel in C++
 (no Python per call at all).
 
 Prints one JSON line: the per-step mean, the process id, the step counts,
@@ -126,14 +126,13 @@ def run_script(
   policy_durations=None,
   modules=None,
   eager_policy=False,
-  torchscript=False,
   run="auto",
   jit_compile=False,
 ):
   """examples/td3_pendulum.py's main, each train step (and, given a list,
   each policy call) timed; with `modules` ("bare", "lean" or "scripted"), on
-  `bare_native_agent`'s modules of that kind; with `torchscript`, the
-  script's `--torchscript`; with `eager_policy`, a TF agent's policy calls its
+  `bare_native_agent`'s modules of that kind; `run`, the script's `--run`;
+  with `eager_policy`, a TF agent's policy calls its
   actor eagerly instead of through its `tf.function` `act`.
   Returns the train steps' durations, the script's mean, the agent's
   actor's class name and how many times a TF agent's `act` was traced
@@ -177,8 +176,7 @@ def run_script(
           str(threads),
           "--out",
           out,
-          *(["--torchscript"] if torchscript else []),
-          *(["--run", run] if backend == "torchbridge" and not torchscript else []),
+          *(["--run", run] if backend == "torchbridge" else []),
           *(["--jit-compile"] if jit_compile else []),
         ]
       )
@@ -195,7 +193,7 @@ def bare_native_agent(seed=0, torch_outputs=False, kind="bare"):
   (`torch_outputs`: see `bare_native.BareNativeModule`); with `kind`
   "lean", `bare_native.LeanTorchModule`s (the torch modules run by the
   leanest Python bridge); with "scripted",
-  `scripted_native.ScriptedTorchModule`s (traced, run from C++); with
+  `scripted_native.ScriptedTorchModule`s (captured, run from C++); with
   "no-python-floor", `scripted_native.NoPythonFloorModule`s (bare ops whose
   callbacks are C++)."""
   hyper = agents.Hyper()
@@ -304,7 +302,7 @@ def main(argv=None):
     choices=[
       "torchbridge",
       "torchbridge-torch",
-      "torchbridge-torchscript",
+      "torchbridge-torch-python",
       "torch",
       "tf",
       "floor",
@@ -354,8 +352,10 @@ def main(argv=None):
       args.backend
     )
     start = time.perf_counter()
-    torchscript = args.backend == "torchbridge-torchscript"
-    bridged = modules or torchscript or args.backend == "torchbridge-torch"
+    torch_runner = args.backend in ("torchbridge-torch", "torchbridge-torch-python")
+    if args.backend == "torchbridge-torch-python":
+      os.environ["TORCHBRIDGE_TORCH_RUNNER"] = "python"
+    bridged = modules or torch_runner
     durations, script_mean, actor_class, act_traces = run_script(
       "torchbridge" if bridged else args.backend,
       args.out,
@@ -365,8 +365,7 @@ def main(argv=None):
       policy_durations,
       modules=modules,
       eager_policy=args.policy == "eager",
-      torchscript=torchscript,
-      run="torch" if args.backend == "torchbridge-torch" else "auto",
+      run="torch" if torch_runner else "auto",
       jit_compile=args.jit_compile,
     )
     wall_s = time.perf_counter() - start
@@ -411,7 +410,7 @@ def main(argv=None):
         "torchbridge_file": torchbridge.__file__,
         "native_op_complete": _loader.has_torch_interop(),
         # C++ callbacks registered at the end: above 0 where graph calls
-        # ran from C++ (torchscript=True, the no-Python bridge).
+        # ran from C++ (the C++ torch runner, the no-Python bridge).
         "cpp_callbacks": _callbacks.native_count(),
         "torch_compute_s": compute_s,
       }

@@ -3,8 +3,8 @@
 `python -m benchmarks.td3_venvs --python A --python B [--rounds R] [--steps N]`
 runs examples/td3_pendulum.py (N environment steps, the first third
 random, at most 1,000) through `benchmarks.td3_process` for the
-torchbridge backend (its Python path and, with `--torchscript`, its
-`torchscript=True` path: no Python per call), the pure-torch backend and
+torchbridge backend (its default runner and, with `run="torch"`, the C++
+torch runner: no Python per call), the pure-torch backend and
 the leanest Python bridge on the same native op, in each venv, each run a process of its own, the
 (venv, backend) pairs' order rotating from round to round. Each process
 imports torch, TensorFlow and torchbridge from its venv (`-P`, with only
@@ -32,7 +32,7 @@ BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
   "lean bridge": "lean-script",
-  "torchscript=True": "torchbridge-torchscript",
+  "run=\"torch\"": "torchbridge-torch",
 }
 
 
@@ -96,11 +96,11 @@ def markdown(result, rounds, steps):
     ("train step, ms: torchbridge", "torchbridge", "ms_per_train_step"),
     ("train step, ms: pure torch", "pure torch", "ms_per_train_step"),
     ("train step, ms: leanest Python bridge", "lean bridge", "ms_per_train_step"),
-    ("train step, ms: torchbridge, torchscript=True", "torchscript=True", "ms_per_train_step"),
+    ('train step, ms: torchbridge, run="torch"', "run=\"torch\"", "ms_per_train_step"),
     ("whole run, s: torchbridge", "torchbridge", "wall_s"),
     ("whole run, s: pure torch", "pure torch", "wall_s"),
     ("whole run, s: leanest Python bridge", "lean bridge", "wall_s"),
-    ("whole run, s: torchbridge, torchscript=True", "torchscript=True", "wall_s"),
+    ('whole run, s: torchbridge, run="torch"', "run=\"torch\"", "wall_s"),
   )
 
   def measured(*backends):
@@ -130,16 +130,16 @@ def markdown(result, rounds, steps):
       "ms_per_train_step",
     ),
     (
-      "train step: torchbridge, torchscript=True / pure torch (target 1.10)",
-      "torchscript=True",
+      'train step: torchbridge, run="torch" / pure torch (target 1.10)',
+      "run=\"torch\"",
       "pure torch",
       "ms_per_train_step",
     ),
     ("whole run: torchbridge / pure torch (target 1.2)", "torchbridge", "pure torch", "wall_s"),
     ("whole run: leanest Python bridge / pure torch", "lean bridge", "pure torch", "wall_s"),
     (
-      "whole run: torchbridge, torchscript=True / pure torch (target 1.2)",
-      "torchscript=True",
+      'whole run: torchbridge, run="torch" / pure torch (target 1.2)',
+      "run=\"torch\"",
       "pure torch",
       "wall_s",
     ),

@@ -28,8 +28,8 @@ write (`bare_native.LeanTorchModule`): how much of that share is
 torchbridge's own. The `no-Python bridge` column runs them traced to
 TorchScript, from the ops' kernel in C++ (`scripted_native.ScriptedTorchModule`):
 how much of the share is Python per call, the modules' own Python
-included. The `torchbridge, torchscript=True` column is the torchbridge
-run with `--torchscript`: its modules' graph calls traced and run in C++.
+included. The `torchbridge, run="torch"` column is the torchbridge
+run with `--run torch`: its modules' graph calls on the C++ torch runner.
 """
 
 import argparse
@@ -46,7 +46,7 @@ from benchmarks import scripted_native
 FLOOR = "floor"
 LEAN = "lean bridge"
 SCRIPTED = "no-Python bridge"
-TORCHSCRIPT = "torchbridge, torchscript=True"
+TORCH_RUNNER = "torchbridge, run=\"torch\" (C++ torch runner)"
 BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
@@ -54,7 +54,7 @@ BACKENDS = {
   FLOOR: "floor-script",
   LEAN: "lean-script",
   SCRIPTED: "scripted-script",
-  TORCHSCRIPT: "torchbridge-torchscript",
+  TORCH_RUNNER: "torchbridge-torch",
 }
 # The script's parts (`td3_process.wall_split`), then the process's own.
 SCRIPT_PARTS = ("first policy call", "first train step", "policy calls", "train steps", "the rest")
@@ -194,7 +194,7 @@ def markdown(result, rounds, steps):
   others = {
     LEAN: "The same run through the leanest Python bridge on the same ops "
     "(`bare_native.LeanTorchModule`: none of torchbridge's Python)",
-    TORCHSCRIPT: "torchbridge with `torchscript=True` (its graph calls traced and run in C++)",
+    TORCH_RUNNER: "torchbridge with `run=\"torch\"` (its graph calls on the C++ torch runner)",
     SCRIPTED: "The same run with no Python per call (`scripted_native.ScriptedTorchModule`: "
     "the modules traced to TorchScript and run from the ops' kernel in C++; "
     "its tracing included)",

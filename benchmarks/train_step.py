@@ -90,10 +90,12 @@ def build(model_name, contender, device):
   elif contender == LEAN_BRIDGE:
     model = bare_native.LeanTorchModule(models.torch_model(model_name))
   else:
-    # The bridge (torch through the native op or tf.py_function): this
-    # suite measures what the bridge costs; benchmarks/runners.py compares
-    # the default runner (the module's TF translation).
+    # The bridge (torch through the native op or tf.py_function) on its
+    # Python path: this suite measures what the bridge costs;
+    # benchmarks/runners.py compares the default runner (the module's TF
+    # translation) and the C++ torch runner.
     model = tb.TorchModule(models.torch_model(model_name).to(device), name="bridged", run="torch")
+    model._state.torch_runner.enabled = False  # pylint: disable=protected-access
   with tf.device(_tf_device(device)):
     x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
   step = _tf_step(model, x_tf, y_tf)

@@ -96,24 +96,24 @@ def test_the_rows_add_up_to_the_measured_step(tmp_path):
 
 
 @pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
-def test_the_torchscript_steps_rows_hold_no_python(tmp_path):
+def test_the_cpp_torch_runners_steps_rows_hold_no_python(tmp_path):
   result = _breakdown(tmp_path, "--only", "td3", "--placement", "tf-thread", "--no-plot")
   t = result["placements"]["tf-thread"]["td3"]["timeline"]
-  rows = t["torchscript_rows_ms"]
+  rows = t["cpp_runner_rows_ms"]
   # Its recorded rows add up to its recorded step, as the bridged step's do.
-  assert sum(rows.values()) == pytest.approx(t["torchscript_recorded_mean_ms"], rel=0.01)
+  assert sum(rows.values()) == pytest.approx(t["cpp_runner_recorded_mean_ms"], rel=0.01)
   # Its calls are kernel phases and C++ callbacks only: no GIL, no Python.
   assert rows[sb.SCRIPTED_CALLBACK] > 0
   assert rows[sb.TF_SIDE] > 0
   python_rows = {sb.BRIDGE[p] for p in ("torchbridge/acquire GIL", "torchbridge/python call")}
   assert not python_rows & set(rows)
   assert not set(sb.TORCH.values()) & set(rows)
-  assert 0 < t["no_python_floor_mean_ms"] < t["torchscript_mean_ms"]
+  assert 0 < t["no_python_floor_mean_ms"] < t["cpp_runner_mean_ms"]
   text = sb.markdown(result)
-  assert "with `tb.TorchModule(..., torchscript=True)`" in text
+  assert 'on the C++ torch runner (`tb.TorchModule(..., run="torch")`' in text
   assert (
     f"ops handing back fresh torch tensors from C++ (`scripted_native.NoPythonFloorModule`; alternated blocks): {t['no_python_floor_mean_ms']:.2f} ms"
     in text
   )
-  assert "The torchscript=True step, recorded" in text
+  assert "The C++ torch runner's step, recorded" in text
   assert f"| {sb.SCRIPTED_CALLBACK} | {rows[sb.SCRIPTED_CALLBACK]:.3f} |" in text
