@@ -23,8 +23,8 @@ class _BuildPyWithOpSource(build_py):
 
   def run(self):
     super().run()
-    # csrc/ and csrc/traced/ (torchscript=True's call path, built apart).
-    for folder in ("", "traced"):
+    # csrc/ and csrc/exported/ (the C++ torch runner, built apart).
+    for folder in ("", "exported"):
       target = Path(self.build_lib, "torchbridge", "csrc", folder)
       target.mkdir(parents=True, exist_ok=True)
       for pattern in ("*.cc", "*.h"):

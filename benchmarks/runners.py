@@ -8,11 +8,14 @@ Usage:
 
 Contenders: `tb.TorchModule` as users get it (the default `run="auto"`:
 its exact TF translation), the same in a step compiled by XLA, with
-`run="torch"` (torch through the bridge), the Keras port with and without
-XLA, pure torch as written, and (TD3) pure torch with the actor's loss
-differentiated for the actor's parameters only (as TF's tape asks). Each
-step runs on random batches (TD3: Pendulum's shapes, batch 256; MLP:
-`benchmarks.models`' small MLP); the figure is the median of 7 timed
+`run="torch"` (torch through the bridge: the C++ torch runner, and its
+Python path), the Keras port with and without XLA, pure torch as written,
+and (TD3) pure torch with the actor's loss differentiated for the actor's
+parameters only (as TF's tape asks). Each step runs on random batches
+(TD3: Pendulum's shapes, batch 256; MLP: `benchmarks.models`' small MLP).
+"call": one forward graph call of Linear(4, 4) on a batch of 1 on each
+torch path, against a bare native op whose callback is C++ and computes
+nothing (the per-call cost of the torch runner). The figure is the median of 7 timed
 blocks of about 0.25 s after a warm-up, the first call (tracing, and the
 TF runner's capture) timed apart. Writes `results/runners.json` (with the
 commit) and `results/runners.md`, which the docs include.
@@ -37,12 +40,18 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import train_step  # noqa: E402
 
-TORCHBRIDGE, XLA, RUN_TORCH = "torchbridge", "torchbridge, XLA", 'torchbridge, run="torch"'
+TORCHBRIDGE, XLA = "torchbridge", "torchbridge, XLA"
+RUN_TORCH = 'torchbridge, run="torch" (C++ torch runner)'
+RUN_TORCH_PY = 'torchbridge, run="torch", Python path'
 KERAS, KERAS_XLA = "Keras port", "Keras port, XLA"
 TORCH, TORCH_ACTOR_ONLY = "pure torch", "pure torch, actor loss for the actor only"
+BARE_CPP = "bare op, C++ callback (no torch compute)"
 CONTENDERS = {
-  "td3": (TORCHBRIDGE, XLA, RUN_TORCH, KERAS, KERAS_XLA, TORCH, TORCH_ACTOR_ONLY),
-  "small_mlp": (TORCHBRIDGE, XLA, RUN_TORCH, KERAS, KERAS_XLA, TORCH),
+  "td3": (TORCHBRIDGE, XLA, RUN_TORCH, RUN_TORCH_PY, KERAS, KERAS_XLA, TORCH, TORCH_ACTOR_ONLY),
+  "small_mlp": (TORCHBRIDGE, XLA, RUN_TORCH, RUN_TORCH_PY, KERAS, KERAS_XLA, TORCH),
+  # One forward graph call of Linear(4, 4) on a batch of 1: the torch
+  # runner's per-call cost over a bare op whose callback is C++.
+  "call": (RUN_TORCH, RUN_TORCH_PY, BARE_CPP),
 }
 
 
@@ -63,9 +72,12 @@ def _td3_step(contender):
       2.0,
       0,
       hyper,
-      run="torch" if contender == RUN_TORCH else "auto",
+      run="torch" if contender in (RUN_TORCH, RUN_TORCH_PY) else "auto",
       jit_compile=contender in (XLA, KERAS_XLA),
     )
+    if contender == RUN_TORCH_PY:
+      for module in (agent.actor, agent.critic, agent.actor_target, agent.critic_target):
+        _python_path(module)
   rng = np.random.default_rng(0)
   n = hyper.batch_size
   batches = [
@@ -134,16 +146,45 @@ def _mlp_step(contender):
   if contender in (KERAS, KERAS_XLA):
     model = models.keras_model("small_mlp")
   else:
-    run = "torch" if contender == RUN_TORCH else "auto"
+    run = "torch" if contender in (RUN_TORCH, RUN_TORCH_PY) else "auto"
     model = tb.TorchModule(models.torch_model("small_mlp"), name="mlp", run=run)
+    if contender == RUN_TORCH_PY:
+      _python_path(model)
   step = train_step._tf_step(model, tf.constant(x_np), tf.constant(y_np))  # pylint: disable=protected-access
   return tf.function(step, jit_compile=contender in (XLA, KERAS_XLA) or None)
+
+
+def _python_path(module):
+  """`module` with the C++ torch runner turned off (its graph calls run the
+  forward's Python, as TORCHBRIDGE_TORCH_RUNNER=python does)."""
+  module._state.torch_runner.enabled = False  # pylint: disable=protected-access
+  return module
+
+
+def _call_step(contender):
+  """One forward graph call of Linear(4, 4) on a batch of 1."""
+  import torchbridge as tb  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import scripted_native  # pylint: disable=import-outside-toplevel
+
+  torch.manual_seed(0)
+  linear = torch.nn.Linear(4, 4)
+  x = tf.ones([1, 4])
+  if contender == BARE_CPP:
+    module = scripted_native.NoPythonFloorModule(linear)
+  else:
+    module = tb.TorchModule(linear, name="linear", run="torch")
+    if contender == RUN_TORCH_PY:
+      _python_path(module)
+  call = tf.function(lambda v: module(v))
+  return lambda: call(x)
 
 
 def one(model, contender, threads):
   """Times one contender; returns its JSON record."""
   harness.configure_threads(threads)
-  step = (_td3_step if model == "td3" else _mlp_step)(contender)
+  build = {"td3": _td3_step, "small_mlp": _mlp_step, "call": _call_step}[model]
+  step = build(contender)
   start = time.perf_counter()
   step()
   first_s = time.perf_counter() - start
@@ -207,6 +248,16 @@ def markdown(data):
     torch_version = next(iter(next(iter(models_.values())).values()))["torch"]
     lines += [f"**{_venv_name(python)}** (torch {torch_version}):", ""]
     for model, rows in models_.items():
+      if model == "call":
+        bare = rows[BARE_CPP]["median_us"]
+        lines += [
+          "| one forward graph call, Linear(4, 4), batch 1 | us | over the bare op, us |",
+          "|---|---|---|",
+        ]
+        for name, row in rows.items():
+          lines.append(f"| {name} | {row['median_us']:.1f} | {row['median_us'] - bare:+.1f} |")
+        lines.append("")
+        continue
       keras, keras_xla, pure = rows[KERAS], rows[KERAS_XLA], rows[TORCH]
       lines += [
         f"| {model} train step | ms | / Keras port (same XLA) | / pure torch | first call, s |",

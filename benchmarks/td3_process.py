@@ -11,7 +11,7 @@ Usage:
 (`torchbridge`: the default `tb.TorchModule`, graph calls on the TF
 runner, its exact translation; `torchbridge-torch`: `--run torch`, graph
 calls through the bridge on the C++ torch runner; `torchbridge-torch-python`:
-the same on its Python path, `TORCHBRIDGE_TORCH_RUNNER=python`)
+the same on the torch runner's Python path)
 (same loop, environment, replay buffer and timing window as a user's run,
 evaluation and checkpoints only at the end) with a hook that records each
 train step's time: the script's `sec_per_train_step` is a mean that

@@ -571,7 +571,8 @@ def test_td3_venvs_table_has_each_venvs_ratios():
 
 
 @pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
-def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path):
+def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path, monkeypatch):
+  monkeypatch.delenv("TORCHBRIDGE_TORCH_RUNNER", raising=False)  # run="torch": from C++
   # This venv's Python, as `make bench-user` passes it: -P, only
   # benchmarks/ and examples/ on the path, torchbridge from the venv.
   result = td3_venvs.measure([sys.executable], rounds=1, steps=30, threads=1, log=lambda m: None)
