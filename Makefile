@@ -32,7 +32,7 @@ $(STAMP): requirements-dev.txt setup.py pyproject.toml
 DEMO_STEPS ?= 20000
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export
+	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export --jit-compile
 
 # The recurrent job: PPO with a torch LSTM actor-critic on CartPole without
 # velocities, one seed, the README's budget (about 6 minutes on 2 cores).

@@ -68,7 +68,8 @@ def parse_args(argv=None):
   p.add_argument(
     "--jit-compile",
     action="store_true",
-    help="TF backends: compile the train step with XLA (tf.function(jit_compile=True))",
+    help="TF backends: compile the train step and the policy's call with XLA "
+    "(tf.function(jit_compile=True))",
   )
   p.add_argument(
     "--export",
