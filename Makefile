@@ -142,9 +142,11 @@ bench-runners: $(STAMP)
 	$(PY) -m benchmarks.runners --python $(PY) --python $(USER_PY)
 
 # Which runner torch's module_db and the tiny transformers models take on the
-# default path (benchmarks/results/runner_coverage.{json,md}).
+# default path (benchmarks/results/runner_coverage.{json,md}), and which
+# torch path with run="torch" (benchmarks/results/torch_runner_coverage.*).
 runner-coverage: $(STAMP)
 	$(PY) -m benchmarks.runner_coverage
+	$(PY) -m benchmarks.runner_coverage --run torch
 
 bench-build: $(STAMP)
 	$(PY) -m benchmarks.build_time

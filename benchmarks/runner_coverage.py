@@ -61,11 +61,11 @@ def _floating(t):
   return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
-def compare(target, tensors, training, name):
-  """((runner, reason, capture seconds), problem) of one call of `target`
-  on `tensors`."""
+def compare(target, tensors, training, name, run="auto"):
+  """((runner, reason, capture seconds, torch path), problem) of one call
+  of `target` on `tensors` through `tb.TorchModule(run=run)`."""
   reference = copy.deepcopy(target)
-  bridged = tb.TorchModule(target, name=name)
+  bridged = tb.TorchModule(target, name=name, run=run)
   args_tf = [tf.constant(t.detach().numpy()) for t in tensors]
   trainable = list(bridged.trainable_variables)
 
@@ -83,7 +83,13 @@ def compare(target, tensors, training, name):
 
   outs_tf, grads_tf = call(*args_tf)
   choice = _runners.choices().get(name, {})
-  runner = (choice.get("runner", "?"), choice.get("reason", ""), choice.get("capture_s"))
+  runner = (
+    choice.get("runner", "?"),
+    choice.get("reason", ""),
+    choice.get("capture_s"),
+    choice.get("path"),
+    choice.get("path_reason", ""),
+  )
   # torch: the same weights, the same mode, the same loss.
   reference.train(training)
   inputs = [
@@ -159,7 +165,7 @@ def _close(got, want, what):
   return None
 
 
-def run_sample(info, sample, training, name):
+def run_sample(info, sample, training, name, run="auto"):
   fwd, cargs = sample.forward_input, sample.constructor_input
   try:
     torch.manual_seed(0)
@@ -178,7 +184,7 @@ def run_sample(info, sample, training, name):
   target = tc._with_named_inputs(  # pylint: disable=protected-access
     tc.Bound, len(tensors), module, copy.deepcopy(fwd.args), copy.deepcopy(fwd.kwargs)
   )
-  return _outcome(lambda: compare(target, tensors, training, name))
+  return _outcome(lambda: compare(target, tensors, training, name, run))
 
 
 def _outcome(fn):
@@ -186,10 +192,16 @@ def _outcome(fn):
   try:
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
-      (runner, reason, capture_s), problem = tc._with_timeout(fn, tc.SAMPLE_TIMEOUT_S * 2)  # pylint: disable=protected-access
+      (runner, reason, capture_s, path, path_reason), problem = tc._with_timeout(  # pylint: disable=protected-access
+        fn, tc.SAMPLE_TIMEOUT_S * 2
+      )
   except Exception as err:  # pylint: disable=broad-except
     return {"outcome": "error", "detail": tc._short(f"{type(err).__name__}: {err}", 300)}  # pylint: disable=protected-access
   record = {"runner": runner, "seconds": round(time.perf_counter() - start, 2)}
+  if path is not None:  # "torch": from C++, or on the Python path (and why)
+    record["path"] = path
+    if path_reason:
+      record["path_reason"] = tc._short(path_reason, 300)  # pylint: disable=protected-access
   if capture_s is not None:
     record["capture_s"] = capture_s
   if problem:
@@ -201,7 +213,7 @@ def _outcome(fn):
   return record
 
 
-def run_transformers(name, training):
+def run_transformers(name, training, run="auto"):
   import test_transformers  # pylint: disable=import-outside-toplevel
 
   build, make_inputs = test_transformers._load(name)  # pylint: disable=protected-access
@@ -209,7 +221,7 @@ def run_transformers(name, training):
   torch.manual_seed(0)
   model = tc._with_named_inputs(tc._Keywords, len(inputs), build(), list(inputs))  # pylint: disable=protected-access
   tensors = [torch.from_numpy(a) for a in inputs.values()]
-  return _outcome(lambda: compare(model, tensors, training, f"{name}_{training}"))
+  return _outcome(lambda: compare(model, tensors, training, f"{name}_{training}", run))
 
 
 def main(argv=None):
@@ -218,9 +230,15 @@ def main(argv=None):
   )
   parser.add_argument("--quick", action="store_true")
   parser.add_argument(
-    "--out", default=os.path.join(harness.ROOT, "benchmarks", "results", "runner_coverage.json")
+    "--run",
+    choices=("auto", "torch"),
+    default="auto",
+    help='the modules\' run= ("torch": the torch runner, from C++ or on its Python path)',
   )
+  parser.add_argument("--out", default=None)
   args = parser.parse_args(argv)
+  stem = "runner_coverage" if args.run == "auto" else "torch_runner_coverage"
+  args.out = args.out or os.path.join(harness.ROOT, "benchmarks", "results", f"{stem}.json")
   names = sorted(db_cases.MODULES)[: 20 if args.quick else None]
   records = []
   for k, name in enumerate(names):
@@ -229,14 +247,14 @@ def main(argv=None):
       found = db_cases.samples(info, torch.float32, training)
       if not found:
         continue
-      record = run_sample(info, found[0], training, f"m{k}_{int(training)}")
+      record = run_sample(info, found[0], training, f"m{k}_{int(training)}", args.run)
       record.update(model=name, source="module_db", training=training)
       records.append(record)
       print(name, training, record["outcome"], record.get("detail", ""), file=sys.stderr)
   if not args.quick:
     for name in tc.TRANSFORMERS_MODELS:
       for training in (False, True):
-        record = run_transformers(name, training)
+        record = run_transformers(name, training, args.run)
         record.update(model=name, source="transformers", training=training)
         records.append(record)
         print(name, training, record["outcome"], record.get("detail", ""), file=sys.stderr)
@@ -245,6 +263,7 @@ def main(argv=None):
     "torch": torch.__version__,
     "tensorflow": tf.__version__,
     "quick": args.quick,
+    "run": args.run,
     "records": records,
   }
   with open(args.out, "w") as f:
@@ -262,10 +281,15 @@ def markdown(data):
   lines = [
     f"Measured at {data['source']['commit'][:10]} (torch {data['torch']}, TF "
     f"{data['tensorflow']}), `benchmarks/runner_coverage.py`: each model "
-    "in a `tf.function` through the default `tb.TorchModule`.",
+    + (
+      'in a `tf.function` through `tb.TorchModule(run="torch")` (torch from C++, '
+      "or on the Python path), compared with torch."
+      if data.get("run") == "torch"
+      else "in a `tf.function` through the default `tb.TorchModule`."
+    ),
     "",
-    "| models | mode | tf, matches | torch (reason below) | MISMATCH | error | n/a |",
-    "|---|---|---|---|---|---|---|",
+    "| models | mode | tf, matches | torch (reason below) | of which from C++ | MISMATCH | error | n/a |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for source in ("module_db", "transformers"):
     for training in (False, True):
@@ -273,9 +297,10 @@ def markdown(data):
       if not rows:
         continue
       count = collections.Counter(r["outcome"] for r in rows)
+      cpp = sum(1 for r in rows if r["outcome"] == "torch" and r.get("path") == "C++")
       lines.append(
         f"| {source} | {'training' if training else 'inference'} | {count['tf, matches']} | "
-        f"{count['torch']} | {count['MISMATCH']} | {count['error']} | {count['n/a']} |"
+        f"{count['torch']} | {cpp} | {count['MISMATCH']} | {count['error']} | {count['n/a']} |"
       )
   lines += [
     "",
@@ -284,6 +309,10 @@ def markdown(data):
   ]
   for r in data["records"]:
     detail = (r.get("detail") or "").replace("|", "\\|")
+    if r.get("path"):
+      detail = f"from {r['path']}" + (
+        f" ({r['path_reason']})".replace("|", "\\|") if r.get("path_reason") else ""
+      ) + (f"; {detail}" if detail else "")
     mode = "training" if r["training"] else "inference"
     capture = f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else ""
     lines.append(f"| {r['model']} | {mode} | {r['outcome']} | {capture} | {detail} |")
