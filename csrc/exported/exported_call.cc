@@ -502,6 +502,11 @@ int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   }
   try {
     if (!m->finished) throw std::runtime_error("the program was not finished");
+    if (num_inputs != m->num_inputs) {
+      throw std::runtime_error("the op passes " + std::to_string(num_inputs) +
+                               " arguments, the program takes " +
+                               std::to_string(m->num_inputs));
+    }
     if (m->num_threads > 0 && at::get_num_threads() != m->num_threads) {
       at::set_num_threads(m->num_threads);
     }

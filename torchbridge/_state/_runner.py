@@ -100,22 +100,8 @@ class Runner:
     torch (said once)."""
     from torchbridge._translate import _capture  # torch.export: on first use
 
-    key = (
-      mode_key,
-      isinstance(training, list),
-      tuple((tuple(a.shape.as_list()), a.dtype.name) for a in call.args_tf),
-      call.static_key(),
-    )
-    entry = self._captures.get(key)
-    if isinstance(entry, tuple) and entry[1].first_change() is not None:
-      entry = None  # Python state it read changed: capture again
-    if entry is None:
-      # On a thread of its own: eager, and with a tape stack of its own (a
-      # function being traced stops the tracing thread's tapes, which the
-      # check's gradients need).
-      with concurrent.futures.ThreadPoolExecutor(1, "torchbridge-capture") as pool:
-        entry = pool.submit(self._capture, call, training, _capture).result()
-      self._captures[key] = entry
+    key = signature_key(call, training, mode_key)
+    entry = cached_capture(self._captures, key, self._capture, call, training, _capture)
     if isinstance(entry, _capture.Refusal):
       if self.run == "tf":
         raise _refusal_error(entry, self._state.name)
@@ -136,28 +122,14 @@ class Runner:
     )
     add_guard(snapshot, self._state.name, self._state.take_views_back)
     result, writes = captured.run(call.args_tf)
-    mutated_buffers[mode_key] = frozenset(writes)
-    for n, value_tf in writes.items():
-      variable = self._state.variables[n]
-      variable.assign(value_tf)
-      if after_writes is not None:
-        after_writes.append(tf.convert_to_tensor(variable))
+    assign_writes(self._state, writes, mutated_buffers, mode_key, after_writes)
     return result
 
   def _capture(self, call: Any, training: bool | list[bool], capture_module: Any) -> Any:
     state = self._state
     specs = [tf.TensorSpec(a.shape, a.dtype) for a in call.args_tf]
-    with state._lock:  # pylint: disable=protected-access
-      views = state._views  # pylint: disable=protected-access
-      views.lend()
-      views.suspend_hooks()
-      saved = _module_checks.set_modes(state.module, state._modules, training)  # pylint: disable=protected-access
+    with Capturing(state, training) as held:
       try:
-        before = _watch.Snapshot(
-          list(state.module.named_modules()),
-          watch_mode=False,
-          ignored=frozenset(views.hook_ids()),
-        )
         captured = capture_module.capture(
           state.module,
           call.substitute,
@@ -168,37 +140,122 @@ class Runner:
           {**{n: n for n in state.variables}, **state.state_names},
           state.name,
         )
-        changed = before.first_change()
+        changed = held.changed()
         if changed is not None:
-          # Exported and checked, the forward changed what it reads (a
-          # counter of its own calls): no capture holds one value of it.
-          return capture_module.Refusal(
-            "check",
-            f"the forward changed its Python state while captured: {changed}; "
-            "a capture would keep one value",
-          )
+          return capture_module.Refusal("check", changed)
       except capture_module.Refusal as refusal:
         return refusal
       except Exception as err:  # pylint: disable=broad-except
         # Anything else in capturing (TF's own gradient code included) is
         # a limit of the translation: this call takes torch.
         return capture_module.Refusal("translation", f"{type(err).__name__}: {err}")
-      finally:
-        if saved is not None:
-          _module_checks.restore_modes(saved)
-        views.resume_hooks()
-      snapshot = _watch.Snapshot(
-        list(state.module.named_modules()),
-        watch_mode=False,
-        ignored=frozenset(views.hook_ids()),
-      )
-    return captured, snapshot
+    return captured, held.after
 
   def _say(self, runner: str, message: str, reason: str, seconds: float | None = None) -> None:
     _runners.record(self._state.name, runner, reason, seconds)
     if message not in self._said:
       self._said.add(message)
       logger.info(message)
+
+
+def assign_writes(
+  state: Any,
+  writes: dict[str, tf.Tensor],
+  mutated_buffers: dict[str, frozenset[str]],
+  mode_key: str,
+  after_writes: list[Any] | None,
+) -> None:
+  """Assigns the buffers a captured call wrote to their variables, as the
+  Python path does: noted in `mutated_buffers` for the mode, their new
+  values appended to `after_writes` (the call's critical section)."""
+  mutated_buffers[mode_key] = frozenset(writes)
+  for name, value_tf in writes.items():
+    variable = state.variables[name]
+    variable.assign(value_tf)
+    if after_writes is not None:
+      after_writes.append(tf.convert_to_tensor(variable))
+
+
+def signature_key(call: Any, training: bool | list[bool], mode_key: str) -> tuple[Any, ...]:
+  """A capture's key: the torch modes, the arguments' shapes and dtypes,
+  and the non-tensor arguments."""
+  return (
+    mode_key,
+    isinstance(training, list),
+    tuple((tuple(a.shape.as_list()), a.dtype.name) for a in call.args_tf),
+    call.static_key(),
+  )
+
+
+def cached_capture(captures: dict[Any, Any], key: Any, capture: Any, *args: Any) -> Any:
+  """`captures[key]`, or (none yet, or the Python state it read has
+  changed since) `capture(*args)` made now and kept there. A capture runs
+  on a thread of its own: eager, and with a tape stack of its own (a
+  function being traced stops the tracing thread's tapes, which the
+  check's gradients need)."""
+  entry = captures.get(key)
+  if isinstance(entry, tuple) and entry[1].first_change() is not None:
+    entry = None  # Python state it read changed: capture again
+  if entry is None:
+    with concurrent.futures.ThreadPoolExecutor(1, "torchbridge-capture") as pool:
+      entry = pool.submit(capture, *args).result()
+    captures[key] = entry
+  return entry
+
+
+class Capturing:
+  """The module ready to be captured, as a graph call would run it: under
+  its state's lock, its tensors viewing the variables' values,
+  torchbridge's own hooks suspended, the call's modes set. `changed()`
+  says (as a refusal's reason) what Python state the forward changed
+  since it was entered, a counter of its own calls say, which no capture
+  holds one value of; after it is left, `after` is what a capture read."""
+
+  def __init__(self, state: Any, training: bool | list[bool]) -> None:
+    self._state = state
+    self._training = training
+    self.after: _watch.Snapshot | None = None
+
+  def _snapshot(self) -> _watch.Snapshot:
+    state = self._state
+    return _watch.Snapshot(
+      list(state.module.named_modules()),
+      watch_mode=False,
+      ignored=frozenset(state._views.hook_ids()),  # pylint: disable=protected-access
+    )
+
+  def __enter__(self) -> Capturing:
+    state = self._state
+    state._lock.acquire()  # pylint: disable=protected-access
+    try:
+      views = state._views  # pylint: disable=protected-access
+      views.lend()
+      views.suspend_hooks()
+      self._saved = _module_checks.set_modes(state.module, state._modules, self._training)  # pylint: disable=protected-access
+      self._before = self._snapshot()
+    except BaseException:
+      state._lock.release()  # pylint: disable=protected-access
+      raise
+    return self
+
+  def changed(self) -> str | None:
+    change = self._before.first_change()
+    if change is None:
+      return None
+    return (
+      f"the forward changed its Python state while captured: {change}; a "
+      "capture would keep one value"
+    )
+
+  def __exit__(self, *exc_info: Any) -> None:
+    state = self._state
+    try:
+      if self._saved is not None:
+        _module_checks.restore_modes(self._saved)
+      state._views.resume_hooks()  # pylint: disable=protected-access
+      self.after = self._snapshot()
+    finally:
+      state._lock.release()  # pylint: disable=protected-access
 
 
 _WHAT = {

@@ -19,7 +19,6 @@ call (prints, breakpoints, attributes that change between calls).
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import time
@@ -36,9 +35,7 @@ from torchbridge._native import _exported
 from torchbridge._native import _loader
 from torchbridge._runtime import _placement
 from torchbridge._runtime import _runners
-from torchbridge._state import _module_checks
 from torchbridge._state import _runner
-from torchbridge._state import _watch
 
 _LOG = logging.getLogger("torchbridge")
 
@@ -122,21 +119,8 @@ class TorchRunner:
     if why_not is not None:
       self._say_python(*why_not)
       return None
-    key = (
-      mode_key,
-      isinstance(training, list),
-      tuple((tuple(a.shape.as_list()), a.dtype.name) for a in call.args_tf),
-      call.static_key(),
-    )
-    entry = self._captures.get(key)
-    if isinstance(entry, tuple) and entry[1].first_change() is not None:
-      entry = None  # Python state it read changed: capture again
-    if entry is None:
-      # On a thread of its own: eager, with a tape stack of its own (the
-      # check's gradients need one; tracing stops the caller's tapes).
-      with concurrent.futures.ThreadPoolExecutor(1, "torchbridge-capture") as pool:
-        entry = pool.submit(self._capture, call, training).result()
-      self._captures[key] = entry
+    key = _runner.signature_key(call, training, mode_key)
+    entry = _runner.cached_capture(self._captures, key, self._capture, call, training)
     if isinstance(entry, str):
       self._say_python(entry)
       return None
@@ -163,13 +147,9 @@ class TorchRunner:
       state.name,
     )
     n = len(captured.mutated)
-    writes = dict(zip(captured.mutated, outs_tf[:n]))
-    mutated_buffers[mode_key] = frozenset(writes)
-    for name, value_tf in writes.items():
-      variable = state.variables[name]
-      variable.assign(value_tf)
-      if after_writes is not None:
-        after_writes.append(tf.convert_to_tensor(variable))
+    _runner.assign_writes(
+      state, dict(zip(captured.mutated, outs_tf[:n])), mutated_buffers, mode_key, after_writes
+    )
     outputs = outs_tf[n:]
     return tf.nest.map_structure(lambda i: outputs[i], captured.structure)
 
@@ -179,39 +159,19 @@ class TorchRunner:
     state = self._state
     start = time.perf_counter()
     specs = [tf.TensorSpec(a.shape, a.dtype) for a in call.args_tf]
-    with state._lock:  # pylint: disable=protected-access
-      views = state._views  # pylint: disable=protected-access
-      views.lend()
-      views.suspend_hooks()
-      saved = _module_checks.set_modes(state.module, state._modules, training)  # pylint: disable=protected-access
+    with _runner.Capturing(state, training) as held:
       try:
-        before = _watch.Snapshot(
-          list(state.module.named_modules()),
-          watch_mode=False,
-          ignored=frozenset(views.hook_ids()),
-        )
         captured = self._export(call, specs)
         with _stats.uncounted():  # the check's crossings are no call's
           _check(captured, state, call, specs)
-        changed = before.first_change()
+        changed = held.changed()
         if changed is not None:
-          raise _Refused(
-            f"the forward changed its Python state while captured: {changed}; "
-            "a capture would keep one value"
-          )
+          return changed
       except _Refused as refused:
         return str(refused)
       except Exception as err:  # pylint: disable=broad-except
         return f"the capture raised {type(err).__name__}: {err}"
-      finally:
-        if saved is not None:
-          _module_checks.restore_modes(saved)
-        views.resume_hooks()
-      snapshot = _watch.Snapshot(
-        list(state.module.named_modules()),
-        watch_mode=False,
-        ignored=frozenset(views.hook_ids()),
-      )
+    snapshot = held.after
     # Capturing ran torch on a thread of the user's process, as the Python
     # path's tracing does: its idle OpenMP team is released the same way.
     _placement.graph_call_traced()
