@@ -120,7 +120,12 @@ class TorchRunner:
       self._say_python(*why_not)
       return None
     key = _runner.signature_key(call, training, mode_key)
-    entry = _runner.cached_capture(self._captures, key, self._capture, call, training)
+    # The user's torch thread count (a thread of its own, as the capture's,
+    # reads OpenMP's default instead).
+    num_threads = torch.get_num_threads()
+    entry = _runner.cached_capture(
+      self._captures, key, self._capture, call, training, num_threads
+    )
     if isinstance(entry, str):
       self._say_python(entry)
       return None
@@ -132,6 +137,11 @@ class TorchRunner:
         return None
     _runners.record(state.name, "torch", self._why_torch(), captured.seconds, path="C++")
     _runner.add_guard(snapshot, state.name, state.take_views_back)
+    # Traced into a graph, its calls run on the torch thread: the user's
+    # thread's idle OpenMP team is released, as the Python path's tracing
+    # does (two teams on these cores slow every parallel region).
+    _placement.remember_user_threads()
+    _placement.graph_call_traced()
     vars_tf = _read([state.variables[n] for n in names])
     differentiable = (
       [state.variables[n].trainable for n in state.param_names]
@@ -153,7 +163,7 @@ class TorchRunner:
     outputs = outs_tf[n:]
     return tf.nest.map_structure(lambda i: outputs[i], captured.structure)
 
-  def _capture(self, call: Any, training: bool | list[bool]) -> Any:
+  def _capture(self, call: Any, training: bool | list[bool], num_threads: int) -> Any:
     """(_Captured, Snapshot), or the reason the signature takes the Python
     path."""
     state = self._state
@@ -161,7 +171,7 @@ class TorchRunner:
     specs = [tf.TensorSpec(a.shape, a.dtype) for a in call.args_tf]
     with _runner.Capturing(state, training) as held:
       try:
-        captured = self._export(call, specs)
+        captured = self._export(call, specs, num_threads)
         with _stats.uncounted():  # the check's crossings are no call's
           _check(captured, state, call, specs)
         changed = held.changed()
@@ -172,13 +182,10 @@ class TorchRunner:
       except Exception as err:  # pylint: disable=broad-except
         return f"the capture raised {type(err).__name__}: {err}"
     snapshot = held.after
-    # Capturing ran torch on a thread of the user's process, as the Python
-    # path's tracing does: its idle OpenMP team is released the same way.
-    _placement.graph_call_traced()
     captured.seconds = time.perf_counter() - start
     return captured, snapshot
 
-  def _export(self, call: Any, specs: list[tf.TensorSpec]) -> _Captured:
+  def _export(self, call: Any, specs: list[tf.TensorSpec], num_threads: int) -> _Captured:
     from torchbridge._translate import _capture  # torch.export: on first use
     from torchbridge._translate import _export
 
@@ -215,7 +222,7 @@ class TorchRunner:
     )
     try:
       loaded = _exported.ExportedProgram(
-        program.graph, inputs, len(mutated), leaves, torch.get_num_threads()
+        program.graph, inputs, len(mutated), leaves, num_threads
       )
     except _exported.Unsupported as err:
       raise _Refused(f"the C++ runner cannot run a node of the capture: {err}") from err
