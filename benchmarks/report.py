@@ -23,7 +23,7 @@ MODELS = ("small_mlp", "cnn", "large_mlp")
 # The suite's TD3 contender whose torch modules run on the same native ops
 # through the leanest Python bridge one can write (bare_native.LeanTorchModule).
 LEAN_TD3 = "leanest Python bridge on the same ops (bare_native.LeanTorchModule)"
-# The one whose modules are traced to TorchScript and run from the ops'
+# The one whose modules are captured with torch.export and run from the ops'
 # kernel in C++, with no Python per call (scripted_native.ScriptedTorchModule).
 SCRIPTED_TD3 = "no-Python bridge on the same ops (scripted_native.ScriptedTorchModule)"
 # torchbridge with its modules' graph calls traced and run in C++.
@@ -122,7 +122,7 @@ def decomposition(results):
         (SCRIPTED_TD3, ms[SCRIPTED_TD3]),
         (
           "bridged - no-Python bridge: Python per call (the module's own included, "
-          "and eager torch against TorchScript's interpreter)",
+          "and eager torch against the C++ torch runner's dispatcher calls)",
           b - ms[SCRIPTED_TD3],
         ),
       ]

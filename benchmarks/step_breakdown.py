@@ -268,7 +268,7 @@ def timeline_pass(
   step through the leanest Python bridge, and the step with
   modules on the C++ torch runner (no Python per call), unrecorded and recorded
   in turn as the bridged step is (its kernels' phases: the C++ callback is
-  torch's compute in TorchScript's interpreter), with its floor (the same
+  torch's compute through torch's dispatcher), with its floor (the same
   ops, fresh torch tensors handed back from C++).
   Alternating keeps them on the same stretch of this noisy machine, so the
   recorded rows can be held against the unrecorded step."""
@@ -364,8 +364,8 @@ def timeline_pass(
 
 
 # The C++ torch runner's kernel phases: its callback runs no Python, only
-# torch (TorchScript's interpreter, autograd) and DLPack in C++.
-SCRIPTED_CALLBACK = "torch, run from C++: forwards (TorchScript) and backwards, DLPack in and out"
+# torch (one dispatcher call per ATen node, autograd) and DLPack in C++.
+SCRIPTED_CALLBACK = "torch, run from C++: forwards and backwards, DLPack in and out"
 
 
 def _scripted_rows(events, marks):

@@ -25,8 +25,8 @@ below (`floor_plus_torch_s`), and the torchbridge run's wall time minus it
 is the bridge's share (`bridge_share_s`). The `lean bridge` column runs the
 torch modules on the same ops through the leanest Python bridge one can
 write (`bare_native.LeanTorchModule`): how much of that share is
-torchbridge's own. The `no-Python bridge` column runs them traced to
-TorchScript, from the ops' kernel in C++ (`scripted_native.ScriptedTorchModule`):
+torchbridge's own. The `no-Python bridge` column runs them as
+a torch.export capture, from the ops' kernel in C++ (`scripted_native.ScriptedTorchModule`):
 how much of the share is Python per call, the modules' own Python
 included. The `torchbridge, run="torch"` column is the torchbridge
 run with `--run torch`: its modules' graph calls on the C++ torch runner.
@@ -196,7 +196,7 @@ def markdown(result, rounds, steps):
     "(`bare_native.LeanTorchModule`: none of torchbridge's Python)",
     TORCH_RUNNER: "torchbridge with `run=\"torch\"` (its graph calls on the C++ torch runner)",
     SCRIPTED: "The same run with no Python per call (`scripted_native.ScriptedTorchModule`: "
-    "the modules traced to TorchScript and run from the ops' kernel in C++; "
+    "the modules captured with torch.export and run from the ops' kernel in C++; "
     "its tracing included)",
   }
   for column, label in others.items():

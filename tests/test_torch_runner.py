@@ -491,6 +491,65 @@ def test_nested_and_named_results_keep_their_structure():
 
 
 @native_cpp
+def test_a_tied_weight_gets_the_sum_of_its_gradients():
+  # torch.export lifts a tied weight once per name (GPT-2's wte and
+  # lm_head): the variable is passed once per use and TF adds them up.
+  class Tied(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.emb = torch.nn.Embedding(10, 4)
+      self.head = torch.nn.Linear(4, 10, bias=False)
+      self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+      return self.head(self.emb(ids).sum(1))
+
+  torch.manual_seed(0)
+  net = Tied()
+  m = tb.TorchModule(copy.deepcopy(net), name="tied", run="torch")
+  ids = tf.constant([[1, 2], [3, 4]])
+
+  @tf.function
+  def step(ids):
+    with tf.GradientTape() as tape:
+      y = m(ids)
+      loss = tf.reduce_sum(y**2)
+    return y, tape.gradient(loss, m.trainable_variables)
+
+  y, [grad] = step(ids)
+  assert _path("tied") == "C++"
+  y_torch = net(torch.tensor([[1, 2], [3, 4]]))
+  (y_torch**2).sum().backward()
+  np.testing.assert_array_equal(y.numpy(), y_torch.detach().numpy())
+  np.testing.assert_allclose(grad.numpy(), net.emb.weight.grad.numpy(), rtol=1e-6)
+
+
+@native_cpp
+def test_a_check_that_torch_refuses_takes_the_python_path_naming_torchs_words(caplog):
+  # A loss whose target must lie in [0, 1]: the check's random inputs make
+  # torch raise inside the C++ runner; the reason is torch's message.
+  module = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Sigmoid())
+  loss = torch.nn.BCELoss()
+
+  class WithTarget(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.net = module
+
+    def forward(self, x, target):
+      return loss(self.net(x), target)
+
+  m = tb.TorchModule(WithTarget(), name="bce", run="torch")
+  with caplog.at_level(logging.WARNING, logger="torchbridge"):
+    y = tf.function(lambda x, t: m(x, t))(tf.ones([4, 3]), tf.fill([4, 1], 0.5))
+  assert np.isfinite(y.numpy())
+  said = [r.getMessage() for r in caplog.records if "bce" in r.getMessage()]
+  assert len(said) == 1 and "the capture's check raised in torch: all elements of target should be between 0 and 1" in said[0], said
+  assert "Exception raised from" not in said[0] and "function_node" not in said[0]
+  assert _path("bce") == "Python"
+
+
+@native_cpp
 def test_output_signature_with_read_only_buffers_runs_in_cpp():
   class WithBuffer(torch.nn.Module):
     def __init__(self):

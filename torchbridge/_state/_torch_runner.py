@@ -47,12 +47,18 @@ class _Refused(Exception):
 
 
 class _Captured:
-  """One captured signature: the program, its output specs and structure."""
+  """One captured signature: the program, its output specs and structure.
+
+  The program's arguments: every variable's value (parameters, then
+  buffers), the call's tensors, the capture's constant tensors, then
+  again each variable the graph reads a second time (a tied weight that
+  `torch.export` lifts once per name: TF adds up its two gradients)."""
 
   def __init__(
     self,
     program: _exported.ExportedProgram,
     constants_tf: list[tf.Tensor],
+    again: list[int],
     out_specs: list[tf.TensorSpec],
     structure: Any,
     mutated: tuple[str, ...],
@@ -60,10 +66,23 @@ class _Captured:
   ) -> None:
     self.program = program
     self.constants_tf = constants_tf
+    self.again = again  # indices into the variables' values
     self.out_specs = out_specs
     self.structure = structure
     self.mutated = mutated
     self.seconds = seconds
+
+  def arguments(
+    self, vars_tf: list[tf.Tensor], vars_differentiable: list[bool], args_tf: list[tf.Tensor]
+  ) -> tuple[list[tf.Tensor], list[bool]]:
+    """The program's arguments and which get gradients."""
+    return (
+      vars_tf + args_tf + self.constants_tf + [vars_tf[k] for k in self.again],
+      vars_differentiable
+      + [_call.is_differentiable(a.dtype) for a in args_tf]
+      + [False] * len(self.constants_tf)
+      + [vars_differentiable[k] for k in self.again],
+    )
 
 
 class TorchRunner:
@@ -142,19 +161,11 @@ class TorchRunner:
     # does (two teams on these cores slow every parallel region).
     _placement.remember_user_threads()
     _placement.graph_call_traced()
-    vars_tf = _read([state.variables[n] for n in names])
-    differentiable = (
-      [state.variables[n].trainable for n in state.param_names]
-      + [False] * len(state.buffer_names)
-      + [_call.is_differentiable(a.dtype) for a in call.args_tf]
-      + [False] * len(captured.constants_tf)
+    arguments, differentiable = captured.arguments(
+      _read([state.variables[n] for n in names]), _trainable(state), list(call.args_tf)
     )
     outs_tf = _call.call_exported(
-      captured.program,
-      vars_tf + list(call.args_tf) + captured.constants_tf,
-      captured.out_specs,
-      differentiable,
-      state.name,
+      captured.program, arguments, captured.out_specs, differentiable, state.name
     )
     n = len(captured.mutated)
     _runner.assign_writes(
@@ -179,6 +190,8 @@ class TorchRunner:
           return changed
       except _Refused as refused:
         return str(refused)
+      except tf.errors.OpError as err:  # torch raised in the C++ runner's check
+        return f"the capture's check raised in torch: {_torch_message(err.message)}"
       except Exception as err:  # pylint: disable=broad-except
         return f"the capture raised {type(err).__name__}: {err}"
     snapshot = held.after
@@ -202,6 +215,7 @@ class TorchRunner:
     canonical.update(state.state_names)
     names = state.param_names + state.buffer_names
     inputs = [f"torchbridge_unused_{k}" for k in range(len(names))]
+    again, again_inputs = [], []
     for placeholder, target in program.state_inputs.items():
       inner = _capture.inner_name(target)
       if inner not in canonical:
@@ -209,16 +223,22 @@ class TorchRunner:
           f"the forward reads the tensor {inner!r}, which is not a parameter or "
           "buffer of the module (register it with register_buffer)"
         )
-      inputs[names.index(canonical[inner])] = placeholder
+      k = names.index(canonical[inner])
+      if inputs[k].startswith("torchbridge_unused_"):
+        inputs[k] = placeholder
+      else:  # a tied weight, lifted once per name: passed again
+        again.append(k)
+        again_inputs.append(placeholder)
     inputs += list(program.user_inputs)
     constants = list(program.constants)
-    inputs += constants
+    inputs += constants + again_inputs
     mutated = tuple(canonical[_capture.inner_name(t)] for t in program.mutations)
+    trainable = _trainable(state)
     leaves = (
-      [state.variables[n].trainable for n in state.param_names]
-      + [False] * len(state.buffer_names)
+      trainable
       + [_call.is_differentiable(s.dtype) for s in specs]
       + [False] * len(constants)
+      + [trainable[k] for k in again]
     )
     try:
       loaded = _exported.ExportedProgram(
@@ -235,7 +255,7 @@ class TorchRunner:
       else:
         out_specs.append(_spec_of(node, state.name))
     constants_tf = [tf.constant(program.constants[c]) for c in constants]
-    return _Captured(loaded, constants_tf, out_specs, program.structure, mutated, 0.0)
+    return _Captured(loaded, constants_tf, again, out_specs, program.structure, mutated, 0.0)
 
   def _why_torch(self) -> str:
     """Why the call runs torch: run="torch", or the TF runner's refusal."""
@@ -255,6 +275,25 @@ class TorchRunner:
       self._state.name,
       reason,
     )
+
+
+def _torch_message(message: str) -> str:
+  """torch's own words in the op's error (not TF's function names, not
+  torch's C++ stack)."""
+  marker = "its C++ callback failed: "
+  if marker in message:
+    message = message[message.index(marker) + len(marker) :]
+  for end in ("\nException raised from", "Exception raised from", " [Op:"):
+    if end in message:
+      message = message[: message.index(end)]
+  return message.strip()
+
+
+def _trainable(state: Any) -> list[bool]:
+  """Per variable (parameters, then buffers): whether it gets a gradient."""
+  return [state.variables[n].trainable for n in state.param_names] + [False] * len(
+    state.buffer_names
+  )
 
 
 def _distribute_in_replica() -> bool:
@@ -318,21 +357,12 @@ def _check(captured: _Captured, state: Any, call: Any, specs: list[tf.TensorSpec
       args_tf = [tf.constant(x.numpy()) for x in inputs_torch]
       trainable = [k for k, n in enumerate(state.param_names) if state.variables[n].trainable]
       leaves_tf = [vars_tf[k] for k in trainable] + [a for a in args_tf if a.dtype.is_floating]
-      differentiable = (
-        [k in trainable for k in range(len(state.param_names))]
-        + [False] * len(state.buffer_names)
-        + [a.dtype.is_floating for a in args_tf]
-        + [False] * len(captured.constants_tf)
-      )
+      arguments, differentiable = captured.arguments(vars_tf, _trainable(state), args_tf)
       torch.manual_seed(1234 + size)
       with tf.GradientTape(persistent=True) as tape:
         tape.watch(leaves_tf)
         outs_tf = _call.call_exported(
-          captured.program,
-          vars_tf + args_tf + captured.constants_tf,
-          captured.out_specs,
-          differentiable,
-          state.name,
+          captured.program, arguments, captured.out_specs, differentiable, state.name
         )
       n = len(captured.mutated)
       # The Python path: the module's forward on the same values, seeded alike.
