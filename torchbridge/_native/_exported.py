@@ -230,6 +230,7 @@ _ARITHMETIC = {
   operator.truediv: 12,
 }
 _INTS, _DOUBLES, _BOOLS, _TENSORS, _OPTIONAL_TENSORS = range(5)
+_AS_RESHAPE = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)  # pylint: disable=protected-access
 # c10's ScalarType, Layout and MemoryFormat codes, as boxed calls take them.
 _SCALAR_TYPES = {
   torch.uint8: 0,
@@ -331,6 +332,12 @@ class ExportedProgram:
     schema = getattr(target, "_schema", None)
     if not isinstance(target, torch._ops.OpOverload) or schema is None:  # pylint: disable=protected-access
       raise Unsupported(f"{target} (not an ATen op) in node {node.name!r}")
+    if target in _AS_RESHAPE:
+      # The graph is functional (nothing writes through a view), so a
+      # reshape is the same value; a view that export's fake strides
+      # allowed may not be on the real ones (T5: a view after a transpose).
+      target = torch.ops.aten.reshape.default
+      schema = target._schema  # pylint: disable=protected-access
     error = ctypes.create_string_buffer(1024)
     num_out = len(schema.returns)
     first = lib.tbe_op(
