@@ -29,6 +29,7 @@ from torchbridge._native import _compiler
 from torchbridge._native import _loader
 from torchbridge._native import _op
 from torchbridge._native import _exported
+from torchbridge._native import _exported_program
 from torchbridge._runtime import _omp_team
 
 _SOURCE = Path(__file__).resolve().parent / "csrc" / "scripted_call.cc"
@@ -102,7 +103,7 @@ class ScriptedTorchModule(bare_native.BareNativeModule):
       # Exporting ran the module on this thread: its OpenMP team is
       # released again, as `_outputs_for` does (see there).
       _omp_team.release_user_team()
-      program = _exported.ExportedProgram(
+      program = _exported_program.ExportedProgram(
         exported.graph, names, 0, [True] * len(names), torch.get_num_threads()
       )
       self._programs[key] = (program.forward, program.backward, program)

@@ -1,5 +1,5 @@
 """A graph call run from C++: the forward and backward ops of a
-`_native._exported.ExportedProgram`, with TF's gradient.
+`_native._exported_program.ExportedProgram`, with TF's gradient.
 
 The forward op returns a one-byte handle besides the outputs; the handle
 owns the forward's autograd record in C++ and is what the backward op
@@ -23,7 +23,7 @@ from torchbridge._native import _op
 
 
 def call_exported(
-  program: Any,  # a `_native._exported.ExportedProgram`
+  program: Any,  # a `_native._exported_program.ExportedProgram`
   args_tf: Sequence[tf.Tensor],
   out_specs: Sequence[tf.TensorSpec],
   differentiable: Sequence[bool],

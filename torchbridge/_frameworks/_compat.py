@@ -229,3 +229,18 @@ def function_graph() -> Any:
   while isinstance(graph, cf.ControlFlowFuncGraph) and graph.outer_graph is not None:
     graph = graph.outer_graph
   return graph
+
+
+def is_optional_type(schema_type: Any) -> bool:
+  """A torch schema argument type `T?` (torch's private `torch._C` types)."""
+  return isinstance(schema_type, torch._C.OptionalType)  # pylint: disable=protected-access
+
+
+def is_list_type(schema_type: Any) -> bool:
+  """A torch schema argument type `T[]`."""
+  return isinstance(schema_type, torch._C.ListType)  # pylint: disable=protected-access
+
+
+def is_tensor_type(schema_type: Any) -> bool:
+  """A torch schema argument type `Tensor`."""
+  return isinstance(schema_type, torch._C.TensorType)  # pylint: disable=protected-access

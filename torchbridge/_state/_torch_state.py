@@ -70,8 +70,7 @@ class TorchState:
     self._lock = threading.RLock()
     self._exclusive = _exclusive.ExclusiveCalls(owner_name)  # read, op, assign
     self._slots = _swap.TensorSlots(module, self.param_names + self.buffer_names)
-    # Graph calls that run torch: from C++ where they can (_torch_runner.py).
-    self.torch_runner = _torch_runner.TorchRunner(self)
+    self.torch_runner = _torch_runner.TorchRunner(self)  # torch, from C++
     # Graph calls as TF ops (run="auto" / "tf"), or None: always torch.
     self.runner = _runner.Runner(self, run) if run != "torch" else None
     self._modules = list(module.modules())
@@ -95,8 +94,7 @@ class TorchState:
 
   def take_views_back(self) -> None:
     """Takes back the torch module's views of the variables (lent when it
-    was read), which would make TF copy each variable on its next update,
-    and go stale."""
+    was read: TF would copy each variable on its next update)."""
     views = self._views
     if views.lent:
       with self._lock:
