@@ -534,7 +534,14 @@ def test_graph_calls_take_the_runner_the_factory_names(factory, training):
   wrapper, _ = wrapped(factory)
   tf.function(lambda x: wrapper(x, training=training))(tf.constant(data(4)))
   choice = _runners.choices()[wrapper.name]
+  from torchbridge._native import _loader  # pylint: disable=import-outside-toplevel
+
   if factory.runner == "default":
     assert choice["runner"] == "tf", choice
+  elif factory.runner == "C++" and not _loader.has_torch_interop():
+    # The tf.py_function pass (make test's second): the C++ runner needs the
+    # native op, so these calls take the Python path, and say so.
+    assert choice["runner"] == "torch" and choice["path"] == "Python", choice
+    assert "native op" in choice["path_reason"], choice
   else:
     assert choice["runner"] == "torch" and choice["path"] == factory.runner, choice
