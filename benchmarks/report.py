@@ -27,7 +27,7 @@ LEAN_TD3 = "leanest Python bridge on the same ops (bare_native.LeanTorchModule)"
 # kernel in C++, with no Python per call (scripted_native.ScriptedTorchModule).
 SCRIPTED_TD3 = "no-Python bridge on the same ops (scripted_native.ScriptedTorchModule)"
 # torchbridge with its modules' graph calls traced and run in C++.
-TORCH_RUNNER_TD3 = "torchbridge, run=\"torch\" (C++ torch runner)"
+TORCH_RUNNER_TD3 = 'torchbridge, run="torch" (C++ torch runner)'
 
 
 def _median(timings, name):

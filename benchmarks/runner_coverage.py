@@ -310,9 +310,11 @@ def markdown(data):
   for r in data["records"]:
     detail = (r.get("detail") or "").replace("|", "\\|")
     if r.get("path"):
-      detail = f"from {r['path']}" + (
-        f" ({r['path_reason']})".replace("|", "\\|") if r.get("path_reason") else ""
-      ) + (f"; {detail}" if detail else "")
+      detail = (
+        f"from {r['path']}"
+        + (f" ({r['path_reason']})".replace("|", "\\|") if r.get("path_reason") else "")
+        + (f"; {detail}" if detail else "")
+      )
     mode = "training" if r["training"] else "inference"
     capture = f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else ""
     lines.append(f"| {r['model']} | {mode} | {r['outcome']} | {capture} | {detail} |")

@@ -583,7 +583,7 @@ def _scripted_markdown(t, step_ms):
   compute = rows.get(SCRIPTED_CALLBACK, 0.0)
   share = scripted_ms - floor_ms - compute
   lines = [
-    f"- The same step on the C++ torch runner (`tb.TorchModule(..., run=\"torch\")`: each "
+    f'- The same step on the C++ torch runner (`tb.TorchModule(..., run="torch")`: each '
     f"module captured with torch.export, its graph calls run from the native op's "
     f"kernel in C++: no Python per call; alternated blocks): "
     f"{scripted_ms:.2f} ms; the Python path's step {step_ms / scripted_ms:.2f}x "

@@ -32,7 +32,7 @@ BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
   "lean bridge": "lean-script",
-  "run=\"torch\"": "torchbridge-torch",
+  'run="torch"': "torchbridge-torch",
 }
 
 
@@ -96,11 +96,11 @@ def markdown(result, rounds, steps):
     ("train step, ms: torchbridge", "torchbridge", "ms_per_train_step"),
     ("train step, ms: pure torch", "pure torch", "ms_per_train_step"),
     ("train step, ms: leanest Python bridge", "lean bridge", "ms_per_train_step"),
-    ('train step, ms: torchbridge, run="torch"', "run=\"torch\"", "ms_per_train_step"),
+    ('train step, ms: torchbridge, run="torch"', 'run="torch"', "ms_per_train_step"),
     ("whole run, s: torchbridge", "torchbridge", "wall_s"),
     ("whole run, s: pure torch", "pure torch", "wall_s"),
     ("whole run, s: leanest Python bridge", "lean bridge", "wall_s"),
-    ('whole run, s: torchbridge, run="torch"', "run=\"torch\"", "wall_s"),
+    ('whole run, s: torchbridge, run="torch"', 'run="torch"', "wall_s"),
   )
 
   def measured(*backends):
@@ -131,7 +131,7 @@ def markdown(result, rounds, steps):
     ),
     (
       'train step: torchbridge, run="torch" / pure torch (target 1.10)',
-      "run=\"torch\"",
+      'run="torch"',
       "pure torch",
       "ms_per_train_step",
     ),
@@ -139,7 +139,7 @@ def markdown(result, rounds, steps):
     ("whole run: leanest Python bridge / pure torch", "lean bridge", "pure torch", "wall_s"),
     (
       'whole run: torchbridge, run="torch" / pure torch (target 1.2)',
-      "run=\"torch\"",
+      'run="torch"',
       "pure torch",
       "wall_s",
     ),

@@ -46,7 +46,7 @@ from benchmarks import scripted_native
 FLOOR = "floor"
 LEAN = "lean bridge"
 SCRIPTED = "no-Python bridge"
-TORCH_RUNNER = "torchbridge, run=\"torch\" (C++ torch runner)"
+TORCH_RUNNER = 'torchbridge, run="torch" (C++ torch runner)'
 BACKENDS = {
   "torchbridge": "torchbridge",
   "pure torch": "torch",
@@ -194,7 +194,7 @@ def markdown(result, rounds, steps):
   others = {
     LEAN: "The same run through the leanest Python bridge on the same ops "
     "(`bare_native.LeanTorchModule`: none of torchbridge's Python)",
-    TORCH_RUNNER: "torchbridge with `run=\"torch\"` (its graph calls on the C++ torch runner)",
+    TORCH_RUNNER: 'torchbridge with `run="torch"` (its graph calls on the C++ torch runner)',
     SCRIPTED: "The same run with no Python per call (`scripted_native.ScriptedTorchModule`: "
     "the modules captured with torch.export and run from the ops' kernel in C++; "
     "its tracing included)",

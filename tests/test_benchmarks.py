@@ -548,22 +548,19 @@ def test_td3_venvs_table_has_each_venvs_ratios():
       "torchbridge": backend(6.6, 20.0),
       "pure torch": backend(6.0, 16.0),
       "lean bridge": backend(6.5, 19.0),
-      "run=\"torch\"": backend(6.3, 17.6),
+      'run="torch"': backend(6.3, 17.6),
     },
   }
   text = td3_venvs.markdown(result, rounds=3, steps=3000)
   # run="torch" was measured in one venv only: no row for it.
-  assert "run=\"torch\"" not in text
-  result["/dev/venv/bin/python"]["run=\"torch\""] = backend(5.25, 16.5, "2.13.0+cpu")
+  assert 'run="torch"' not in text
+  result["/dev/venv/bin/python"]['run="torch"'] = backend(5.25, 16.5, "2.13.0+cpu")
   text = td3_venvs.markdown(result, rounds=3, steps=3000)
   assert '| train step, ms: torchbridge, run="torch" | 5.25 | 6.30 |' in text
   assert (
-    '| train step: torchbridge, run="torch" / pure torch (target 1.10) | 1.05x | 1.05x |'
-    in text
+    '| train step: torchbridge, run="torch" / pure torch (target 1.10) | 1.05x | 1.05x |' in text
   )
-  assert (
-    '| whole run: torchbridge, run="torch" / pure torch (target 1.2) | 1.10x | 1.10x |' in text
-  )
+  assert '| whole run: torchbridge, run="torch" / pure torch (target 1.2) | 1.10x | 1.10x |' in text
   assert "| | torch 2.13.0+cpu (complete op) | torch 2.15.0+cu132 (complete op) |" in text
   assert "| train step: torchbridge / pure torch (target 1.10) | 1.20x | 1.10x |" in text
   assert "| train step: torchbridge / leanest Python bridge | 1.09x | 1.02x |" in text
@@ -584,7 +581,7 @@ def test_td3_venvs_runs_each_backend_on_the_venvs_own_packages(tmp_path, monkeyp
     assert record["torchbridge_file"] == tb.__file__
   assert runs["lean bridge"]["processes"][0]["actor_class"] == "LeanTorchModule"
   # run="torch"'s graph calls ran from C++ (the C++ torch runner).
-  assert runs["run=\"torch\""]["processes"][0]["cpp_callbacks"] > 0
+  assert runs['run="torch"']["processes"][0]["cpp_callbacks"] > 0
   assert runs["torchbridge"]["processes"][0]["cpp_callbacks"] == 0
 
 

@@ -77,7 +77,9 @@ def _python_path(wrapper):
 def _pair(make, name="m", **kwargs):
   torch.manual_seed(0)
   module = make()
-  python_path = _python_path(tb.TorchModule(copy.deepcopy(module), name=name, run="torch", **kwargs))
+  python_path = _python_path(
+    tb.TorchModule(copy.deepcopy(module), name=name, run="torch", **kwargs)
+  )
   return tb.TorchModule(module, name=name, run="torch", **kwargs), python_path
 
 
@@ -228,7 +230,9 @@ def test_a_second_order_gradient_is_an_error_that_names_the_fix():
       g = inner.gradient(y, x)
     return outer.gradient(tf.reduce_sum(g**2), x)
 
-  with pytest.raises(NotImplementedError, match="second-order gradient.*TORCHBRIDGE_TORCH_RUNNER=python"):
+  with pytest.raises(
+    NotImplementedError, match="second-order gradient.*TORCHBRIDGE_TORCH_RUNNER=python"
+  ):
     penalty()
 
 
@@ -271,7 +275,10 @@ def test_keras_fit_with_dropout_and_batchnorm_runs_in_cpp_with_an_unknown_batch(
   y = rng.standard_normal((30, 2), dtype=np.float32)
   torch.manual_seed(0)
   net = torch.nn.Sequential(
-    torch.nn.Linear(3, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+    torch.nn.Linear(3, 16),
+    torch.nn.BatchNorm1d(16),
+    torch.nn.ReLU(),
+    torch.nn.Dropout(0.5),
     torch.nn.Linear(16, 2),
   )
   layer = tb.keras.TorchLayer(net, run="torch", name="fit_cpp")
@@ -339,7 +346,10 @@ def test_an_attribute_changed_after_capture_is_captured_again_or_refused_by_name
   # A new trace captures the new value...
   np.testing.assert_allclose(tf.function(lambda v: m(v))(x).numpy(), 5 * base, rtol=1e-6)
   # ...and the graph traced before refuses, naming it.
-  with pytest.raises(_runner.StaleCaptureError, match=r"(?s)exploring: t: 1.0 when captured, 5.0 now.*TORCHBRIDGE_TORCH_RUNNER=python"):
+  with pytest.raises(
+    _runner.StaleCaptureError,
+    match=r"(?s)exploring: t: 1.0 when captured, 5.0 now.*TORCHBRIDGE_TORCH_RUNNER=python",
+  ):
     old(x)
   m.torch_module.t = 1.0  # back as captured: runs again
   np.testing.assert_allclose(old(x).numpy(), base, rtol=1e-6)
@@ -544,7 +554,11 @@ def test_a_check_that_torch_refuses_takes_the_python_path_naming_torchs_words(ca
     y = tf.function(lambda x, t: m(x, t))(tf.ones([4, 3]), tf.fill([4, 1], 0.5))
   assert np.isfinite(y.numpy())
   said = [r.getMessage() for r in caplog.records if "bce" in r.getMessage()]
-  assert len(said) == 1 and "the capture's check raised in torch: all elements of target should be between 0 and 1" in said[0], said
+  assert (
+    len(said) == 1
+    and "the capture's check raised in torch: all elements of target should be between 0 and 1"
+    in said[0]
+  ), said
   assert "Exception raised from" not in said[0] and "function_node" not in said[0]
   assert _path("bce") == "Python"
 
@@ -646,7 +660,9 @@ def test_eager_calls_and_unknown_ranks_take_the_python_path(caplog):
 
 
 def test_torchscript_is_a_deprecated_alias_of_the_torch_runner():
-  with pytest.warns(DeprecationWarning, match=r'torchscript=True\) is deprecated and means run="torch"'):
+  with pytest.warns(
+    DeprecationWarning, match=r'torchscript=True\) is deprecated and means run="torch"'
+  ):
     m = tb.TorchModule(_mlp(), torchscript=True)
   assert m._run == "torch" and m._state.runner is None
   with pytest.warns(DeprecationWarning):
@@ -658,7 +674,9 @@ def test_torchscript_is_a_deprecated_alias_of_the_torch_runner():
     again = tb.keras.TorchLayer.from_config(config, safe_mode=False)
     assert again._run == "torch"
     assert copy.deepcopy(m)._run == "torch"
-  with pytest.raises(TypeError, match=r"torchscript=\.\.\.\) is deprecated and takes True or False, got 'yes'"):
+  with pytest.raises(
+    TypeError, match=r"torchscript=\.\.\.\) is deprecated and takes True or False, got 'yes'"
+  ):
     tb.TorchModule(_mlp(), torchscript="yes")
   with pytest.raises(ValueError, match="asks for two runners"):
     with pytest.warns(DeprecationWarning):
@@ -707,7 +725,9 @@ def test_info_says_which_capture_and_runner_are_active():
   )
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   env.pop("TORCHBRIDGE_TORCH_RUNNER", None)
-  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+  out = subprocess.run(
+    [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   import json  # pylint: disable=import-outside-toplevel
 

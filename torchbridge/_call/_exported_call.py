@@ -61,7 +61,7 @@ def call_exported(
           "through the C++ torch runner: its backward runs in C++ and builds "
           "no graph to differentiate. Set TORCHBRIDGE_TORCH_RUNNER=python "
           "before the tf.function is traced (the Python path gives every "
-          "order), or construct the module with run=\"auto\" where it "
+          'order), or construct the module with run="auto" where it '
           "translates (TF's own gradients)."
         )
       dys = [tf.zeros_like(out) if dy is None else dy for dy, out in zip(dys_tf, outs_tf)]

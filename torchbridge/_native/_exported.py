@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch  # before tensorflow
 
 from torchbridge._crossing import _stats
 from torchbridge._native import _build

@@ -121,8 +121,12 @@ class ExportedProgram:
     if lib.tbe_finish(context, array, len(outputs), num_state_outputs, flags, error, len(error)):
       raise Unsupported(error.value.decode())
     self.num_outputs = len(outputs)
-    self.forward = _callbacks.NativeCallback(_exported.address(lib.tbe_forward), context, owner=self)
-    self.backward = _callbacks.NativeCallback(_exported.address(lib.tbe_backward), context, owner=self)
+    self.forward = _callbacks.NativeCallback(
+      _exported.address(lib.tbe_forward), context, owner=self
+    )
+    self.backward = _callbacks.NativeCallback(
+      _exported.address(lib.tbe_backward), context, owner=self
+    )
 
   def _add(self, node: Any, slots: dict[str, Any]) -> Any:
     """Hands `node` to the program; returns its slot, or for a node of

@@ -67,9 +67,7 @@ def check(captured: Any, state: Any, call: Any, specs: list[tf.TensorSpec]) -> N
       try:
         result_torch = torch.func.functional_call(flat, tensors, tuple(inputs_leaves))
       except Exception as err:  # the user's forward on random inputs
-        raise Refused(
-          f"the forward raised on random inputs: {type(err).__name__}: {err}"
-        ) from err
+        raise Refused(f"the forward raised on random inputs: {type(err).__name__}: {err}") from err
       by_index = _export.flatten_like(captured.structure, result_torch)
       outputs_torch = [by_index[i] for i in sorted(tf.nest.flatten(captured.structure))]
       where = f"random inputs of shapes {[list(x.shape) for x in inputs_torch]}"
@@ -121,7 +119,9 @@ def _compare(got_tf: Any, want_torch: torch.Tensor, what: str, where: str) -> No
   got = np.asarray(got_tf.numpy() if hasattr(got_tf, "numpy") else got_tf)
   want = want_torch.detach().cpu().numpy()
   if got.shape != want.shape:
-    raise Refused(f"check: {what} has shape {list(got.shape)}, torch's {list(want.shape)} ({where})")
+    raise Refused(
+      f"check: {what} has shape {list(got.shape)}, torch's {list(want.shape)} ({where})"
+    )
   if got.dtype.kind in "fc":
     scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
     tol = {np.float64: 1e-9, np.float32: 1e-5, np.float16: 1e-2}.get(got.dtype.type, 2e-2)
@@ -130,9 +130,7 @@ def _compare(got_tf: Any, want_torch: torch.Tensor, what: str, where: str) -> No
     ok = np.array_equal(got, want)
   if not ok:
     diff = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))) if got.size else 0
-    raise Refused(
-      f"check: {what} differs from the Python path's by up to {diff:.3g} ({where})"
-    )
+    raise Refused(f"check: {what} differs from the Python path's by up to {diff:.3g} ({where})")
 
 
 def torch_message(message: str) -> str:
@@ -172,8 +170,7 @@ def signature_mismatch(output_signature: Any, captured: Any) -> str | None:
   declared = tf.nest.flatten(output_signature)
   outputs = captured.out_specs[len(captured.mutated) :]
   if len(declared) != len(outputs) or any(
-    d.dtype != o.dtype or not d.shape.is_compatible_with(o.shape)
-    for d, o in zip(declared, outputs)
+    d.dtype != o.dtype or not d.shape.is_compatible_with(o.shape) for d, o in zip(declared, outputs)
   ):
     return (
       f"the capture's outputs {outputs} do not match output_signature "

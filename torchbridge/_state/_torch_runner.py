@@ -92,9 +92,7 @@ class TorchRunner:
     self._said: set[str] = set()
     self.enabled = True  # False: this module's graph calls take the Python path
 
-  def why_not(
-    self, args_tf: Sequence[tf.Tensor], in_replica: bool
-  ) -> tuple[str, int] | None:
+  def why_not(self, args_tf: Sequence[tf.Tensor], in_replica: bool) -> tuple[str, int] | None:
     """Why this graph call takes the Python path (before any capture), and
     the level to say it at; or None. The user's own choices and the
     native op's fallback (which warns once itself) are said at DEBUG."""
@@ -160,7 +158,9 @@ class TorchRunner:
     _placement.remember_user_threads()
     _placement.graph_call_traced()
     arguments, differentiable = captured.arguments(
-      _read([state.variables[n] for n in names]), _torch_check.trainable_of(state), list(call.args_tf)
+      _read([state.variables[n] for n in names]),
+      _torch_check.trainable_of(state),
+      list(call.args_tf),
     )
     outs_tf = _call.call_exported(
       captured.program, arguments, captured.out_specs, differentiable, state.name
@@ -284,4 +284,4 @@ def _distribute_in_replica() -> bool:
 def _read(variables: Sequence[Any]) -> list[tf.Tensor]:
   from torchbridge._frameworks import _compat  # pylint: disable=import-outside-toplevel
 
-  return _compat.read_values(variables)
+  return _compat.read_values(list(variables))

@@ -25,7 +25,6 @@ from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _runner
 from torchbridge._state import _swap
-from torchbridge._runtime import _runners
 from torchbridge._runtime import _timeline
 from torchbridge._state import _torch_views
 from torchbridge._state import _torch_runner

@@ -123,9 +123,9 @@ class TorchModule(tf.Module):
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
-  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
-    ("_state", "_output_signature", "_run")
-  ).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state", "_output_signature", "_run")).union(
+    tf.Module._TF_MODULE_IGNORED_PROPERTIES
+  )
 
   @_compat.no_dependency_tracking
   def _init_untracked(
