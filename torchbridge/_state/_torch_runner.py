@@ -30,12 +30,14 @@ import tensorflow as tf
 
 from torchbridge import _call
 from torchbridge._crossing import _stats
+from torchbridge._frameworks import _compat
 from torchbridge._native import _exported
 from torchbridge._native import _exported_program
 from torchbridge._native import _loader
 from torchbridge._runtime import _placement
 from torchbridge._runtime import _runners
 from torchbridge._state import _capturing
+from torchbridge._state import _distribute
 from torchbridge._state import _runner
 from torchbridge._state import _torch_check
 
@@ -130,7 +132,7 @@ class TorchRunner:
     call takes the Python path (said once)."""
     state = self._state
     names = state.param_names + state.buffer_names
-    why_not = self.why_not(call.args_tf, _distribute_in_replica())
+    why_not = self.why_not(call.args_tf, _distribute.in_replica_of_several())
     if why_not is not None:
       self._say_python(*why_not)
       return None
@@ -158,7 +160,7 @@ class TorchRunner:
     _placement.remember_user_threads()
     _placement.graph_call_traced()
     arguments, differentiable = captured.arguments(
-      _read([state.variables[n] for n in names]),
+      _compat.read_values([state.variables[n] for n in names]),
       _torch_check.trainable_of(state),
       list(call.args_tf),
     )
@@ -273,15 +275,3 @@ class TorchRunner:
       self._state.name,
       reason,
     )
-
-
-def _distribute_in_replica() -> bool:
-  from torchbridge._state import _distribute  # pylint: disable=import-outside-toplevel
-
-  return _distribute.in_replica_of_several()
-
-
-def _read(variables: Sequence[Any]) -> list[tf.Tensor]:
-  from torchbridge._frameworks import _compat  # pylint: disable=import-outside-toplevel
-
-  return _compat.read_values(list(variables))
