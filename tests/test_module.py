@@ -1039,7 +1039,6 @@ def test_a_module_collected_inside_another_call_keeps_that_call_working():
   # another bridged call's tf.custom_gradient: its reads must not reach
   # that call's variable watcher ("grad_fn must accept keyword argument
   # 'variables'", seen once in the tf.py_function pass of tests/test_ppo.py).
-  import gc  # pylint: disable=import-outside-toplevel
 
   torch_dead = torch.nn.Linear(2, 2)
   holder = [tb.TorchModule(torch_dead, name="collected")]
