@@ -8,6 +8,8 @@ MODELS = {
   "small_mlp": ((32, 256, 256, 8), 64),
   "large_mlp": ((1024, 4096, 4096, 1024), 256),
   "cnn": ("cnn", 64),
+  # The critic-sized MLP of keras.io's DDPG on Pendulum (3 inputs).
+  "ddpg_mlp": ((3, 256, 256, 1), 64),
 }
 
 

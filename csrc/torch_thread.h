@@ -4,7 +4,16 @@
 // TF's thread hands work to without taking the GIL).
 //
 // TF's thread queues the call and waits for it: it spins for
-// kDoneSpinMicros (most calls are short), then sleeps. The kernel is not an
+// kDoneSpinMicros (most calls are short), then sleeps.
+//
+// Spinning yields the core at each turn, which costs nothing on a quiet
+// machine but a whole scheduler time slice (4 ms here) when another
+// process is runnable: a bridged step beside one busy process took 8 ms
+// instead of 1. So every spin watches its own yields: one that came back
+// after more than kContendedYieldMicros means the core is contended, and
+// both sides then sleep at once, without spinning, for kNoSpinSeconds
+// before they try again (benchmarks/load.py measures the three ways:
+// always spin, never spin, this one). The kernel is not an
 // AsyncOpKernel: TF's executor hands an asynchronous kernel's successors to
 // its pool, one more thread hop per call (measured: +55 us per call here,
 // against +22 us for this hand-over). A call queued while the thread is
@@ -52,6 +61,8 @@ class TorchThread {
   static constexpr double kWaitSeconds = 2.0;
   static constexpr int kSpinMicros = 50;
   static constexpr int kDoneSpinMicros = 50;
+  static constexpr int kContendedYieldMicros = 200;
+  static constexpr double kNoSpinSeconds = 1.0;
 
   // The process's torch thread (a fresh one in a forked child).
   static TorchThread& Get() {
@@ -98,13 +109,10 @@ class TorchThread {
       return;
     }
     wake_.notify_one();
-    const auto spin_end = std::chrono::steady_clock::now() +
-                          std::chrono::microseconds(kDoneSpinMicros);
-    while (!item->done.load(std::memory_order_acquire) &&
-           std::chrono::steady_clock::now() < spin_end) {
-      std::this_thread::yield();
+    if (Spin(kDoneSpinMicros,
+             [&] { return item->done.load(std::memory_order_acquire); })) {
+      return;
     }
-    if (item->done.load(std::memory_order_acquire)) return;
     std::unique_lock<std::mutex> lock(mu_);
     const bool taken = changed_.wait_for(
         lock, std::chrono::duration<double>(kWaitSeconds),
@@ -129,6 +137,11 @@ class TorchThread {
   int64_t started() const { return started_.load(); }
   int64_t inline_fallbacks() const { return inline_fallbacks_.load(); }
   int64_t teams_released() const { return teams_released_.load(); }
+  // Times a spin found its core contended (and spinning stopped a while).
+  int64_t contended() const { return contended_.load(); }
+  // The spin: 0 never, 1 always, -1 adaptive (the default; see above).
+  // TORCHBRIDGE_TORCH_THREAD_SPIN sets it at start (benchmarks compare them).
+  int spin_mode() const { return spin_mode_; }
   bool alive() {
     std::lock_guard<std::mutex> lock(mu_);
     return running_;
@@ -144,6 +157,38 @@ class TorchThread {
   TorchThread() {
     const char* setting = std::getenv("TORCHBRIDGE_TORCH_THREAD");
     enabled_ = setting == nullptr || std::strcmp(setting, "0") != 0;
+    const char* spin = std::getenv("TORCHBRIDGE_TORCH_THREAD_SPIN");
+    if (spin != nullptr && std::strcmp(spin, "never") == 0) spin_mode_ = 0;
+    if (spin != nullptr && std::strcmp(spin, "always") == 0) spin_mode_ = 1;
+  }
+
+  // Spins up to `micros` until `ready()`, yielding the core at each turn;
+  // returns ready(). Not at all while the core is contended (see above).
+  template <typename Ready>
+  bool Spin(int micros, const Ready& ready) {
+    using Clock = std::chrono::steady_clock;
+    auto now = Clock::now();
+    if (spin_mode_ == 0 ||
+        now.time_since_epoch().count() <
+            no_spin_until_.load(std::memory_order_relaxed)) {
+      return ready();
+    }
+    const auto end = now + std::chrono::microseconds(micros);
+    while (!ready() && now < end) {
+      std::this_thread::yield();
+      const auto after = Clock::now();
+      if (spin_mode_ < 0 &&
+          after - now > std::chrono::microseconds(kContendedYieldMicros)) {
+        const auto until = after + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(kNoSpinSeconds));
+        no_spin_until_.store(until.time_since_epoch().count(),
+                             std::memory_order_relaxed);
+        contended_.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+      now = after;
+    }
+    return ready();
   }
 
   bool Start() {  // with mu_ held
@@ -168,12 +213,8 @@ class TorchThread {
     tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
     while (true) {
       // A short spin catches the next call of a burst without a wake-up.
-      const auto spin_end = std::chrono::steady_clock::now() +
-                            std::chrono::microseconds(kSpinMicros);
-      while (pending_.load(std::memory_order_acquire) == 0 &&
-             std::chrono::steady_clock::now() < spin_end) {
-        std::this_thread::yield();
-      }
+      Spin(kSpinMicros,
+           [&] { return pending_.load(std::memory_order_acquire) != 0; });
       std::shared_ptr<Item> item;
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -255,6 +296,10 @@ class TorchThread {
   std::atomic<int64_t> started_{0};
   std::atomic<int64_t> inline_fallbacks_{0};
   std::atomic<int64_t> teams_released_{0};
+  std::atomic<int64_t> contended_{0};
+  int spin_mode_ = -1;
+  // steady_clock ticks before which nobody spins (a contended core).
+  std::atomic<int64_t> no_spin_until_{0};
   bool team_ = false;  // this thread ran a call since its team was released
 };
 

@@ -56,6 +56,15 @@ int64_t torchbridge_teams_released() {
   return torchbridge::TorchThread::Get().teams_released();
 }
 
+// Times the torch thread's hand-off found its core contended and stopped
+// spinning for a while, and its spin mode (0 never, 1 always, -1 adaptive).
+int64_t torchbridge_handoff_contended() {
+  return torchbridge::TorchThread::Get().contended();
+}
+int64_t torchbridge_handoff_spin_mode() {
+  return torchbridge::TorchThread::Get().spin_mode();
+}
+
 }  // extern "C"
 
 namespace torchbridge {

@@ -1,0 +1,211 @@
+"""Under load: the same step quiet and beside busy processes, side by side.
+
+Usage:
+  python -m benchmarks.load [--rounds 2] [--out benchmarks/results]
+
+Each contender of `benchmarks/load_process.py` (Keras, the bridge on each
+runner, pure torch) times one Adam step of the 3-256-256-1 MLP on a batch
+of 64 in a process of its own, under each condition:
+
+- quiet: nothing else running (waits for a quiet machine first);
+- busy1 / busy2: beside 1 / 2 processes that spin a core each, all at the
+  same niceness;
+- nice19 busy1 / nice19 busy2: the same, the timed process at niceness 19
+  (taken after its set-up), as a background job beside other work.
+
+The eager policy call (a [1, 3] state, read as numpy) is timed quiet and
+beside one busy process. The torch thread's hand-off is timed with each
+spin setting (`TORCHBRIDGE_TORCH_THREAD_SPIN`: adaptive, the default;
+always; never) on the torch runners, quiet and loaded. Rounds alternate the
+order. Writes `results/load.json` (with the commit) and `results/load.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import harness
+from benchmarks import load_process as lp
+
+# name -> (busy processes, niceness of the timed process)
+CONDITIONS = {
+  "quiet": (0, 0),
+  "busy1": (1, 0),
+  "busy2": (2, 0),
+  "nice19 busy1": (1, 19),
+  "nice19 busy2": (2, 19),
+}
+SPINS = ("adaptive", "always", "never")
+TORCH_RUNNERS = (lp.BRIDGE_CPP, lp.BRIDGE_PY)
+
+
+@contextlib.contextmanager
+def busy(count):
+  """`count` processes that each spin a core, at niceness 0."""
+  procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+  try:
+    time.sleep(0.2 if procs else 0)
+    yield
+  finally:
+    for proc in procs:
+      proc.kill()
+      proc.wait()
+
+
+def _job(contender, what, condition, spin):
+  count, nice = CONDITIONS[condition]
+
+  def run():
+    if count == 0:
+      harness.wait_for_quiet()
+    previous = os.environ.get("TORCHBRIDGE_TORCH_THREAD_SPIN")
+    os.environ["TORCHBRIDGE_TORCH_THREAD_SPIN"] = spin
+    try:
+      with busy(count):
+        record = harness.run_process(
+          "benchmarks.load_process", [contender, what, "--nice", nice], quiet_wait=0
+        )
+    finally:
+      if previous is None:
+        del os.environ["TORCHBRIDGE_TORCH_THREAD_SPIN"]
+      else:
+        os.environ["TORCHBRIDGE_TORCH_THREAD_SPIN"] = previous
+    record.update(condition=condition, spin=spin)
+    return record
+
+  return run
+
+
+def jobs():
+  """{(what, contender, condition, spin): job} of one round."""
+  out = {}
+  for contender in lp.CONTENDERS:
+    for condition in CONDITIONS:
+      out[("step", contender, condition, "adaptive")] = _job(
+        contender, "step", condition, "adaptive"
+      )
+    for condition in ("quiet", "busy1"):
+      out[("eager", contender, condition, "adaptive")] = _job(
+        contender, "eager", condition, "adaptive"
+      )
+  for contender in TORCH_RUNNERS:
+    for spin in SPINS[1:]:
+      for condition in ("quiet", "busy1", "nice19 busy1"):
+        out[("step", contender, condition, spin)] = _job(contender, "step", condition, spin)
+  return out
+
+
+def measure(rounds, log=print):
+  runs = harness.alternated(jobs(), rounds=rounds, log=lambda m: log(f"  load {m}"))
+  results = []
+  for (what, contender, condition, spin), records in runs.items():
+    medians = [r["median_us"] for r in records]
+    results.append(
+      {
+        "what": what,
+        "contender": contender,
+        "condition": condition,
+        "spin": spin,
+        "median_us": float(np.median(medians)),
+        "min_us": float(min(medians)),
+        "max_us": float(max(medians)),
+        "processes": records,
+      }
+    )
+  return {
+    "environment": harness.environment(os.cpu_count() or 1, "cpu"),
+    "rounds": rounds,
+    "results": results,
+    "failures": harness.FAILURES,
+  }
+
+
+def _lookup(data, what, contender, condition, spin="adaptive"):
+  for r in data["results"]:
+    if (r["what"], r["contender"], r["condition"], r["spin"]) == (
+      what,
+      contender,
+      condition,
+      spin,
+    ):
+      return r
+  return None
+
+
+def markdown(data):
+  env = data["environment"]
+  commit = (env["source"]["commit"] or "?")[:7]
+  lines = [
+    f"Under load, at {commit}: torch {env['torch']}, TF {env['tensorflow']}, "
+    f"{env['cpu_count']} cores, {data['rounds']} rounds, each cell the median over "
+    "processes of each process's median of 7 timed blocks of about 0.3 s.",
+    "",
+    "**One Adam step of the 3-256-256-1 MLP, batch 64** (ms; in brackets: the "
+    "ratio to the same contender's quiet step):",
+    "",
+    "| contender | " + " | ".join(CONDITIONS) + " |",
+    "|---|" + "---|" * len(CONDITIONS),
+  ]
+  for contender in lp.CONTENDERS:
+    quiet = _lookup(data, "step", contender, "quiet")
+    cells = []
+    for condition in CONDITIONS:
+      r = _lookup(data, "step", contender, condition)
+      ratio = r["median_us"] / quiet["median_us"]
+      cells.append(f"{r['median_us'] / 1e3:.2f} ({ratio:.2f}x)")
+    lines.append(f"| {contender} | " + " | ".join(cells) + " |")
+  lines += [
+    "",
+    "**The torch thread's hand-off** (`TORCHBRIDGE_TORCH_THREAD_SPIN`), the same "
+    "step on the torch runners (ms):",
+    "",
+    "| contender | spin | quiet | busy1 | nice19 busy1 |",
+    "|---|---|---|---|---|",
+  ]
+  for contender in TORCH_RUNNERS:
+    for spin in SPINS:
+      cells = [
+        f"{_lookup(data, 'step', contender, c, spin)['median_us'] / 1e3:.2f}"
+        for c in ("quiet", "busy1", "nice19 busy1")
+      ]
+      lines.append(f"| {contender} | {spin} | " + " | ".join(cells) + " |")
+  lines += [
+    "",
+    "**One eager call on a [1, 3] state, read as numpy** (the policy call of each "
+    "environment step; us):",
+    "",
+    "| contender | quiet | busy1 | vs Keras, quiet |",
+    "|---|---|---|---|",
+  ]
+  keras_quiet = _lookup(data, "eager", lp.KERAS, "quiet")["median_us"]
+  for contender in lp.CONTENDERS:
+    quiet = _lookup(data, "eager", contender, "quiet")["median_us"]
+    loaded = _lookup(data, "eager", contender, "busy1")["median_us"]
+    lines.append(f"| {contender} | {quiet:.0f} | {loaded:.0f} | {quiet / keras_quiet:.2f}x |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__)
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
+  args = parser.parse_args(argv)
+  data = measure(args.rounds)
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "load.json").write_text(json.dumps(data, indent=1))
+  (out / "load.md").write_text(markdown(data))
+  print(markdown(data))
+
+
+if __name__ == "__main__":
+  main()

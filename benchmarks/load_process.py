@@ -1,0 +1,134 @@
+"""One contender's training step or eager policy call, timed in a process
+of its own (benchmarks/load.py starts it quiet or beside busy processes).
+
+Usage:
+  python -m benchmarks.load_process CONTENDER {step,eager} [--seconds S]
+      [--repeats R] [--threads T]
+
+`step`: one Adam step of the 3-256-256-1 MLP on a batch of 64 (forward,
+MSE loss, backward, update) in a `tf.function` (pure torch: its own loop).
+`eager`: one eager call on a [1, 3] state with its result read as numpy,
+as an RL loop picks each action (pure torch: under `torch.no_grad()`).
+Prints one JSON line: the per-call time of each repeat and their median.
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402  (before TensorFlow)
+import tensorflow as tf  # noqa: E402
+
+import torchbridge as tb  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from benchmarks import models  # noqa: E402
+
+KERAS = "keras"
+BRIDGE = "torchbridge (default: TF runner)"
+BRIDGE_CPP = "torchbridge run='torch' (C++ runner)"
+BRIDGE_PY = "torchbridge run='torch' (Python path)"
+PURE_TORCH = "pure torch"
+CONTENDERS = (KERAS, BRIDGE, BRIDGE_CPP, BRIDGE_PY, PURE_TORCH)
+MODEL = "ddpg_mlp"
+
+
+def _bridged(contender):
+  torch.manual_seed(0)
+  net = models.torch_model(MODEL)
+  if contender == BRIDGE:
+    return tb.keras.TorchLayer(net)
+  layer = tb.keras.TorchLayer(net, run="torch")
+  if contender == BRIDGE_PY:
+    layer._torch_state.torch_runner.enabled = False  # pylint: disable=protected-access
+  return layer
+
+
+def build(contender, what):
+  """The zero-argument function timed for `contender`."""
+  rng = np.random.default_rng(0)
+  shape, _, target = models.batch_shapes(MODEL)
+  x_np = rng.standard_normal(shape, dtype=np.float32)
+  y_np = rng.standard_normal(target, dtype=np.float32)
+  state_np = rng.standard_normal((1, shape[1]), dtype=np.float32)
+  if contender == PURE_TORCH:
+    torch.manual_seed(0)
+    net = models.torch_model(MODEL)
+    if what == "eager":
+      state_torch = torch.from_numpy(state_np)
+
+      def act():
+        with torch.no_grad():
+          return net(state_torch).numpy()
+
+      return act
+    adam = torch.optim.Adam(net.parameters(), 1e-4)
+    x_torch, y_torch = torch.from_numpy(x_np), torch.from_numpy(y_np)
+
+    def torch_step():
+      adam.zero_grad(set_to_none=True)
+      loss = torch.mean((net(x_torch) - y_torch) ** 2)
+      loss.backward()
+      adam.step()
+      return loss
+
+    return torch_step
+  model = models.keras_model(MODEL) if contender == KERAS else _bridged(contender)
+  if what == "eager":
+    state_tf = tf.constant(state_np)
+    return lambda: model(state_tf).numpy()
+  x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
+  optimizer = tf.keras.optimizers.Adam(1e-4)
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((model(x_tf) - y_tf) ** 2)
+    variables = model.trainable_variables
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return loss
+
+  return step
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.load_process", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("contender", choices=CONTENDERS)
+  parser.add_argument("what", choices=["step", "eager"])
+  parser.add_argument("--seconds", type=float, default=0.3, help="time per repeat")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+  parser.add_argument(
+    "--nice", type=int, default=0, help="niceness taken after the set-up, before the timing"
+  )
+  args = parser.parse_args(argv)
+
+  harness.configure_threads(args.threads)
+  fn = build(args.contender, args.what)
+  harness.calls_for(fn, args.seconds)  # traces and warms up at the start's niceness
+  if args.nice:
+    os.nice(args.nice)
+  calls = harness.calls_for(fn, args.seconds)  # sized under the conditions timed
+  samples_us = harness.timed_repeats(fn, args.repeats, calls)
+  summary = harness.summarize(samples_us)
+  print(
+    json.dumps(
+      {
+        "pid": os.getpid(),
+        "nice": os.nice(0),
+        "contender": args.contender,
+        "what": args.what,
+        "calls": calls,
+        "median_us": summary["median_us"],
+        "samples_us": summary["samples_us"],
+      }
+    )
+  )
+
+
+if __name__ == "__main__":
+  main()
