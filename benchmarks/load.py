@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -199,6 +200,8 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
+  # Stopped by a signal, the busy processes go too (`busy`'s finally).
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
   data = measure(args.rounds)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
