@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test check test-user user-venv bench bench-user bench-runners runner-coverage bench-build soak venv clean docs lint
+.PHONY: demo ppo test check test-user user-venv bench bench-user bench-runners bench-load runner-coverage bench-build soak venv clean docs lint
 
 venv: $(STAMP)
 
@@ -140,6 +140,16 @@ bench-runners: $(STAMP)
 	test -x $(USER_PY) || $(MAKE) user-venv
 	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet gymnasium
 	$(PY) -m benchmarks.runners --python $(PY) --python $(USER_PY)
+
+# On a busy machine (issue 42): the same step for Keras, each runner and pure
+# torch, quiet and beside busy processes (same nice, nice 19), the hand-off's
+# spin settings, pure torch's remedies, and a DDPG-shaped loop against its
+# Keras twin (benchmarks/results/load*.{json,md}, ddpg_loop.*). About 40 min;
+# run it on an otherwise idle machine.
+bench-load: $(STAMP)
+	$(PY) -m benchmarks.load
+	$(PY) -m benchmarks.load --remedies
+	$(PY) -m benchmarks.ddpg_loop
 
 # Which runner torch's module_db and the tiny transformers models take on the
 # default path (benchmarks/results/runner_coverage.{json,md}), and which

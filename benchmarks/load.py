@@ -46,6 +46,13 @@ CONDITIONS = {
   "nice19 busy2": (2, 19),
 }
 SPINS = ("adaptive", "always", "never")
+# What a pure-torch user can do beside other work (the threads guide):
+# name -> (extra environment, load_process arguments).
+REMEDIES = {
+  "as is (2 threads)": ({}, []),
+  "OMP_WAIT_POLICY=PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
+  "torch.set_num_threads(1)": ({}, ["--threads", "1"]),
+}
 TORCH_RUNNERS = (lp.BRIDGE_CPP, lp.BRIDGE_PY)
 
 
@@ -62,25 +69,35 @@ def busy(count):
       proc.wait()
 
 
-def _job(contender, what, condition, spin):
+@contextlib.contextmanager
+def environ(**values):
+  """`os.environ` with `values` set, restored after."""
+  previous = {name: os.environ.get(name) for name in values}
+  os.environ.update(values)
+  try:
+    yield
+  finally:
+    for name, value in previous.items():
+      if value is None:
+        del os.environ[name]
+      else:
+        os.environ[name] = value
+
+
+def _job(contender, what, condition, spin, remedy=None):
   count, nice = CONDITIONS[condition]
+  extra_env, extra_args = REMEDIES[remedy] if remedy else ({}, [])
 
   def run():
     if count == 0:
       harness.wait_for_quiet()
-    previous = os.environ.get("TORCHBRIDGE_TORCH_THREAD_SPIN")
-    os.environ["TORCHBRIDGE_TORCH_THREAD_SPIN"] = spin
-    try:
-      with busy(count):
-        record = harness.run_process(
-          "benchmarks.load_process", [contender, what, "--nice", nice], quiet_wait=0
-        )
-    finally:
-      if previous is None:
-        del os.environ["TORCHBRIDGE_TORCH_THREAD_SPIN"]
-      else:
-        os.environ["TORCHBRIDGE_TORCH_THREAD_SPIN"] = previous
-    record.update(condition=condition, spin=spin)
+    with environ(TORCHBRIDGE_TORCH_THREAD_SPIN=spin, **extra_env), busy(count):
+      record = harness.run_process(
+        "benchmarks.load_process",
+        [contender, what, "--nice", nice, *extra_args],
+        quiet_wait=0,
+      )
+    record.update(condition=condition, spin=spin, remedy=remedy)
     return record
 
   return run
@@ -103,6 +120,58 @@ def jobs():
       for condition in ("quiet", "busy1", "nice19 busy1"):
         out[("step", contender, condition, spin)] = _job(contender, "step", condition, spin)
   return out
+
+
+def remedy_jobs():
+  """{("step", pure torch, condition, remedy): job}: pure torch's step as
+  is and with each remedy, quiet and beside one and two busy processes."""
+  return {
+    ("step", lp.PURE_TORCH, condition, remedy): _job(
+      lp.PURE_TORCH, "step", condition, "adaptive", remedy
+    )
+    for remedy in REMEDIES
+    for condition in ("quiet", "busy1", "busy2")
+  }
+
+
+def measure_remedies(rounds, log=print):
+  runs = harness.alternated(remedy_jobs(), rounds=rounds, log=lambda m: log(f"  load {m}"))
+  return {
+    "environment": harness.environment(os.cpu_count() or 1, "cpu"),
+    "rounds": rounds,
+    "results": [
+      {
+        "condition": condition,
+        "remedy": remedy,
+        "median_us": float(np.median([r["median_us"] for r in records])),
+        "processes": records,
+      }
+      for (_, _, condition, remedy), records in runs.items()
+    ],
+    "failures": harness.FAILURES,
+  }
+
+
+def markdown_remedies(data):
+  env = data["environment"]
+  commit = (env["source"]["commit"] or "?")[:7]
+  lines = [
+    f"Pure torch's Adam step of the 3-256-256-1 MLP (batch 64) beside busy processes, "
+    f"at {commit}: torch {env['torch']}, {env['cpu_count']} cores, {data['rounds']} "
+    "rounds, ms (in brackets: the ratio to the same setting's quiet step).",
+    "",
+    "| setting | quiet | busy1 | busy2 |",
+    "|---|---|---|---|",
+  ]
+  by_key = {(r["remedy"], r["condition"]): r["median_us"] for r in data["results"]}
+  for remedy in REMEDIES:
+    quiet = by_key[(remedy, "quiet")]
+    cells = [
+      f"{by_key[(remedy, c)] / 1e3:.2f} ({by_key[(remedy, c)] / quiet:.1f}x)"
+      for c in ("quiet", "busy1", "busy2")
+    ]
+    lines.append(f"| {remedy} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def measure(rounds, log=print):
@@ -198,13 +267,24 @@ def markdown(data):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__)
   parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument(
+    "--remedies",
+    action="store_true",
+    help="time pure torch's remedies instead (results/load_torch_remedies.*)",
+  )
   parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
   # Stopped by a signal, the busy processes go too (`busy`'s finally).
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-  data = measure(args.rounds)
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  if args.remedies:
+    data = measure_remedies(args.rounds)
+    (out / "load_torch_remedies.json").write_text(json.dumps(data, indent=1))
+    (out / "load_torch_remedies.md").write_text(markdown_remedies(data))
+    print(markdown_remedies(data))
+    return
+  data = measure(args.rounds)
   (out / "load.json").write_text(json.dumps(data, indent=1))
   (out / "load.md").write_text(markdown(data))
   print(markdown(data))

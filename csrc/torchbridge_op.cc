@@ -65,6 +65,15 @@ int64_t torchbridge_handoff_spin_mode() {
   return torchbridge::TorchThread::Get().spin_mode();
 }
 
+// Torch threads started so far, and calls that ran on TF's thread because
+// the torch thread was busy too long (see torch_thread.h).
+int64_t torchbridge_torch_threads_started() {
+  return torchbridge::TorchThread::Get().started();
+}
+int64_t torchbridge_torch_thread_inline_fallbacks() {
+  return torchbridge::TorchThread::Get().inline_fallbacks();
+}
+
 }  // extern "C"
 
 namespace torchbridge {

@@ -220,6 +220,7 @@ def _threads() -> dict[str, Any]:
     "torch_thread": "on (one thread runs bridged graph calls)"
     if _torch_thread.ENABLED
     else "off (TORCHBRIDGE_TORCH_THREAD=0)",
+    "torch_thread_spin": _torch_thread.spin_setting(),
     "cpu_count": os.cpu_count(),
   }
 

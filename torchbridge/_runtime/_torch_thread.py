@@ -56,6 +56,12 @@ IDLE_SECONDS = 0.2
 TEAM_IDLE_SECONDS = 0.005
 WAIT_SECONDS = 2.0
 ENABLED = os.environ.get("TORCHBRIDGE_TORCH_THREAD", "1") != "0"
+# How the native op's hand-off waits (csrc/torch_thread.h): "adaptive" (the
+# default) spins briefly unless a yield found the core contended in the last
+# second; "always" spins regardless; "never" sleeps at once. Read by the C++
+# thread when it is made; reported here.
+SPIN_ENV = "TORCHBRIDGE_TORCH_THREAD_SPIN"
+SPINS = ("adaptive", "always", "never")
 
 T = TypeVar("T")
 
@@ -264,6 +270,15 @@ def apply_threads() -> None:
   if getattr(_applied, "threads", None) != wanted:
     torch.set_num_threads(wanted)
     _applied.threads = wanted
+
+
+def spin_setting() -> str:
+  """The native op's hand-off spin setting, as `python -m torchbridge info`
+  reports it (an unknown value is the default, said so)."""
+  value = os.environ.get(SPIN_ENV, "adaptive")
+  if value in SPINS:
+    return value
+  return f"adaptive ({SPIN_ENV}={value!r} is not one of {', '.join(SPINS)}: ignored)"
 
 
 def remember_threads() -> None:
