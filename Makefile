@@ -149,6 +149,7 @@ bench-runners: $(STAMP)
 bench-load: $(STAMP)
 	$(PY) -m benchmarks.load
 	$(PY) -m benchmarks.load --remedies
+	$(PY) -m benchmarks.load --breakdown --rounds 3
 	$(PY) -m benchmarks.ddpg_loop
 
 # Which runner torch's module_db and the tiny transformers models take on the

@@ -163,7 +163,7 @@ def loop(backend, steps, seed=0):
     for part, spent in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
       parts[part] += spent
   wall = time.perf_counter() - start
-  return {"wall_s": wall, "parts_s": parts, "last_loss": float(loss)}
+  return {"loop_s": wall, "parts_s": parts, "last_loss": float(loss)}
 
 
 def one(backend, steps):
@@ -187,7 +187,7 @@ def measure(rounds, steps, log=print):
     "environment": harness.environment(os.cpu_count() or 1, "cpu"),
     "rounds": rounds,
     "steps": steps,
-    "results": {b: harness.over_processes(runs[b], key="wall_s") for b in BACKENDS},
+    "results": {b: harness.over_processes(runs[b], key="loop_s") for b in BACKENDS},
     "failures": harness.FAILURES,
   }
 
@@ -195,7 +195,7 @@ def measure(rounds, steps, log=print):
 def markdown(data):
   env = data["environment"]
   commit = (env["source"]["commit"] or "?")[:7]
-  keras_wall = data["results"][KERAS]["wall_s"]
+  keras_loop = data["results"][KERAS]["loop_s"]
   lines = [
     f"DDPG-shaped loop, {data['steps']} environment steps (each: an eager policy call, "
     "a graph update on a batch of 64, two target updates by `set_weights`), at "
@@ -209,15 +209,18 @@ def markdown(data):
   for backend in BACKENDS:
     result = data["results"][backend]
     per_step = 1e3 / data["steps"]
-    median_process = sorted(result["processes"], key=lambda r: r["wall_s"])[
+    median_process = sorted(result["processes"], key=lambda r: r["loop_s"])[
       len(result["processes"]) // 2
     ]
     parts = " | ".join(f"{median_process['parts_s'][p] * per_step:.2f}" for p in PARTS)
     lines.append(
-      f"| {backend} | {result['wall_s'] * per_step:.2f} | "
-      f"{result['wall_s'] / keras_wall:.2f}x | {parts} |"
+      f"| {backend} | {result['loop_s'] * per_step:.2f} | "
+      f"{result['loop_s'] / keras_loop:.2f}x | {parts} |"
     )
-  lines += ["", "(parts: the process of median wall time)"]
+  lines += [
+    "",
+    "(whole step: the timed loop over its steps; parts: the process of median loop time)",
+  ]
   return "\n".join(lines) + "\n"
 
 

@@ -84,9 +84,11 @@ def environ(**values):
         os.environ[name] = value
 
 
-def _job(contender, what, condition, spin, remedy=None):
+def _job(contender, what, condition, spin, remedy=None, timeline=False):
   count, nice = CONDITIONS[condition]
   extra_env, extra_args = REMEDIES[remedy] if remedy else ({}, [])
+  if timeline:
+    extra_args = [*extra_args, "--timeline"]
 
   def run():
     if count == 0:
@@ -171,6 +173,95 @@ def markdown_remedies(data):
       for c in ("quiet", "busy1", "busy2")
     ]
     lines.append(f"| {remedy} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+BREAKDOWN_CONDITIONS = ("quiet", "busy1", "nice19 busy1")
+# The native op's phases (csrc/timeline.cc) a step's torch-runner calls pass.
+KERNEL, CALLBACK = "torchbridge/kernel", "torchbridge/C++ callback"
+
+
+def breakdown_jobs():
+  """The C++ torch runner's step with its phases recorded, and Keras' and
+  the TF runner's step again (more rounds: the ratios the issue asks)."""
+  out = {
+    ("step", lp.BRIDGE_CPP, condition, "timeline"): _job(
+      lp.BRIDGE_CPP, "step", condition, "adaptive", timeline=True
+    )
+    for condition in BREAKDOWN_CONDITIONS
+  }
+  for contender in (lp.KERAS, lp.BRIDGE):
+    for condition in ("quiet", "busy1", "busy2", "nice19 busy1"):
+      out[("step", contender, condition, "again")] = _job(contender, "step", condition, "adaptive")
+  return out
+
+
+def measure_breakdown(rounds, log=print):
+  runs = harness.alternated(breakdown_jobs(), rounds=rounds, log=lambda m: log(f"  load {m}"))
+  return {
+    "environment": harness.environment(os.cpu_count() or 1, "cpu"),
+    "rounds": rounds,
+    "results": [
+      {
+        "contender": contender,
+        "condition": condition,
+        "kind": kind,
+        "median_us": float(np.median([r["median_us"] for r in records])),
+        "processes": records,
+      }
+      for (_, contender, condition, kind), records in runs.items()
+    ],
+    "failures": harness.FAILURES,
+  }
+
+
+def markdown_breakdown(data):
+  env = data["environment"]
+  commit = (env["source"]["commit"] or "?")[:7]
+  lines = [
+    f"At {commit}: torch {env['torch']}, TF {env['tensorflow']}, {env['cpu_count']} cores, "
+    f"{data['rounds']} rounds.",
+    "",
+    "**Where a torch-runner step goes** (the C++ runner's step with `tb.timeline()` "
+    "recording, each process's mean over its timed steps, then the median process; us "
+    "per step): the torch code of its calls (forward and backward, run from C++ on the "
+    "torch thread), the rest of its calls (the hand-off and the crossings), and the "
+    "step's TF part (the step's time less its calls).",
+    "",
+    "| condition | step | torch code | hand-off and crossings | TF part |",
+    "|---|---|---|---|---|",
+  ]
+  for condition in BREAKDOWN_CONDITIONS:
+    [r] = [r for r in data["results"] if r["kind"] == "timeline" and r["condition"] == condition]
+    procs = sorted(r["processes"], key=lambda p: p["mean_us"])
+    p = procs[len(procs) // 2]
+    phases = p["phases_us_per_step"]
+    kernel, callback = phases.get(KERNEL, 0.0), phases.get(CALLBACK, 0.0)
+    lines.append(
+      f"| {condition} | {p['mean_us']:.0f} | {callback:.0f} | {kernel - callback:.0f} | "
+      f"{p['mean_us'] - kernel:.0f} |"
+    )
+  lines += [
+    "",
+    "**Keras and the default runner again** (ms; in brackets: the ratio to the same "
+    "contender's quiet step; the last column: the default runner's ratio over Keras' "
+    "ratio):",
+    "",
+    "| condition | Keras | torchbridge (default: TF runner) | ratio over Keras' |",
+    "|---|---|---|---|",
+  ]
+  again = {
+    (r["contender"], r["condition"]): r["median_us"]
+    for r in data["results"]
+    if r["kind"] == "again"
+  }
+  for condition in ("quiet", "busy1", "busy2", "nice19 busy1"):
+    k = again[(lp.KERAS, condition)] / again[(lp.KERAS, "quiet")]
+    b = again[(lp.BRIDGE, condition)] / again[(lp.BRIDGE, "quiet")]
+    lines.append(
+      f"| {condition} | {again[(lp.KERAS, condition)] / 1e3:.2f} ({k:.2f}x) | "
+      f"{again[(lp.BRIDGE, condition)] / 1e3:.2f} ({b:.2f}x) | {b / k:.2f} |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -268,6 +359,12 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__)
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument(
+    "--breakdown",
+    action="store_true",
+    help="the torch runner's step by phase, Keras and the default runner again "
+    "(results/load_breakdown.*)",
+  )
+  parser.add_argument(
     "--remedies",
     action="store_true",
     help="time pure torch's remedies instead (results/load_torch_remedies.*)",
@@ -278,6 +375,12 @@ def main(argv=None):
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  if args.breakdown:
+    data = measure_breakdown(args.rounds)
+    (out / "load_breakdown.json").write_text(json.dumps(data, indent=1))
+    (out / "load_breakdown.md").write_text(markdown_breakdown(data))
+    print(markdown_breakdown(data))
+    return
   if args.remedies:
     data = measure_remedies(args.rounds)
     (out / "load_torch_remedies.json").write_text(json.dumps(data, indent=1))

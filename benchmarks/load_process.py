@@ -115,6 +115,11 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
   parser.add_argument(
+    "--timeline",
+    action="store_true",
+    help="record the bridge's phases (tb.timeline) while timing; per-step totals",
+  )
+  parser.add_argument(
     "--nice", type=int, default=0, help="niceness taken after the set-up, before the timing"
   )
   args = parser.parse_args(argv)
@@ -125,7 +130,14 @@ def main(argv=None):
   if args.nice:
     renice(args.nice)
   calls = harness.calls_for(fn, args.seconds)  # sized under the conditions timed
-  samples_us = harness.timed_repeats(fn, args.repeats, calls)
+  phases_us = None
+  if args.timeline:
+    with tb.timeline(annotate=False) as recorded:
+      samples_us = harness.timed_repeats(fn, args.repeats, calls)
+    steps = args.repeats * calls
+    phases_us = {name: total / steps for name, (_, total) in recorded.totals_us().items()}
+  else:
+    samples_us = harness.timed_repeats(fn, args.repeats, calls)
   summary = harness.summarize(samples_us)
   print(
     json.dumps(
@@ -140,6 +152,8 @@ def main(argv=None):
         "calls": calls,
         "median_us": summary["median_us"],
         "samples_us": summary["samples_us"],
+        "mean_us": float(sum(summary["samples_us"]) / len(summary["samples_us"])),
+        "phases_us_per_step": phases_us,
       }
     )
   )
