@@ -94,7 +94,7 @@ USER_PY := $(USER_VENV)/bin/python
 USER_REQUIREMENTS ?= requirements-user.txt
 USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
 	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py \
-	test_torch_runner.py test_module_run.py
+	test_torch_runner.py test_module_run.py test_handoff.py
 user-venv:
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
