@@ -174,3 +174,16 @@ def test_an_unknown_spin_setting_is_reported_as_the_default_it_becomes(monkeypat
   reported = _torch_thread.spin_setting()
   assert reported.startswith("adaptive (")
   assert "'sometimes'" in reported and "always, never" in reported
+
+
+def test_info_json_shows_the_spin_setting_in_effect():
+  out = subprocess.run(
+    [sys.executable, "-m", "torchbridge", "info", "--json"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", _torch_thread.SPIN_ENV: "never"},
+    check=False,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout)["threads"]["torch_thread_spin"] == "never"
