@@ -623,6 +623,8 @@ def test_no_benchmark_module_sets_a_torchbridge_variable_when_imported():
   for path in sorted(Path(ROOT, "benchmarks").glob("*.py")):
     for node in ast.parse(path.read_text()).body:  # the module's own statements
       text = ast.get_source_segment(path.read_text(), node) or ""
+      if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+        continue  # a docstring may name a variable
       if isinstance(node, (ast.Expr, ast.Assign)) and "TORCHBRIDGE_" in text:
         setters.append(f"{path.name}: {text}")
   assert not setters, setters
