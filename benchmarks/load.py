@@ -136,24 +136,6 @@ def remedy_jobs():
   }
 
 
-def measure_remedies(rounds, log=print):
-  runs = harness.alternated(remedy_jobs(), rounds=rounds, log=lambda m: log(f"  load {m}"))
-  return {
-    "environment": harness.environment(os.cpu_count() or 1, "cpu"),
-    "rounds": rounds,
-    "results": [
-      {
-        "condition": condition,
-        "remedy": remedy,
-        "median_us": float(np.median([r["median_us"] for r in records])),
-        "processes": records,
-      }
-      for (_, _, condition, remedy), records in runs.items()
-    ],
-    "failures": harness.FAILURES,
-  }
-
-
 def markdown_remedies(data):
   env = data["environment"]
   commit = (env["source"]["commit"] or "?")[:7]
@@ -194,25 +176,6 @@ def breakdown_jobs():
     for condition in ("quiet", "busy1", "busy2", "nice19 busy1"):
       out[("step", contender, condition, "again")] = _job(contender, "step", condition, "adaptive")
   return out
-
-
-def measure_breakdown(rounds, log=print):
-  runs = harness.alternated(breakdown_jobs(), rounds=rounds, log=lambda m: log(f"  load {m}"))
-  return {
-    "environment": harness.environment(os.cpu_count() or 1, "cpu"),
-    "rounds": rounds,
-    "results": [
-      {
-        "contender": contender,
-        "condition": condition,
-        "kind": kind,
-        "median_us": float(np.median([r["median_us"] for r in records])),
-        "processes": records,
-      }
-      for (_, contender, condition, kind), records in runs.items()
-    ],
-    "failures": harness.FAILURES,
-  }
 
 
 def markdown_breakdown(data):
@@ -265,17 +228,17 @@ def markdown_breakdown(data):
   return "\n".join(lines) + "\n"
 
 
-def measure(rounds, log=print):
-  runs = harness.alternated(jobs(), rounds=rounds, log=lambda m: log(f"  load {m}"))
+def measure(job_table, fields, rounds, log=print):
+  """Runs `job_table` ({key: job}) for `rounds` alternated rounds; each
+  result names its key's parts by `fields`, with the median, least and most
+  of its processes' medians."""
+  runs = harness.alternated(job_table, rounds=rounds, log=lambda m: log(f"  load {m}"))
   results = []
-  for (what, contender, condition, spin), records in runs.items():
+  for key, records in runs.items():
     medians = [r["median_us"] for r in records]
     results.append(
       {
-        "what": what,
-        "contender": contender,
-        "condition": condition,
-        "spin": spin,
+        **dict(zip(fields, key)),
         "median_us": float(np.median(medians)),
         "min_us": float(min(medians)),
         "max_us": float(max(medians)),
@@ -376,18 +339,18 @@ def main(argv=None):
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   if args.breakdown:
-    data = measure_breakdown(args.rounds)
+    data = measure(breakdown_jobs(), ("what", "contender", "condition", "kind"), args.rounds)
     (out / "load_breakdown.json").write_text(json.dumps(data, indent=1))
     (out / "load_breakdown.md").write_text(markdown_breakdown(data))
     print(markdown_breakdown(data))
     return
   if args.remedies:
-    data = measure_remedies(args.rounds)
+    data = measure(remedy_jobs(), ("what", "contender", "condition", "remedy"), args.rounds)
     (out / "load_torch_remedies.json").write_text(json.dumps(data, indent=1))
     (out / "load_torch_remedies.md").write_text(markdown_remedies(data))
     print(markdown_remedies(data))
     return
-  data = measure(args.rounds)
+  data = measure(jobs(), ("what", "contender", "condition", "spin"), args.rounds)
   (out / "load.json").write_text(json.dumps(data, indent=1))
   (out / "load.md").write_text(markdown(data))
   print(markdown(data))

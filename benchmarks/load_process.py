@@ -25,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 import torchbridge as tb  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import models  # noqa: E402
+from benchmarks import train_step  # noqa: E402
 
 KERAS = "keras"
 BRIDGE = "torchbridge (default: TF runner)"
@@ -55,8 +56,8 @@ def build(contender, what):
   state_np = rng.standard_normal((1, shape[1]), dtype=np.float32)
   if contender == PURE_TORCH:
     torch.manual_seed(0)
-    net = models.torch_model(MODEL)
     if what == "eager":
+      net = models.torch_model(MODEL)
       state_torch = torch.from_numpy(state_np)
 
       def act():
@@ -64,33 +65,13 @@ def build(contender, what):
           return net(state_torch).numpy()
 
       return act
-    adam = torch.optim.Adam(net.parameters(), 1e-4)
-    x_torch, y_torch = torch.from_numpy(x_np), torch.from_numpy(y_np)
-
-    def torch_step():
-      adam.zero_grad(set_to_none=True)
-      loss = torch.mean((net(x_torch) - y_torch) ** 2)
-      loss.backward()
-      adam.step()
-      return loss
-
-    return torch_step
+    return train_step._torch_step(MODEL, x_np, y_np, "cpu", optimizer=True)  # pylint: disable=protected-access
   model = models.keras_model(MODEL) if contender == KERAS else _bridged(contender)
   if what == "eager":
     state_tf = tf.constant(state_np)
     return lambda: model(state_tf).numpy()
-  x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
-  optimizer = tf.keras.optimizers.Adam(1e-4)
-
-  @tf.function
-  def step():
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean((model(x_tf) - y_tf) ** 2)
-    variables = model.trainable_variables
-    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    return loss
-
-  return step
+  step = train_step._tf_step(model, tf.constant(x_np), tf.constant(y_np))  # pylint: disable=protected-access
+  return tf.function(step)
 
 
 def renice(increment):
