@@ -43,8 +43,8 @@ ppo: $(STAMP)
 # The whole suite twice: with the native TF op (csrc/, built on first use
 # and cached) and with the tf.py_function path forced.
 test: $(STAMP)
-	$(PY) -m pytest -q tests
-	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q -m "not one_pass" tests
+	$(PY) -m pytest -q --durations=25 tests
+	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q --durations=25 -m "not one_pass" tests
 
 # The contributor's loop, under 5 minutes here: lint, type check, and the
 # tests of the call path, the exchange and the layering on the native op,

@@ -3,6 +3,7 @@
 import ast
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -494,13 +495,12 @@ def test_td3_process_refuses_an_eager_policy_without_a_tf_function(tmp_path):
 @pytest.mark.skipif(not _loader.available(), reason="needs the native op")
 def test_callback_cost_times_the_bridges_python_per_call():
   result = _module_record("benchmarks.callback_cost", "--calls", 200)
-  # Saving state for a backward is work an inference call skips.
-  assert 0 < result["inference_us"] < result["training_forward_us"]
-  for key in ("inference", "training_forward", "hand_back"):
-    assert result[f"{key}_after_eviction_us"] > 0
-  # In one while_loop, the bridged identity does what the bare op does and
-  # more (torch tensors, the bridge's Python).
-  assert 0 < result["loop_bare_op_us"] < result["loop_bridged_us"]
+  # Timings are figures, not pass/fail: each is measured and positive (an
+  # ordering such as "inference < training forward" flips on a busy machine).
+  keys = ["inference_us", "training_forward_us", "loop_bare_op_us", "loop_bridged_us"]
+  keys += [f"{k}_after_eviction_us" for k in ("inference", "training_forward", "hand_back")]
+  for key in keys:
+    assert math.isfinite(result[key]) and result[key] > 0, (key, result[key])
 
 
 @pytest.mark.parametrize("which", ["td3_wall", "td3_venvs"])
