@@ -9,14 +9,24 @@
 - `<!-- include PATH -->` in any page is replaced by the committed results
   file PATH (a table a benchmark or a tally wrote); a missing file fails
   the build.
+- `<!-- results files -->` is replaced by a table of every results file
+  the site's pages draw figures from, with the commit each measured and
+  the date it was committed.
+- Every page is checked (docs/_checks.py): no list run into a paragraph;
+  outside contributing/, no repository jargon and no figure its declared
+  results files do not hold. A failed check fails the build.
 """
 
 import json
 from pathlib import Path
 import re
+import subprocess
 import sys
 
 from mkdocs.structure.files import File
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _checks  # noqa: E402  pylint: disable=wrong-import-position
 
 ROOT = Path(__file__).resolve().parents[1]
 PICTURES = ("benchmarks/results/*.png", "examples/results/*.png", "examples/results/*/*.png")
@@ -51,7 +61,82 @@ def _include(match):
   return path.read_text()
 
 
+def _read(path):
+  file = ROOT / path
+  if not file.is_file():
+    raise FileNotFoundError(path)
+  return file.read_text()
+
+
+def _commit_of(results):
+  """The commit a results file says it measured, or None."""
+  if isinstance(results, dict):
+    for key in ("source", "environment"):
+      value = results.get(key)
+      if isinstance(value, dict) and isinstance(value.get("commit"), str):
+        return value["commit"]
+      if key == "environment" and isinstance(value, dict):
+        found = _commit_of(value)
+        if found:
+          return found
+    if isinstance(results.get("commit"), str):
+      return results["commit"]
+  return None
+
+
+def _committed_on(path):
+  out = subprocess.run(
+    ["git", "log", "-1", "--format=%cs", "--", path],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
+  return out.stdout.strip() or "not committed"
+
+
+def results_table(config):
+  """The Markdown table of every results file a page declares figures from."""
+  paths = set()
+  for page in sorted(Path(config["docs_dir"]).rglob("*.md")):
+    for match in _checks.FIGURES_FROM.finditer(page.read_text()):
+      paths.update(p.strip() for p in match.group(1).split(","))
+  rows = ["| results file | commit measured | committed on |", "|---|---|---|"]
+  for path in sorted(paths):
+    commit = _commit_of(json.loads(_read(path))) if path.endswith(".json") else None
+    shown = f"`{commit[:7]}`" if commit else "not recorded"
+    rows.append(f"| `{path}` | {shown} | {_committed_on(path)} |")
+  return "\n".join(rows) + "\n"
+
+
+RESULTS_MARKER = "<!-- results files -->"
+
+
+def _check_markdown(markdown, page):
+  problems = []
+  if not page.file.src_uri.startswith("contributing/"):
+    problems += [f"jargon: {word!r}" for word in _checks.jargon(markdown)]
+    problems += _checks.unsourced_figures(markdown, _read)
+  if problems:
+    raise ValueError(
+      f"{page.file.src_uri}: " + "; ".join(problems) + " (see docs/_checks.py for the rules)"
+    )
+
+
+def on_page_content(html, page, config, files):
+  run_on = _checks.run_on_lists(html)
+  if run_on:
+    raise ValueError(
+      f"{page.file.src_uri}: list items run into one paragraph (put a blank line before "
+      f"a list, and indent nested items 4 spaces): {run_on[:3]}"
+    )
+  return html
+
+
 def on_page_markdown(markdown, page, config, files):
+  _check_markdown(markdown, page)
+  if RESULTS_MARKER in markdown:
+    markdown = markdown.replace(RESULTS_MARKER, results_table(config))
   markdown = INCLUDE.sub(_include, markdown)
   if page.file.src_uri != COSTS_PAGE:
     return markdown
