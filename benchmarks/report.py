@@ -354,43 +354,74 @@ def write(results, out_dir):
   return path, [p for p in plots if p]
 
 
+# The plots are drawn to be read at the docs' column width (about 690 px):
+# 7.5 inches wide at PLOT_DPI, no text under 10 points.
+PLOT_WIDTH_IN, PLOT_DPI = 7.5, 130
+
+
 def _plot_exchange(results, out_dir):
   ex = results.get("exchange")
   if not ex:
     return None
   labels = list(ex)
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for name in ("torchbridge", "numpy_copy"):
+  fig, ax = plt.subplots(figsize=(PLOT_WIDTH_IN, 4.5))
+  for name, shown in (("torchbridge", "torchbridge"), ("numpy_copy", "numpy copies")):
     ax.plot(
-      labels, [ex[label]["timings"][name]["median_us"] for label in labels], marker="o", label=name
+      labels,
+      [ex[label]["timings"][name]["median_us"] for label in labels],
+      marker="o",
+      linewidth=2,
+      label=shown,
     )
   ax.set_yscale("log")
-  ax.set_xlabel("tensor size (float32)")
-  ax.set_ylabel("round trip TF -> torch -> TF (us, median)")
-  ax.legend()
-  ax.set_title("Tensor exchange")
+  ax.tick_params(labelsize=11)
+  ax.set_xlabel("tensor size (float32)", fontsize=11)
+  ax.set_ylabel("us, median (log scale)", fontsize=11)
+  ax.legend(fontsize=11)
+  ax.set_title("A tensor's round trip TF -> torch -> TF", fontsize=12)
   path = os.path.join(out_dir, "exchange.png")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=PLOT_DPI)
   plt.close(fig)
   return path
 
 
+def _ratio_axis(ax, low, high):
+  """An axis of multiples, labelled 0.5x, 1x, 2x, ... (a handful): a log
+  one where they span more than 4x, else a linear one."""
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
+
+  if high / low > 4:
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=8))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+  else:
+    ax.set_xlim(0, high * 1.05)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(6, steps=[1, 2, 5, 10]))
+  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}x"))
+
+
 def _plot_steps(results, out_dir):
   """Each step's time as a multiple of pure torch's (median over processes,
-  min-max), one panel per model and TD3, the 1.10x target marked."""
+  min-max), one panel per model and TD3, one above the other, the 1.10x
+  target marked."""
   sets = _step_sets(results)
   if not sets:
     return None
-  cols = min(2, len(sets))
-  rows = (len(sets) + cols - 1) // cols
-  fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows), squeeze=False)
+  heights = [0.5 * len(timings) + 1.0 for timings, *_ in sets.values()]
+  fig, axes = plt.subplots(
+    len(sets),
+    1,
+    figsize=(PLOT_WIDTH_IN, sum(heights) + 0.6),
+    squeeze=False,
+    gridspec_kw={"height_ratios": heights},
+  )
   for ax, (name, (timings, key, _, torch_, _)) in zip(axes.flat, sets.items()):
     base = timings[torch_][key] if torch_ in timings else 1.0
     names = list(timings)
     mid = [timings[n][key] / base for n in names]
     ax.barh(
-      [textwrap.fill(n, 34) for n in names],
+      [textwrap.fill(n, 32, break_long_words=False) for n in names],
       mid,
       xerr=[
         [m - timings[n]["min"] / base for m, n in zip(mid, names)],
@@ -398,19 +429,25 @@ def _plot_steps(results, out_dir):
       ],
       color=["tab:orange" if n in (BRIDGED, "torchbridge") else "tab:blue" for n in names],
     )
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.axvline(1.1, color="tab:red", linewidth=0.8, linestyle="--")
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.axvline(1.1, color="tab:red", linewidth=1, linestyle="--")
     ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.tick_params(axis="y", labelsize=8)
-    ax.set_xlabel("x pure torch (median over processes, min-max; dashed: 1.10)", fontsize=8)
+    _ratio_axis(
+      ax,
+      min(timings[n]["min"] / base for n in names),
+      max(timings[n]["max"] / base for n in names),
+    )
+    ax.tick_params(axis="y", labelsize=10)
+    ax.tick_params(axis="x", labelsize=10)
     scale = 1e3 if key == "median_us" else 1.0
-    ax.set_title(f"{name} (pure torch: {base / scale:.3g} ms)")
-  for ax in list(axes.flat)[len(sets) :]:
-    ax.axis("off")
+    ax.set_title(f"{name}: pure torch {base / scale:.3g} ms a step", fontsize=12)
+  fig.supxlabel(
+    "the step's time, x pure torch's (median over processes, min-max; dashed: 1.10x)",
+    fontsize=10,
+  )
   fig.tight_layout()
   path = os.path.join(out_dir, "train_steps.png")
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=PLOT_DPI)
   plt.close(fig)
   return path
 

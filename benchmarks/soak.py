@@ -373,33 +373,45 @@ def write(results, out):
 
 
 def plot(results, path):
+  """The curves, one quantity a panel (resident memory, open descriptors,
+  threads), drawn to be read at the docs' column width (about 690 px)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib import ticker
 
-  fig, (ax_rss, ax_count) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+  fig, axes = plt.subplots(
+    3, 1, figsize=(7.5, 8), sharex=True, gridspec_kw={"height_ratios": [2, 1, 1]}
+  )
+  ax_rss, ax_fds, ax_threads = axes
   for run, entry in results["runs"].items():
     xs = [s["step"] for s in entry["samples"]]
-    (line,) = ax_rss.plot(xs, [s["rss_mb"] for s in entry["samples"]], label=run)
-    ax_count.plot(xs, [s["fds"] for s in entry["samples"]], color=line.get_color(), label=run)
-    ax_count.plot(
-      xs,
-      [s["threads"] for s in entry["samples"]],
-      color=line.get_color(),
-      linestyle="--",
-    )
+    (line,) = ax_rss.plot(xs, [s["rss_mb"] for s in entry["samples"]], linewidth=2, label=run)
+    color = line.get_color()
+    ax_fds.plot(xs, [s["fds"] for s in entry["samples"]], color=color, linewidth=2)
+    ax_threads.plot(xs, [s["threads"] for s in entry["samples"]], color=color, linewidth=2)
     if "summary" in entry and "warmup_step" in entry["summary"]:
-      ax_rss.axvline(entry["summary"]["warmup_step"], color=line.get_color(), linestyle=":")
-  ax_rss.set_ylabel("resident memory (MB)")
-  ax_rss.set_title("Soak: bridged training steps (dotted: end of warm-up)")
-  ax_rss.legend()
-  ax_count.yaxis.get_major_locator().set_params(integer=True)
-  ax_count.set_ylabel("open fds (solid), threads (dashed)")
-  ax_count.set_xlabel("step (MLP: training steps; TD3: environment steps)")
-  ax_count.legend()
+      ax_rss.axvline(entry["summary"]["warmup_step"], color=color, linestyle=":")
+  ax_rss.set_title("Soak: bridged training steps (dotted: end of warm-up)", fontsize=12)
+  ax_rss.legend(fontsize=10)
+  for ax, label in (
+    (ax_rss, "resident memory (MB)"),
+    (ax_fds, "open descriptors"),
+    (ax_threads, "threads"),
+  ):
+    ax.set_ylabel(label, fontsize=10)
+    ax.tick_params(labelsize=10)
+    ax.yaxis.set_major_locator(ticker.MaxNLocator(4, integer=ax is not ax_rss))
+  for ax in (ax_fds, ax_threads):
+    ax.margins(y=0.25)  # the flat curves off the frame
+  ax_threads.xaxis.set_major_locator(ticker.MaxNLocator(5))
+  ax_threads.xaxis.set_major_formatter(
+    ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0")
+  )
+  ax_threads.set_xlabel("step (MLP: training steps; TD3: environment steps)", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=130)
   plt.close(fig)
 
 

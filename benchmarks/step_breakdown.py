@@ -9,12 +9,17 @@ small-MLP step of `make bench`, on the native op:
      on, each step marked by a `train_step` span; and splits each profiled
      step's wall time, instant by instant, into rows: at each instant, each
      thread's innermost span is found (TF's op and runtime events, the
-     bridge's kernel and Python phases), and the instant goes to the most
-     specific of them over all threads (torch's forward or backward first,
-     then the bridge's phases, TF's ops, TF's runtime; no span on any thread
-     is "no thread working"). The rows therefore add up to the profiled
-     step exactly; the profiled step against the unprofiled one says what
-     profiling itself costs.
+     bridge's kernel and Python phases), and the instant goes to the one
+     of them begun last over all threads (those begun earlier on other
+     threads are waiting for it; no span on any thread is "no thread
+     working"). Every instant goes to one row, so the rows add up to the
+     step they split by construction: that is no check. The checks are two
+     independent clocks: time.perf_counter around the very same recorded
+     (or profiled) steps, which the rows over all of them must match (the
+     split neither loses nor invents time), and the unrecorded step, timed
+     in blocks alternated with the recorded ones: the recorded step against
+     it is what recording itself costs ("recording_overhead",
+     "profiling_overhead"), the rows against it "rows_over_unrecorded".
 In the same alternated blocks as the unprofiled step, three comparisons:
 the floor (the same TF program, each bridged module a bare native op), the
 floor whose ops take and hand back torch tensors, and the same ops running
@@ -198,18 +203,32 @@ def _trimmed_mean(durations):
   return float(np.mean([durations[i] for i in _middle(durations)]))
 
 
-def _rows(events, step_events, idle_row):
-  """Mean ms per step of each row over the middle 80% of `step_events`."""
+def _per_step_rows(events, step_events, idle_row):
+  """`split_step` of each of `step_events`, {row: ns} each."""
   per_step = []
   for e in step_events:
     rows = split_step(events, e[2], e[3])
     if NO_THREAD in rows:
       rows[idle_row] = rows.pop(NO_THREAD)
     per_step.append(rows)
+  return per_step
+
+
+def _rows(events, step_events, idle_row):
+  """Mean ms per step of each row over the middle 80% of `step_events`."""
+  per_step = _per_step_rows(events, step_events, idle_row)
   middle = _middle([e[3] - e[2] for e in step_events])
   names = sorted({r for s in per_step for r in s})
   # Means, so that the rows add up to the mean step.
   return {r: float(np.mean([per_step[i].get(r, 0) for i in middle])) / 1e6 for r in names}
+
+
+def _rows_all_steps_ms(events, step_events, idle_row):
+  """The rows' sum, ms per step, over every one of `step_events` (not only
+  the middle 80%): what an independent clock around the same steps must
+  match."""
+  per_step = _per_step_rows(events, step_events, idle_row)
+  return float(sum(sum(rows.values()) for rows in per_step)) / 1e6 / max(1, len(per_step))
 
 
 def _no_python_steps(name):
@@ -271,11 +290,15 @@ def timeline_pass(
   torch's compute through torch's dispatcher), with its floor (the same
   ops, fresh torch tensors handed back from C++).
   Alternating keeps them on the same stretch of this noisy machine, so the
-  recorded rows can be held against the unrecorded step."""
+  recorded rows can be held against the unrecorded step. Each recorded
+  block's counted steps are also timed as a whole with time.perf_counter
+  (the loop between them included): a clock the timeline's rows over the
+  same steps must match."""
   marks, plain_ms, recorded_ms, floor_ms, events = [], [], [], [], []
   floor_torch_ms, lean_ms = [], []
   scripted_ms, scripted_recorded_ms, scripted_marks, scripted_events = [], [], [], []
   scripted_floor_ms = []
+  walls_s, scripted_walls_s = [], []
 
   def scripted_plain_block():
     scripted()
@@ -285,8 +308,10 @@ def timeline_pass(
   def scripted_recorded_block():
     with tb.timeline(annotate=False) as trace:
       scripted()
+      wall = time.perf_counter()
       for _ in range(BLOCK):
         scripted_marks.append(_timed(scripted, scripted_recorded_ms))
+      scripted_walls_s.append(time.perf_counter() - wall)
     scripted_events.extend(trace.events)
 
   def plain_block():
@@ -297,8 +322,10 @@ def timeline_pass(
   def recorded_block():
     with tb.timeline(annotate=False) as trace:
       step()  # its spans lie outside every mark: no row counts them
+      wall = time.perf_counter()
       for _ in range(BLOCK):
         marks.append(_timed(step, recorded_ms))
+      walls_s.append(time.perf_counter() - wall)
     events.extend(trace.events)
 
   for k in range(max(1, steps // BLOCK)):
@@ -325,15 +352,30 @@ def timeline_pass(
       for block in pair if k % 2 == 0 else pair[::-1]:
         block()
   spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
-  rows = _rows(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
+  step_events = [(STEP, 0, b, e) for b, e in marks]
+  rows = _rows(spans, step_events, TF_SIDE)
   begin, end = marks[-1]
   last = [e for e in events if e["end_ns"] > begin and e["begin_ns"] < end]
   torch_ms = sum(rows.get(r, 0.0) for r in TORCH.values())
   step_ms, floor_mean = _trimmed_mean(plain_ms), _trimmed_mean(floor_ms)
+  recorded_mean = _trimmed_mean(recorded_ms)
+  rows_sum = float(sum(rows.values()))
   return {
-    "step_mean_ms": _trimmed_mean(recorded_ms),
+    # The recorded step (its perf_counter_ns marks, the window the rows
+    # split) and, the independent clock, the unrecorded step (timeline off,
+    # alternated blocks); both means of the middle 80%.
+    "step_mean_ms": recorded_mean,
     "unrecorded_mean_ms": step_ms,
     "unrecorded_median_ms": float(np.median(plain_ms)),
+    # What recording costs: the recorded step over the unrecorded one.
+    "recording_overhead": recorded_mean / step_ms,
+    # The rows' sum (the recorded step) over the unrecorded step.
+    "rows_over_unrecorded": rows_sum / step_ms,
+    # The same recorded steps, all of them, on two clocks: time.perf_counter
+    # around each block of them (the loop between steps included), and the
+    # rows' sum: ms per step. The rows must not lose or invent time.
+    "recorded_wall_ms": float(sum(walls_s)) * 1e3 / len(marks),
+    "rows_all_steps_ms": _rows_all_steps_ms(spans, step_events, TF_SIDE),
     "floor_mean_ms": floor_mean,
     "torch_compute_ms": torch_ms,
     # What is left of the unrecorded step once the TF side's floor and
@@ -355,9 +397,18 @@ def timeline_pass(
     "cpp_runner_rows_ms": _scripted_rows(scripted_events, scripted_marks)
     if scripted_marks
     else None,
+    "cpp_runner_recording_overhead": (
+      _trimmed_mean(scripted_recorded_ms) / _trimmed_mean(scripted_ms) if scripted_ms else None
+    ),
+    "cpp_runner_recorded_wall_ms": (
+      float(sum(scripted_walls_s)) * 1e3 / len(scripted_marks) if scripted_marks else None
+    ),
+    "cpp_runner_rows_all_steps_ms": _scripted_rows_all_steps_ms(scripted_events, scripted_marks)
+    if scripted_marks
+    else None,
     "no_python_floor_mean_ms": _trimmed_mean(scripted_floor_ms) if scripted_floor_ms else None,
     "rows_ms": rows,
-    "rows_sum_ms": float(sum(rows.values())),
+    "rows_sum_ms": rows_sum,
     "steps": len(marks),
     "last_step": {"begin_ns": begin, "end_ns": end, "events": last},
   }
@@ -377,79 +428,193 @@ def _scripted_rows(events, marks):
   return rows
 
 
+def _scripted_rows_all_steps_ms(events, marks):
+  spans = [(e["name"], e["thread"], e["begin_ns"], e["end_ns"]) for e in events]
+  return _rows_all_steps_ms(spans, [(STEP, 0, b, e) for b, e in marks], TF_SIDE)
+
+
+# The step pictures' colours: one per kind of span, as the rows group them.
+PLOT_KINDS = (
+  ("torch: forward", "tab:green", lambda n: n == _timeline.FORWARD),
+  ("torch: backward", "tab:purple", lambda n: n == _timeline.BACKWARD),
+  ("bridge, Python phases", "tab:orange", lambda n: n in _PYTHON_PHASES),
+  ("bridge, C++: kernel, hand-offs, GIL", "tab:blue", lambda n: n.startswith("torchbridge/")),
+  ("other", "tab:gray", lambda n: True),
+)
+_PYTHON_PHASES = {_timeline.CALL, _timeline.BIND, _timeline.CHECK, _timeline.SAVE}
+
+
+# Short names of the spans, for the pictures' lanes.
+SHORT = {
+  "torchbridge/wait for torch thread": "waits for torch",
+  "torchbridge/torch thread": "hand-off",
+  "torchbridge/callback (GIL held)": "callback",
+  _timeline.CALL: "Python call",
+  _timeline.FORWARD: "forward",
+  _timeline.BACKWARD: "backward",
+}
+
+
+def _short(name):
+  return SHORT.get(name, name.replace("torchbridge/", ""))
+
+
+def _lane_labels(placed, order):
+  """Each lane's label: its thread's role (the torch thread, TF's thread
+  that runs the kernels) and the spans that fill most of it."""
+  names = {}
+  for e, _ in placed:
+    names.setdefault(e["thread"], set()).add(e["name"])
+  roles = {}
+  for thread, held in names.items():
+    if "torchbridge/torch thread" in held:
+      roles[thread] = "torch"
+    elif "torchbridge/kernel" in held:
+      roles[thread] = "TF"
+    else:
+      roles[thread] = f"thread {len(roles) + 1}"
+  time_in = {}
+  for e, lane in placed:
+    spans = time_in.setdefault(lane, {})
+    spans[e["name"]] = spans.get(e["name"], 0) + e["end_ns"] - e["begin_ns"]
+  labels = []
+  for lane in sorted(order, key=order.get):
+    spans = time_in[lane]
+    total = sum(spans.values())
+    main = [n for n, t in sorted(spans.items(), key=lambda kv: -kv[1]) if t >= 0.2 * total]
+    labels.append(f"{roles[lane[0]]} thread: {', '.join(_short(n) for n in main[:2])}")
+  return labels
+
+
 def plot_step(name, last_step, path):
-  """One recorded step's spans, a lane per thread and nesting depth."""
+  """One recorded step's spans, a lane per thread and nesting depth,
+  coloured by kind, drawn to be read at the docs' column width (~690 px).
+  `last_step`: {"begin_ns", "end_ns", "events"}; with "bounds": False the
+  bounds are the spans' own (a trace saved without the step's)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
 
   events = sorted(last_step["events"], key=lambda e: (e["begin_ns"], -e["end_ns"]))
   origin = last_step["begin_ns"]
-  lanes, ends = {}, {}  # (thread, depth) -> lane; lane -> end of last span
+  ends = {}  # (thread, depth) -> end of its last span
   placed = []
   for e in events:
     depth = 0
     while ends.get((e["thread"], depth), -1) > e["begin_ns"]:
       depth += 1
     ends[(e["thread"], depth)] = e["end_ns"]
-    lanes.setdefault((e["thread"], depth), None)
     placed.append((e, (e["thread"], depth)))
-  order = {lane: k for k, lane in enumerate(sorted(lanes))}
-  colors = {}
-  fig, ax = plt.subplots(figsize=(13, 0.42 * len(order) + 1.6))
-  cmap = plt.get_cmap("tab20")
+  # TF's thread (the kernels') first, then each thread's lanes, outermost first.
+  first = {}
+  for e, _ in placed:
+    first.setdefault(e["thread"], len(first))
+  lanes = sorted(ends, key=lambda lane: (first[lane[0]], lane[1]))
+  order = {lane: k for k, lane in enumerate(lanes)}
+  fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(order) + 2.3))
+  used = {}
   for e, lane in placed:
-    color = colors.setdefault(e["name"], cmap(len(colors) % 20))
+    label, color, _ = next(k for k in PLOT_KINDS if k[2](e["name"]))
+    used[label] = color
     ax.barh(
       order[lane],
       (e["end_ns"] - e["begin_ns"]) / 1e6,
       left=(e["begin_ns"] - origin) / 1e6,
+      height=0.7,
       color=color,
-      edgecolor="black",
-      linewidth=0.3,
-      label=e["name"],
+      edgecolor="white",
+      linewidth=0.4,
     )
-  handles, labels = ax.get_legend_handles_labels()
-  unique = dict(zip(labels, handles))
-  ax.legend(
-    unique.values(),
-    [n.replace("torchbridge/", "") for n in unique],
-    loc="upper center",
-    bbox_to_anchor=(0.5, -0.18),
-    ncol=4,
-    fontsize=8,
-    frameon=False,
-  )
-  threads = sorted({t for t, _ in order})
   ax.set_yticks(range(len(order)))
-  ax.set_yticklabels(
-    [f"thread {threads.index(t) + 1}, depth {d}" for t, d in sorted(order)], fontsize=8
-  )
+  ax.set_yticklabels(_lane_labels(placed, order), fontsize=10)
   ax.invert_yaxis()
   ax.set_xlim(0, (last_step["end_ns"] - origin) / 1e6)
-  ax.set_xlabel("ms since the step began (the rest of the step: TF's side)")
-  ax.set_title(f"One {name} train step through torchbridge, tb.timeline(annotate=False)")
+  ax.xaxis.set_major_locator(MaxNLocator(6))
+  ax.tick_params(axis="x", labelsize=10)
+  ax.set_xlabel(
+    "ms since the step began (blank: TF's side, no bridged call)"
+    if last_step.get("bounds", True)
+    else "ms from the step's first bridged call to its last",
+    fontsize=10,
+  )
+  ax.set_title(f"One {name} train step, phase by phase", fontsize=12)
+  ax.legend(
+    handles=[Patch(color=c, label=k) for k, c in used.items()],
+    loc="upper center",
+    bbox_to_anchor=(0.5, -0.22),
+    ncol=2,
+    fontsize=10,
+    frameon=False,
+  )
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=130)
   plt.close(fig)
+
+
+def last_step_from_trace(path):
+  """`plot_step`'s `last_step` from a saved step_trace_NAME.json: the
+  step's bounds from its metadata, or (traces saved before they were
+  written there) the spans' own, "bounds": False."""
+  trace = json.loads(Path(path).read_text())
+  events = [
+    {
+      "name": e["name"],
+      "thread": e["tid"],
+      "begin_ns": round(e["ts"] * 1e3),
+      "end_ns": round((e["ts"] + e["dur"]) * 1e3),
+    }
+    for e in trace["traceEvents"]
+  ]
+  meta = trace.get("metadata", {})
+  if "step_begin_us" in meta:
+    return {
+      "begin_ns": round(meta["step_begin_us"] * 1e3),
+      "end_ns": round(meta["step_end_us"] * 1e3),
+      "events": events,
+    }
+  return {
+    "begin_ns": min(e["begin_ns"] for e in events),
+    "end_ns": max(e["end_ns"] for e in events),
+    "events": events,
+    "bounds": False,
+  }
+
+
+def replot(out):
+  """Draws step_trace_NAME.png again from each step_trace_NAME.json in
+  `out`: no measuring."""
+  for path in sorted(Path(out).glob("step_trace_*.json")):
+    stem = path.stem[len("step_trace_") :]
+    name, placement = (
+      (stem[: -len("_tf_thread")], "tf-thread")
+      if stem.endswith("_tf_thread")
+      else (stem, "torch-thread")
+    )
+    plot_step(f"{name} ({placement})", last_step_from_trace(path), path.with_suffix(".png"))
 
 
 def _profiled(step, steps):
   """`steps` steps under TF's profiler (and the bridge's annotations):
-  every host event, and the steps' own."""
+  every host event, the steps' own, and each step's wall time in ms by
+  time.perf_counter around it (a clock independent of the profiler's)."""
+  walls_ms = []
   with tempfile.TemporaryDirectory(prefix="tb_breakdown_") as logdir:
     with tb.timeline():
       tf.profiler.experimental.start(logdir)
       try:
         for i in range(steps):
+          start = time.perf_counter()
           with tf.profiler.experimental.Trace(STEP, step_num=i):
             step()
+          walls_ms.append((time.perf_counter() - start) * 1e3)
       finally:
         tf.profiler.experimental.stop()
     events = _events(logdir)
   step_events = sorted((e for e in events if e[0] == STEP), key=lambda e: e[2])
-  return events, step_events
+  return events, step_events, walls_ms
 
 
 def measure(name, steps):
@@ -466,7 +631,7 @@ def measure(name, steps):
       scripted()
       scripted_floor()
   recorded = timeline_pass(step, floor, steps, floor_torch, lean, scripted, scripted_floor)
-  events, step_events = _profiled(step, steps)
+  events, step_events, walls_ms = _profiled(step, steps)
   mean_rows = _rows(events, step_events, NO_THREAD)
   op_types = {}
   for begin, end in ((e[2], e[3]) for e in step_events):
@@ -477,45 +642,99 @@ def measure(name, steps):
   profiled_ms = [(e[3] - e[2]) / 1e6 for e in step_events]
   # The floor under the same profiler: its TF ops and runtime against the
   # bridged step's (the same TF program; what differs is what runs between).
-  floor_events, floor_steps = _profiled(floor, steps)
+  floor_events, floor_steps, _ = _profiled(floor, steps)
   floor_rows = _rows(floor_events, floor_steps, NO_THREAD)
+  profiled_mean, rows_sum = _trimmed_mean(profiled_ms), float(sum(mean_rows.values()))
   return {
     "unprofiled_median_ms": recorded["unrecorded_median_ms"],
     "unprofiled_mean_ms": recorded["unrecorded_mean_ms"],
-    "profiled_mean_ms": _trimmed_mean(profiled_ms),
+    # The profiler's own step spans (its clock), the middle 80%.
+    "profiled_mean_ms": profiled_mean,
+    "profiling_overhead": profiled_mean / recorded["unrecorded_mean_ms"],
+    "rows_over_unprofiled": rows_sum / recorded["unrecorded_mean_ms"],
+    # All the profiled steps on two clocks, ms per step: time.perf_counter
+    # around each, and the rows' sum over the profiler's step spans.
+    "profiled_wall_ms": float(np.mean(walls_ms)),
+    "profiled_all_steps_ms": float(np.mean(profiled_ms)),
+    "rows_all_steps_ms": _rows_all_steps_ms(events, step_events, NO_THREAD),
     "rows_ms": mean_rows,
     "steps": len(step_events),
     "floor_profiled_rows_ms": floor_rows,
     "timeline": recorded,
-    "rows_sum_ms": float(sum(mean_rows.values())),
+    "rows_sum_ms": rows_sum,
     "tf_op_types_ms": dict(sorted(op_types.items(), key=lambda kv: -kv[1])[:8]),
   }
 
 
-def _table(title, rows_ms, step_label, step_ms):
-  """A markdown table of rows, largest first, ending with their sum."""
+ROWS_HEADER = (
+  "| row: the step's time spent there (each instant of the step goes to one "
+  "row: the span begun last on any thread) | ms per step (mean of the middle "
+  "80%) | share of the rows |"
+)
+
+
+def _table(title, rows_ms, step_label, step_ms, clocks=()):
+  """A markdown table of rows, largest first, their sum, then `clocks`:
+  (what an independent clock measures, its ms per step, what the rows are
+  against it)."""
   total = sum(rows_ms.values())
-  lines = [title, "", "| row | ms per step (mean of the middle 80%) | share |", "|---|---|---|"]
+  lines = [title, "", ROWS_HEADER, "|---|---|---|"]
   for row, ms in sorted(rows_ms.items(), key=lambda kv: -kv[1]):
     lines.append(f"| {row} | {ms:.3f} | {ms / total:.0%} |")
-  return lines + [
-    f"| **sum of the rows** (the {step_label} step: {step_ms:.2f}) | {total:.2f} | |",
-    "",
-  ]
+  lines.append(
+    f"| **sum of the rows** = the {step_label} step ({step_ms:.2f} ms; equal "
+    f"by construction, no check) | {total:.2f} | |"
+  )
+  for label, ms, against in clocks:
+    lines.append(f"| *independent clock:* {label} | {ms:.2f} | {against} |")
+  return lines + [""]
+
+
+def _clocks(rows_sum, recorded_ms, unrecorded_ms, wall_ms, rows_all_ms, steps, how):
+  """`_table`'s independent clocks of a recorded (`how`: "recorded",
+  "profiled") step: the wall time of the very same steps, where measured
+  (results before it have none), and the step with recording off."""
+  off = "timeline off" if how == "recorded" else "no profiler, no timeline"
+  clocks = []
+  if wall_ms is not None:
+    clocks.append(
+      (
+        f"time.perf_counter around the same {how} steps, all {steps} (the "
+        f"loop between them included)",
+        wall_ms,
+        f"the rows over all {steps}: {rows_all_ms:.2f} ({rows_all_ms / wall_ms - 1:+.1%})",
+      )
+    )
+  clocks.append(
+    (
+      f"the un{how} step ({off}; time.perf_counter, blocks alternated with the {how} ones)",
+      unrecorded_ms,
+      f"the rows {rows_sum / unrecorded_ms - 1:+.1%} of it; {how} / un{how} "
+      f"step: {recorded_ms / unrecorded_ms:.3f}x (what {how.replace('ed', 'ing')} costs)",
+    )
+  )
+  return clocks
 
 
 def _step_markdown(name, r, placement):
   t = r["timeline"]
   step_ms = t["unrecorded_mean_ms"]
-  off = t["rows_sum_ms"] / step_ms - 1
   lines = _table(
     f"### {name}, {placement}, recorded by tb.timeline(annotate=False): "
     f"{t['step_mean_ms']:.2f} ms a step; unrecorded, in alternated "
-    f"blocks: {step_ms:.2f} (rows {off:+.1%} of it; the middle 80% of "
-    f"{t['steps']} each)",
+    f"blocks: {step_ms:.2f} (the middle 80% of {t['steps']} each)",
     t["rows_ms"],
     "recorded",
     t["step_mean_ms"],
+    _clocks(
+      t["rows_sum_ms"],
+      t["step_mean_ms"],
+      step_ms,
+      t.get("recorded_wall_ms"),
+      t.get("rows_all_steps_ms"),
+      t["steps"],
+      "recorded",
+    ),
   )
   lines += [
     f"- The same step with bare native ops (TF's side, its crossings "
@@ -556,6 +775,15 @@ def _step_markdown(name, r, placement):
     r["rows_ms"],
     "profiled",
     r["profiled_mean_ms"],
+    _clocks(
+      r["rows_sum_ms"],
+      r["profiled_mean_ms"],
+      r["unprofiled_mean_ms"],
+      r.get("profiled_wall_ms"),
+      r.get("rows_all_steps_ms"),
+      r["steps"],
+      "profiled",
+    ),
   )
   lines += [
     "TF ops by type, ms per step: "
@@ -600,6 +828,15 @@ def _scripted_markdown(t, step_ms):
     rows,
     "recorded",
     t["cpp_runner_recorded_mean_ms"],
+    _clocks(
+      sum(rows.values()),
+      t["cpp_runner_recorded_mean_ms"],
+      scripted_ms,
+      t.get("cpp_runner_recorded_wall_ms"),
+      t.get("cpp_runner_rows_all_steps_ms"),
+      t["steps"],
+      "recorded",
+    ),
   )
   return lines
 
@@ -652,7 +889,15 @@ def _write(results, out, plots):
       last = r["timeline"].pop("last_step")
       trace = _timeline.Timeline()
       trace.events = last["events"]
-      trace.save(out / f"step_trace_{name}{suffix}.json")
+      chrome = trace.chrome_trace()
+      # The step's own bounds, on the trace's time axis (microseconds from
+      # its first span), so that the picture can be drawn again from it.
+      origin = min((e["begin_ns"] for e in last["events"]), default=last["begin_ns"])
+      chrome.setdefault("metadata", {}).update(
+        step_begin_us=(last["begin_ns"] - origin) / 1e3,
+        step_end_us=(last["end_ns"] - origin) / 1e3,
+      )
+      (out / f"step_trace_{name}{suffix}.json").write_text(json.dumps(chrome))
       if plots:
         plot_step(f"{name} ({placement})", last, out / f"step_trace_{name}{suffix}.png")
   (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -679,8 +924,16 @@ def main(argv=None):
   parser.add_argument(
     "--no-plot", action="store_true", help="keep the last step's events in the JSON instead"
   )
+  parser.add_argument(
+    "--replot",
+    action="store_true",
+    help="measure nothing: draw OUT's step_trace_*.png again from its step_trace_*.json",
+  )
   parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
+  if args.replot:
+    replot(args.out)
+    return 0
   if not _loader.available():
     print(f"the native op is not available: {_loader.status()}")
     return 1

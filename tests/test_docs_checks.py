@@ -96,3 +96,21 @@ def test_the_readme_is_short_and_points_to_installation_and_quickstart():
   assert len(text.splitlines()) < 250
   assert "(docs/installation.md)" in text and "(docs/quickstart.md)" in text
   assert text.split("\n```\n", 1)[1].startswith("make demo")
+
+
+def _nav_pages(entries):
+  for entry in entries:
+    for value in entry.values() if isinstance(entry, dict) else [entry]:
+      if isinstance(value, list):
+        yield from _nav_pages(value)
+      else:
+        yield value
+
+
+def test_the_nav_lists_each_page_once_and_every_page():
+  yaml = pytest.importorskip("yaml")
+  nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+  pages = list(_nav_pages(nav))
+  assert len(pages) == len(set(pages)), sorted(p for p in pages if pages.count(p) > 1)
+  on_disk = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+  assert on_disk == set(pages), (on_disk - set(pages), set(pages) - on_disk)
