@@ -19,6 +19,9 @@
 
 #include <Python.h>  // first, as Python asks
 
+#include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -62,133 +65,48 @@ struct CallContext {
   std::vector<bool> required;
 };
 
+// What one TorchbridgeCall op calls and how its outputs are checked, apart
+// from TF's OpKernel: the kernels below, and the host calls of the XLA
+// custom call (csrc/xla/, through torchbridge_host_call), run the same
+// callback the same way.
 template <bool kGpu>
-class TorchbridgeCallOp : public OpKernel {
+class CallCore {
  public:
-  explicit TorchbridgeCallOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("callback_id", &callback_id_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &out_types_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &out_shapes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("torch_tensors", &torch_tensors_));
-    std::vector<int32_t> whole;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("whole_tensor_outputs", &whole));
-    whole_outputs_.assign(out_types_.size(), false);
-    for (int32_t i : whole) {
-      OP_REQUIRES(ctx, i >= 0 && i < static_cast<int32_t>(out_types_.size()),
-                  InvalidArgument("TorchbridgeCall: whole_tensor_outputs "
-                                  "index ", i, " out of range for ",
-                                  out_types_.size(), " outputs"));
-      whole_outputs_[i] = true;
-    }
-    OP_REQUIRES(ctx, !torch_tensors_ || TORCHBRIDGE_TORCH_INTEROP,
-                tensorflow::errors::Unimplemented(
-                    "TorchbridgeCall: torch_tensors=True needs a library "
-                    "built with torch_interop.cc"));
-    OP_REQUIRES(ctx,
-                out_shapes_.empty() || out_shapes_.size() == out_types_.size(),
-                InvalidArgument("TorchbridgeCall: ", out_shapes_.size(),
-                                " output_shapes for ", out_types_.size(),
-                                " outputs"));
-    for (DataType dt : out_types_) {
-      DLDataType unused;
-      OP_REQUIRES(ctx, ToDLDataType(dt, &unused),
-                  InvalidArgument("TorchbridgeCall: output dtype ",
-                                  tensorflow::DataTypeString(dt),
-                                  " cannot come from torch through DLPack"));
-    }
-  }
+  CallCore() = default;
+  CallCore(std::string name, int64_t callback_id, bool torch_tensors,
+           std::vector<DataType> out_types,
+           std::vector<PartialTensorShape> out_shapes)
+      : name_(std::move(name)),
+        callback_id_(callback_id),
+        torch_tensors_(torch_tensors),
+        whole_outputs_(out_types.size(), false),
+        out_types_(std::move(out_types)),
+        out_shapes_(std::move(out_shapes)) {}
 
-  // Run inline by the executor rather than handed to another thread: the
-  // thread that waits on the graph (and gave up the GIL to do so) then often
-  // runs the op itself, with no thread switch.
-  bool IsExpensive() override { return false; }
-
-  // The CPU kernel hands the call to the torch thread and waits, so the
-  // executor goes on inline on this thread afterwards (an asynchronous
-  // kernel's successors are handed to TF's pool instead: one more thread hop
-  // per call, measured ~50 us here). CUDA kernels do not use torch's OpenMP
-  // teams, so the GPU kernel's calls stay here.
-  void Compute(OpKernelContext* ctx) override {
-    timeline::Span kernel(timeline::kKernel);
-    TorchThread& thread = TorchThread::Get();
-    if (kGpu || !thread.enabled() || thread.OnThisThread()) {
-      Run(ctx);
-      return;
-    }
-    timeline::Span wait(timeline::kWaitTorchThread);
-    thread.Run([this, ctx] {
-      timeline::Span run(timeline::kTorchThreadRun);
-      Run(ctx);
-    });
-  }
-
- private:
-  // Errors go to ctx->SetStatus (TF's OP_REQUIRES macros are for Compute's
-  // own thread).
-  void Run(OpKernelContext* ctx) {
-    if (!Py_IsInitialized()) {
-      ctx->SetStatus(tensorflow::errors::FailedPrecondition(
-          "TorchbridgeCall needs a running Python interpreter"));
-      return;
-    }
-    CallContext call{ctx};
-    if (kGpu) {
-#if TORCHBRIDGE_GPU
-      auto* device_context = ctx->op_device_context();
-      if (!device_context || !device_context->stream()) {
-        ctx->SetStatus(tensorflow::errors::Internal(
-            "TorchbridgeCall: no GPU stream for this op"));
-        return;
-      }
-      call.stream = device_context->stream()->platform_specific_handle().stream;
-      call.device_id = ctx->device()->parsed_name().id;
-#endif
-    }
-    const int num_outputs = static_cast<int>(out_types_.size());
-    for (int i = 0; i < num_outputs; ++i) {
-      call.required.push_back(ctx->output_required(i));
-    }
-
-    // The inputs as DLPack tensors (no GIL needed yet).
-    std::vector<DLManagedTensor*> inputs(ctx->num_inputs(), nullptr);
-    absl::Status status;
-    timeline::Span wrap(timeline::kWrapInputs);
-    for (int i = 0; i < ctx->num_inputs() && status.ok(); ++i) {
-      status = WrapInput(ctx->input(i), Device(call, i, /*output=*/false), i,
-                         &inputs[i]);
-    }
-    wrap.Stop();
-    std::vector<Managed> outputs(num_outputs);
-    // Torch's default, not TF's: subnormal floats are kept (TF's threads
-    // flush them to zero; on the torch thread this is already so).
-    tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
-    if (!status.ok()) {
-      for (DLManagedTensor* m : inputs) {
-        if (m) m->deleter(m);  // a reference on a TF buffer: no GIL needed
-      }
-    } else if (NativeCallbackEntry native;
-               !kGpu && FindNativeCallback(callback_id_, &native)) {
+  // Runs the callback on `inputs` (taken over): a C++ callback without the
+  // GIL where one is registered (CPU), else Python. Fills `outputs` only if
+  // every output passes its checks.
+  absl::Status RunCallback(const CallContext& call,
+                           std::vector<DLManagedTensor*>* inputs,
+                           std::vector<Managed>* outputs) {
+    if (NativeCallbackEntry native;
+        !kGpu && FindNativeCallback(callback_id_, &native)) {
       timeline::Span callback(timeline::kNativeCallback);  // no GIL, no Python
-      status = RunNativeCallback(native, Where(), call.required, out_types_,
-                                 out_shapes_, &inputs, &outputs);
-    } else {
-      timeline::Span gil_wait(timeline::kAcquireGil);
-      GilLock gil;
-      gil_wait.Stop();
-      timeline::Span callback(timeline::kCallback);
-      status = CallPython(call, &inputs, &outputs);
+      return RunNativeCallback(native, Where(), call.required, out_types_,
+                               out_shapes_, inputs, outputs);
     }
-    timeline::Span adopt(timeline::kAdoptOutputs);
-    for (int i = 0; i < num_outputs && status.ok(); ++i) {
-      if (outputs[i]) {  // else an unused output Python left out (None)
-        status = AdoptAsOutput(ctx, i, out_types_[i], &outputs[i]);
-      }
-    }
-    for (Managed& m : outputs) m.DeleteFromAnyThread();  // after a failure
-    if (!status.ok()) ctx->SetStatus(status);
+    timeline::Span gil_wait(timeline::kAcquireGil);
+    GilLock gil;
+    gil_wait.Stop();
+    timeline::Span callback(timeline::kCallback);
+    return CallPython(call, inputs, outputs);
   }
 
+  const std::vector<DataType>& out_types() const { return out_types_; }
+
+ protected:
   DLDevice Device(const CallContext& call, int i, bool output) const {
+    if (call.ctx == nullptr) return DLDevice{kDLCPU, 0};  // a host call
     const auto memory = output ? call.ctx->output_memory_type(i)
                                : call.ctx->input_memory_type(i);
     if (kGpu && memory != tensorflow::HOST_MEMORY) {
@@ -198,7 +116,7 @@ class TorchbridgeCallOp : public OpKernel {
   }
 
   std::string Where() const {
-    return absl::StrCat("TorchbridgeCall '", name(), "'");
+    return absl::StrCat("TorchbridgeCall '", name_, "'");
   }
 
   // The inputs as a Python list (each takes over its DLPack tensor, also on
@@ -373,6 +291,7 @@ class TorchbridgeCallOp : public OpKernel {
                           device);
   }
 
+  std::string name_;
   int64_t callback_id_ = 0;
   // Python gets torch tensors and may return torch tensors (torch_interop),
   // instead of DLPack capsules both ways.
@@ -381,10 +300,282 @@ class TorchbridgeCallOp : public OpKernel {
   // long as TF's buffer), not only its memory.
   std::vector<bool> whole_outputs_;
   std::vector<DataType> out_types_;
-  std::vector<PartialTensorShape> out_shapes_;
+  std::vector<PartialTensorShape> out_shapes_;};
+
+template <bool kGpu>
+class TorchbridgeCallOp : public OpKernel, private CallCore<kGpu> {
+  using Core = CallCore<kGpu>;
+  using Core::callback_id_;
+  using Core::Device;
+  using Core::name_;
+  using Core::out_shapes_;
+  using Core::out_types_;
+  using Core::torch_tensors_;
+  using Core::whole_outputs_;
+
+ public:
+  explicit TorchbridgeCallOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    name_ = name();
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("callback_id", &callback_id_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &out_types_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &out_shapes_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("torch_tensors", &torch_tensors_));
+    std::vector<int32_t> whole;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("whole_tensor_outputs", &whole));
+    whole_outputs_.assign(out_types_.size(), false);
+    for (int32_t i : whole) {
+      OP_REQUIRES(ctx, i >= 0 && i < static_cast<int32_t>(out_types_.size()),
+                  InvalidArgument("TorchbridgeCall: whole_tensor_outputs "
+                                  "index ", i, " out of range for ",
+                                  out_types_.size(), " outputs"));
+      whole_outputs_[i] = true;
+    }
+    OP_REQUIRES(ctx, !torch_tensors_ || TORCHBRIDGE_TORCH_INTEROP,
+                tensorflow::errors::Unimplemented(
+                    "TorchbridgeCall: torch_tensors=True needs a library "
+                    "built with torch_interop.cc"));
+    OP_REQUIRES(ctx,
+                out_shapes_.empty() || out_shapes_.size() == out_types_.size(),
+                InvalidArgument("TorchbridgeCall: ", out_shapes_.size(),
+                                " output_shapes for ", out_types_.size(),
+                                " outputs"));
+    for (DataType dt : out_types_) {
+      DLDataType unused;
+      OP_REQUIRES(ctx, ToDLDataType(dt, &unused),
+                  InvalidArgument("TorchbridgeCall: output dtype ",
+                                  tensorflow::DataTypeString(dt),
+                                  " cannot come from torch through DLPack"));
+    }
+  }
+
+
+  // Run inline by the executor rather than handed to another thread: the
+  // thread that waits on the graph (and gave up the GIL to do so) then often
+  // runs the op itself, with no thread switch.
+  bool IsExpensive() override { return false; }
+
+  // The CPU kernel hands the call to the torch thread and waits, so the
+  // executor goes on inline on this thread afterwards (an asynchronous
+  // kernel's successors are handed to TF's pool instead: one more thread hop
+  // per call, measured ~50 us here). CUDA kernels do not use torch's OpenMP
+  // teams, so the GPU kernel's calls stay here.
+  void Compute(OpKernelContext* ctx) override {
+    timeline::Span kernel(timeline::kKernel);
+    TorchThread& thread = TorchThread::Get();
+    if (kGpu || !thread.enabled() || thread.OnThisThread()) {
+      Run(ctx);
+      return;
+    }
+    timeline::Span wait(timeline::kWaitTorchThread);
+    thread.Run([this, ctx] {
+      timeline::Span run(timeline::kTorchThreadRun);
+      Run(ctx);
+    });
+  }
+
+ private:
+  // Errors go to ctx->SetStatus (TF's OP_REQUIRES macros are for Compute's
+  // own thread).
+  void Run(OpKernelContext* ctx) {
+    if (!Py_IsInitialized()) {
+      ctx->SetStatus(tensorflow::errors::FailedPrecondition(
+          "TorchbridgeCall needs a running Python interpreter"));
+      return;
+    }
+    CallContext call{ctx};
+    if (kGpu) {
+#if TORCHBRIDGE_GPU
+      auto* device_context = ctx->op_device_context();
+      if (!device_context || !device_context->stream()) {
+        ctx->SetStatus(tensorflow::errors::Internal(
+            "TorchbridgeCall: no GPU stream for this op"));
+        return;
+      }
+      call.stream = device_context->stream()->platform_specific_handle().stream;
+      call.device_id = ctx->device()->parsed_name().id;
+#endif
+    }
+    const int num_outputs = static_cast<int>(out_types_.size());
+    for (int i = 0; i < num_outputs; ++i) {
+      call.required.push_back(ctx->output_required(i));
+    }
+
+    // The inputs as DLPack tensors (no GIL needed yet).
+    std::vector<DLManagedTensor*> inputs(ctx->num_inputs(), nullptr);
+    absl::Status status;
+    timeline::Span wrap(timeline::kWrapInputs);
+    for (int i = 0; i < ctx->num_inputs() && status.ok(); ++i) {
+      status = WrapInput(ctx->input(i), Device(call, i, /*output=*/false), i,
+                         &inputs[i]);
+    }
+    wrap.Stop();
+    std::vector<Managed> outputs(num_outputs);
+    // Torch's default, not TF's: subnormal floats are kept (TF's threads
+    // flush them to zero; on the torch thread this is already so).
+    tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
+    if (!status.ok()) {
+      for (DLManagedTensor* m : inputs) {
+        if (m) m->deleter(m);  // a reference on a TF buffer: no GIL needed
+      }
+    } else {
+      status = Core::RunCallback(call, &inputs, &outputs);
+    }
+    timeline::Span adopt(timeline::kAdoptOutputs);
+    for (int i = 0; i < num_outputs && status.ok(); ++i) {
+      if (outputs[i]) {  // else an unused output Python left out (None)
+        status = AdoptAsOutput(ctx, i, out_types_[i], &outputs[i]);
+      }
+    }
+    for (Managed& m : outputs) m.DeleteFromAnyThread();  // after a failure
+    if (!status.ok()) ctx->SetStatus(status);
+  }
 };
 
+// Copies made by host calls (torchbridge_host_call): results written into
+// XLA's buffers, and inputs copied out of them.
+std::atomic<int64_t> g_host_copies{0};
+std::atomic<int64_t> g_host_bytes{0};
+
+// The TF dtype of a DLPack dtype (the ones adopt_rules.h lets cross).
+bool FromDLDataType(const DLDataType& dl, DataType* out) {
+  static const DataType kTypes[] = {
+      tensorflow::DT_FLOAT,     tensorflow::DT_DOUBLE,   tensorflow::DT_HALF,
+      tensorflow::DT_BFLOAT16,  tensorflow::DT_INT8,     tensorflow::DT_INT16,
+      tensorflow::DT_INT32,     tensorflow::DT_INT64,    tensorflow::DT_UINT8,
+      tensorflow::DT_UINT16,    tensorflow::DT_UINT32,   tensorflow::DT_UINT64,
+      tensorflow::DT_BOOL,      tensorflow::DT_COMPLEX64,
+      tensorflow::DT_COMPLEX128};
+  for (DataType dt : kTypes) {
+    DLDataType t;
+    if (ToDLDataType(dt, &t) && t.code == dl.code && t.bits == dl.bits &&
+        t.lanes == dl.lanes) {
+      *out = dt;
+      return true;
+    }
+  }
+  return false;
+}
+
+// One host call (see torchbridge_host_call): the callback run as the CPU
+// kernel runs it, each output then copied into `results`.
+absl::Status HostCall(const std::string& name, int64_t callback_id,
+                      bool torch_tensors, std::vector<DLManagedTensor*>* inputs,
+                      DLTensor* results, int64_t num_results) {
+  std::vector<DataType> types(num_results);
+  std::vector<PartialTensorShape> shapes(num_results);
+  absl::Status status;
+  for (int64_t i = 0; i < num_results && status.ok(); ++i) {
+    if (!FromDLDataType(results[i].dtype, &types[i])) {
+      status = InvalidArgument("TorchbridgeCall '", name, "' under XLA: result ",
+                               i, " has dtype ",
+                               DLDataTypeString(results[i].dtype),
+                               ", which torch has none for");
+      break;
+    }
+    status = PartialTensorShape::BuildPartialTensorShape(
+        absl::Span<const int64_t>(results[i].shape, results[i].ndim),
+        &shapes[i]);
+  }
+  if (!status.ok()) {
+    for (DLManagedTensor* m : *inputs) m->deleter(m);
+    return status;
+  }
+  CallCore<false> core(name, callback_id, torch_tensors, std::move(types),
+                       std::move(shapes));
+  CallContext call{nullptr};
+  call.required.assign(num_results, true);  // XLA does not say
+  std::vector<Managed> outputs(num_results);
+  status = core.RunCallback(call, inputs, &outputs);
+  for (int64_t i = 0; i < num_results && status.ok(); ++i) {
+    const DLTensor& from = outputs[i].tensor();
+    int64_t bytes = (from.dtype.bits * from.dtype.lanes + 7) / 8;
+    for (int32_t d = 0; d < from.ndim; ++d) bytes *= from.shape[d];
+    if (bytes > 0) {
+      std::memcpy(results[i].data,
+                  static_cast<const char*>(from.data) + from.byte_offset,
+                  static_cast<size_t>(bytes));
+    }
+    g_host_copies.fetch_add(1, std::memory_order_relaxed);
+    g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    // Checked and counted as adoptable as it is, but copied here.
+    if (outputs[i].exported) {
+      g_zero_copy_count.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  for (Managed& m : outputs) m.DeleteFromAnyThread();
+  return status;
+}
+
 }  // namespace
+
+extern "C" {
+
+// The entry point of the XLA custom call's host handler (csrc/xla/, which
+// gets its address from the loader): runs callback `callback_id` on
+// `num_inputs` DLPack tensors (taken over, also on failure) as the CPU kernel
+// would, on the torch thread, and copies its outputs into `results` (XLA's
+// result buffers: dtype and shape as declared, dense row-major);
+// `inputs_copied`: the inputs are copies of XLA's buffers. Returns 0,
+// or a TF error code with the message in `error` (NUL-terminated).
+int torchbridge_host_call(const char* name, int64_t callback_id,
+                          int torch_tensors, DLManagedTensor** inputs,
+                          int64_t num_inputs, DLTensor* results,
+                          int64_t num_results, int inputs_copied,
+                          char* error, int64_t error_size) {
+  std::vector<DLManagedTensor*> ins(inputs, inputs + num_inputs);
+  // Inputs the XLA unit copied out of XLA's buffers (and counted) are not
+  // zero-copy crossings, though the call counts them so.
+  if (inputs_copied) {
+    for (DLManagedTensor* m : ins) {
+      const DLTensor& t = m->dl_tensor;
+      int64_t bytes = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+      for (int32_t d = 0; d < t.ndim; ++d) bytes *= t.shape[d];
+      g_host_copies.fetch_add(1, std::memory_order_relaxed);
+      g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    if (torch_tensors && TORCHBRIDGE_TORCH_INTEROP) {
+      g_zero_copy_count.fetch_sub(num_inputs, std::memory_order_relaxed);
+    }
+  }
+  absl::Status status;
+  if (!Py_IsInitialized()) {
+    for (DLManagedTensor* m : ins) m->deleter(m);
+    status = tensorflow::errors::FailedPrecondition(
+        "TorchbridgeCall needs a running Python interpreter");
+  } else {
+    auto run = [&] {
+      tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
+      status = HostCall(name ? name : "?", callback_id, torch_tensors != 0,
+                        &ins, results, num_results);
+    };
+    timeline::Span kernel(timeline::kKernel);
+    TorchThread& thread = TorchThread::Get();
+    if (!thread.enabled() || thread.OnThisThread()) {
+      run();
+    } else {
+      timeline::Span wait(timeline::kWaitTorchThread);
+      thread.Run([&] {
+        timeline::Span on_thread(timeline::kTorchThreadRun);
+        run();
+      });
+    }
+  }
+  if (status.ok()) return 0;
+  if (error && error_size > 0) {
+    std::string text(status.message());
+    std::snprintf(error, static_cast<size_t>(error_size), "%s", text.c_str());
+  }
+  return static_cast<int>(status.code());
+}
+
+// Copies host calls made: {results and inputs copied, bytes}.
+void torchbridge_host_copies(int64_t* counts) {
+  counts[0] = g_host_copies.load(std::memory_order_relaxed);
+  counts[1] = g_host_bytes.load(std::memory_order_relaxed);
+}
+
+
+}  // extern "C"
 
 REGISTER_KERNEL_BUILDER(Name("TorchbridgeCall").Device(tensorflow::DEVICE_CPU),
                         TorchbridgeCallOp<false>);

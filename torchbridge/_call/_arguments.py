@@ -14,9 +14,9 @@ from torchbridge._crossing import _exchange
 from torchbridge._frameworks import _compat
 
 _XLA_UNSUPPORTED = """\
-{name} cannot run inside a tf.function compiled with XLA (jit_compile=True):
-XLA compiles the whole function to device code, which cannot call back into
-Python and PyTorch. Compile without XLA instead: `tf.function(fn)` or
+{name} cannot run inside a tf.function compiled with XLA (jit_compile=True)
+here: torchbridge's XLA custom call (csrc/xla/) could not be built or
+loaded (see below). Compile without XLA instead: `tf.function(fn)` or
 `tf.function(fn, jit_compile=False)`, and in Keras `model.compile(...,
 jit_compile=False)`. The rest of the model can stay compiled if it lives in a
 separate tf.function. To run a trained `tb.TorchModule` under XLA, translate
@@ -104,7 +104,18 @@ def check_output_signature(output_signature: Any, owner: str) -> Any:
   return output_signature
 
 
-def check_not_xla(name: str) -> None:
-  """Raises if the graph being traced is compiled by XLA."""
-  if _compat.in_xla_context():
-    raise NotImplementedError(_XLA_UNSUPPORTED.format(name=name))
+def check_not_xla(name: str) -> bool:
+  """Whether the graph being traced is compiled by XLA; raises if it is and
+  bridged calls cannot run there (the XLA custom call's library,
+  csrc/xla/, cannot be had: `_native._xla`)."""
+  if not _compat.in_xla_context():
+    return False
+  # Imported here: only a call traced under XLA builds or loads it.
+  from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+  reason = _xla.unavailable()
+  if reason is not None:
+    raise NotImplementedError(
+      _XLA_UNSUPPORTED.format(name=name) + f"\n(torchbridge's XLA custom call is unavailable: {reason})"
+    )
+  return True

@@ -51,6 +51,15 @@ def call_graph(
   """
 
   check_outputs = _output_check.OutputCheck(out_specs, name, specs_found)
+  # Under XLA (jit_compile=True) the op becomes an XLA custom call
+  # (csrc/xla/): shapes must be static, outputs are copied into XLA's
+  # buffers, and the handle is an id (`_saved.own_id`). Nothing says which
+  # outputs the compiled program consumes: a call no tape records when it is
+  # traced keeps no record.
+  xla = _compat.in_xla_context()
+  xla_inference = xla and not (record and _compat.tape_could_record())
+  if xla:
+    _check_static(name, py_args_tf, out_specs)
 
   def run(
     py_args_torch: list[torch.Tensor], unused: Collection[int] | None = None
@@ -79,7 +88,7 @@ def call_graph(
     call = _timeline.span(_timeline.CALL) if _timeline.on else None
     phase: _timeline.Span | None = None
     try:
-      inference = unused is not None and 0 in unused
+      inference = (unused is not None and 0 in unused) or xla_inference
       grad_mode = torch.is_grad_enabled()
       _compat.set_grad_enabled(record and not inference)
       try:
@@ -94,7 +103,9 @@ def call_graph(
       phase = _timeline.span(_timeline.CHECK) if call else None
       check_outputs(outs_torch)
       if saved is None:
-        return [None, *outs_torch]
+        return [_NO_RECORD if xla else None, *outs_torch]
+      if xla:
+        return [_saved.own_id(saved), *outs_torch]
       if phase:
         phase.stop()
         phase = _timeline.span(_timeline.SAVE)
@@ -113,7 +124,7 @@ def call_graph(
       run,
       run_native,
       py_args_tf,
-      [tf.int8] + [s.dtype for s in out_specs],
+      [tf.int64 if xla else tf.int8] + [s.dtype for s in out_specs],
       [[1]] + [s.shape for s in out_specs],
       name,
     )
@@ -206,6 +217,30 @@ def _stateful_op(
   for out_tf, shape in zip(outs_tf, out_shapes):
     out_tf.set_shape(shape)
   return outs_tf
+
+
+# The handle of a call under XLA that keeps no record.
+_NO_RECORD = torch.zeros(1, dtype=torch.int64)
+
+
+def _check_static(
+  name: str, args_tf: Sequence[tf.Tensor], out_specs: Sequence[tf.TensorSpec]
+) -> None:
+  """Raises unless every argument and output of a call under XLA has a
+  static shape."""
+  for what, shapes in (
+    ("argument", [a.shape for a in args_tf]),
+    ("output", [s.shape for s in out_specs]),
+  ):
+    for k, shape in enumerate(shapes):
+      if not shape.is_fully_defined():
+        raise ValueError(
+          f"{name}: its {what} {k} has shape {shape} under XLA "
+          "(jit_compile=True), which needs every shape static to call torch. "
+          "Give the tf.function an input_signature with every dimension "
+          "known, or none at all (TF then traces each shape it meets), or "
+          "compile without XLA (jit_compile=False)."
+        )
 
 
 def _views(tensors_tf: Sequence[tf.Tensor]) -> list[torch.Tensor]:

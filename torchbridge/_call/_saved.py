@@ -12,6 +12,7 @@ gradient may need it (`own`, `lookup`).
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import cast
@@ -26,6 +27,14 @@ from torchbridge._runtime import _timeline
 # lives as long as the handle's Python object, which TF keeps alive while it
 # holds the handle (see `_own`).
 _SAVED_BY_HANDLE: dict[int, tuple[Saved, weakref.ref[torch.Tensor]]] = {}
+
+
+# Under XLA (jit_compile=True) outputs are copied into XLA's buffers, so no
+# TF tensor can hold the handle's torch object: the handle carries an id
+# (int64) instead, and the record lives here until its backward takes it
+# (`own_id`, `lookup`).
+_SAVED_BY_ID: dict[int, Saved] = {}
+_ids = itertools.count(1)
 
 
 class Saved:
@@ -171,7 +180,34 @@ def own(handle_torch: torch.Tensor, saved: Saved) -> None:
   _SAVED_BY_HANDLE[key] = (saved, weakref.ref(handle_torch, forget))
 
 
+def own_id(saved: Saved) -> torch.Tensor:
+  """A handle for a call under XLA: an int64 id of `saved`, kept until the
+  backward takes it (`lookup`). A record whose backward never runs (a tape
+  that records the call but is never asked) stays: a known leak of the
+  prototype."""
+  key = next(_ids)
+  _SAVED_BY_ID[key] = saved
+  return torch.tensor([key], dtype=torch.int64)
+
+
 def lookup(handle_torch: torch.Tensor) -> Saved:
+  if handle_torch.dtype == torch.int64:  # a handle made under XLA
+    key = int(handle_torch[0])
+    saved = _SAVED_BY_ID.pop(key, None)
+    if saved is None:
+      raise RuntimeError(
+        "torchbridge: no saved torch state for this gradient of a call "
+        "compiled with XLA (jit_compile=True)"
+        + (
+          ": no tape was recording the call when the tf.function was traced. "
+          "Open the GradientTape inside the jit-compiled function."
+          if key == 0
+          else ": its backward already ran once (under XLA each forward's "
+          "state serves one backward; a persistent tape asked twice is not "
+          "supported there)."
+        )
+      )
+    return saved
   saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
   if saved is None:
     raise RuntimeError(

@@ -163,8 +163,9 @@ class TorchState:
       translated = self.runner.call(call, training, mode_key, self._mutated_buffers, after_writes)
       if translated is not _runner.TORCH:
         return translated
-    if not tf.executing_eagerly():
-      _call.check_not_xla(self.name)
+    # Under XLA the C++ torch runner is not used yet: its handle owns the
+    # forward's record in C++ and cannot survive the copy into XLA's buffers.
+    if not tf.executing_eagerly() and not _call.check_not_xla(self.name):
       in_c = self.torch_runner.call_or_none(
         call, training, mode_key, self._mutated_buffers, after_writes, output_signature
       )
