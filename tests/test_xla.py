@@ -1,0 +1,140 @@
+"""Bridged calls under XLA (tf.function(jit_compile=True)): the op lowered to
+an XLA custom call (csrc/xla/) whose host handler runs the CPU kernel's
+callback. Skipped where that library cannot be built or loaded."""
+
+import numpy as np
+import pytest
+import torch  # noqa: F401  (before tensorflow)
+import tensorflow as tf
+
+import torchbridge as tb
+from torchbridge._native import _xla
+
+
+@pytest.fixture(scope="module", autouse=True)
+def xla_unit():
+  reason = _xla.unavailable()  # builds it on first use
+  if reason is not None:
+    pytest.skip(f"the XLA custom call is unavailable: {reason}")
+
+
+def _close(a, b, tol=1e-12):
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32])
+def test_torch_function_values_and_gradients_equal_torch(dtype):
+  @tb.torch_function
+  def f(a, b):
+    return torch.sin(a) * b, a.sum()
+
+  @tf.function(jit_compile=True)
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      tape.watch([x, y])
+      z, s = f(x, y)
+      loss = tf.reduce_sum(z * z) + 3.0 * tf.cast(s, dtype)
+    return z, s, tape.gradient(loss, [x, y])
+
+  rng = np.random.default_rng(0)
+  x_np, y_np = rng.standard_normal((2, 3, 4))
+  calls = _xla.calls()
+  z, s, (gx, gy) = step(tf.constant(x_np, dtype), tf.constant(y_np, dtype))
+  assert _xla.calls() == calls + 2  # the forward and its backward ran in XLA
+  torch_dtype = torch.float64 if dtype == tf.float64 else torch.float32
+  xt = torch.tensor(x_np, dtype=torch_dtype, requires_grad=True)
+  yt = torch.tensor(y_np, dtype=torch_dtype, requires_grad=True)
+  zt, st = torch.sin(xt) * yt, xt.sum()
+  ((zt * zt).sum() + 3.0 * st).backward()
+  tol = 1e-12 if dtype == tf.float64 else 1e-5
+  _close(z, zt.detach(), tol)
+  _close(s, st.detach(), tol)
+  _close(gx, xt.grad, tol)
+  _close(gy, yt.grad, tol)
+  assert z.shape == (3, 4) and s.shape == ()
+
+
+def test_inference_call_under_xla_keeps_no_record():
+  f = tb.torch_function(lambda a: a * 2.0)
+  step = tf.function(lambda x: f(x), jit_compile=True)
+  from torchbridge._call import _saved
+
+  before = len(_saved._SAVED_BY_ID)
+  for _ in range(3):
+    _close(step(tf.ones([2, 2], tf.float64)), np.full([2, 2], 2.0))
+  assert len(_saved._SAVED_BY_ID) == before
+
+
+def test_torch_module_run_torch_trains_under_xla():
+  torch.manual_seed(0)
+  net = torch.nn.Sequential(
+    torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+  ).double()
+  reference = torch.nn.Sequential(
+    torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+  ).double()
+  reference.load_state_dict(net.state_dict())
+  actor = tb.TorchModule(net, name="actor", run="torch")
+
+  @tf.function(jit_compile=True)
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = actor(x)
+      loss = tf.reduce_sum(y**2)
+    return y, tape.gradient(loss, [x] + list(actor.trainable_variables))
+
+  x_np = np.random.default_rng(1).standard_normal((5, 3))
+  calls = _xla.calls()
+  y, grads = step(tf.constant(x_np))
+  assert _xla.calls() == calls + 2
+  xt = torch.tensor(x_np, requires_grad=True)
+  yt = reference(xt)
+  (yt**2).sum().backward()
+  _close(y, yt.detach())
+  _close(grads[0], xt.grad)
+  by_name = dict(reference.named_parameters())
+  for var, grad in zip(actor.trainable_variables, grads[1:]):
+    name = var.name.split("/", 1)[1].split(":")[0]
+    _close(grad, by_name[name].grad)
+
+
+def test_torch_error_surfaces_as_tf_error_and_next_call_works():
+  @tb.torch_function
+  def picky(a):
+    if bool((a < 0).any()):
+      raise ValueError("picky: negative input")
+    return torch.sqrt(a)
+
+  step = tf.function(lambda x: picky(x), jit_compile=True)
+  with pytest.raises(tf.errors.OpError, match="picky: negative input") as info:
+    step(tf.constant([1.0, -1.0], tf.float64))
+  assert "ValueError" in str(info.value)
+  _close(step(tf.constant([4.0, 9.0], tf.float64)), [2.0, 3.0])
+
+
+def test_unknown_dimension_is_refused_naming_the_fix():
+  f = tb.torch_function(lambda a: a + 1.0)
+  step = tf.function(
+    lambda x: f(x),
+    jit_compile=True,
+    input_signature=[tf.TensorSpec([None, 3], tf.float32)],
+  )
+  with pytest.raises(ValueError, match="input_signature") as info:
+    step(tf.ones([2, 3]))
+  assert "jit_compile=False" in str(info.value) and "static" in str(info.value)
+
+
+def test_copies_into_xla_buffers_are_counted(own_crossings_only):
+  f = tb.torch_function(lambda a: a * 3.0)
+  step = tf.function(lambda x: f(x), jit_compile=True)
+  x = tf.ones([16, 16], tf.float32)
+  step(x)  # compiles
+  tb.reset_exchange_stats()
+  step(x)
+  stats = tb.exchange_stats()
+  # The input copied out of XLA's buffer, the handle and the result into
+  # XLA's: three copies, none counted zero-copy.
+  assert stats["copied"] == 3, stats
+  assert stats["bytes_copied"] == 2 * 16 * 16 * 4 + 8, stats
+  assert stats["zero_copy"] == 0, stats
