@@ -244,7 +244,11 @@ def test_compiled_and_eager_fit_agree(floatx64):
   np.testing.assert_allclose(histories[0], histories[1], rtol=1e-12)
 
 
-def test_layer_does_not_support_xla():
+def test_layer_does_not_support_xla(monkeypatch):
+  from torchbridge._native import _xla  # where its library cannot be had
+
+  monkeypatch.setattr(_xla, "available", lambda: False)
+  monkeypatch.setattr(_xla, "unavailable", lambda: "no compiler (test)")
   layer = TorchLayer(nn.Linear(4, 1))
   assert layer.supports_jit is False
   model = keras.Sequential([keras.Input((4,)), layer])
@@ -257,7 +261,11 @@ def test_layer_does_not_support_xla():
   assert model.jit_compile is False
 
 
-def test_explicit_jit_compile_falls_back_with_a_warning():
+def test_explicit_jit_compile_falls_back_with_a_warning(monkeypatch):
+  from torchbridge._native import _xla  # where its library cannot be had
+
+  monkeypatch.setattr(_xla, "available", lambda: False)
+  monkeypatch.setattr(_xla, "unavailable", lambda: "no compiler (test)")
   model = keras.Sequential([keras.Input((4,)), TorchLayer(nn.Linear(4, 1))])
   with pytest.warns(UserWarning, match="jit_compile=False"):
     model.compile("sgd", "mse", jit_compile=True)
@@ -266,7 +274,11 @@ def test_explicit_jit_compile_falls_back_with_a_warning():
   model.fit(x, y, epochs=1, verbose=0)
 
 
-def test_xla_compiled_step_raises_naming_jit_compile():
+def test_xla_compiled_step_raises_naming_jit_compile(monkeypatch):
+  from torchbridge._native import _xla  # where its library cannot be had
+
+  monkeypatch.setattr(_xla, "available", lambda: False)
+  monkeypatch.setattr(_xla, "unavailable", lambda: "no compiler (test)")
   model = keras.Sequential([keras.Input((4,)), TorchLayer(nn.Linear(4, 1))])
   model.compile("sgd", "mse")
   model._jit_compile = True  # as if Keras had not consulted supports_jit

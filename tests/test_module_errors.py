@@ -250,7 +250,10 @@ def test_training_as_a_tensor_works_eagerly_but_not_inside_tf_function():
   assert actor.get_weights()["bn.num_batches_tracked"] == 2
 
 
-def test_xla_compilation_is_refused_with_the_alternative():
+def test_xla_compilation_is_refused_with_the_alternative(monkeypatch):
+  from torchbridge._native import _xla  # where its library cannot be had
+
+  monkeypatch.setattr(_xla, "unavailable", lambda: "no compiler (test)")
   actor = tb.TorchModule(seeded(0, BNNet), name="actor")
   call = tf.function(lambda x: actor(x, training=False), jit_compile=True)
   with pytest.raises(NotImplementedError, match=r"jit_compile=False") as info:

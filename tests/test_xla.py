@@ -138,3 +138,29 @@ def test_copies_into_xla_buffers_are_counted(own_crossings_only):
   assert stats["copied"] == 3, stats
   assert stats["bytes_copied"] == 2 * 16 * 16 * 4 + 8, stats
   assert stats["zero_copy"] == 0, stats
+
+
+def test_keras_layer_run_torch_fits_under_xla_as_without():
+  import keras
+
+  from torchbridge.keras import TorchLayer
+
+  rng = np.random.default_rng(2)
+  x, y = rng.standard_normal((32, 4)), rng.standard_normal((32, 1))
+  histories, weights = [], []
+  for jit in (False, True):
+    torch.manual_seed(0)
+    layer = TorchLayer(torch.nn.Linear(4, 1).double(), run="torch")
+    assert layer.supports_jit is True  # CPU only, the XLA unit builds here
+    model = keras.Sequential([keras.Input((4,), dtype="float64"), layer])
+    model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=jit)
+    assert model.jit_compile is jit
+    calls = _xla.calls()
+    history = model.fit(x, y, epochs=3, batch_size=8, verbose=0, shuffle=False)
+    assert (_xla.calls() > calls) is jit
+    histories.append(history.history["loss"])
+    weights.append([w.numpy() for w in model.weights])
+  # Keras' loss tracker is float32, and XLA orders its reductions its own way.
+  np.testing.assert_allclose(histories[0], histories[1], rtol=1e-6)
+  for a, b in zip(*weights):
+    np.testing.assert_allclose(a, b, rtol=1e-10)

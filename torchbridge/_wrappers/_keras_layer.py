@@ -59,11 +59,13 @@ class TorchLayer(keras.layers.Layer):
   translation where it holds (checked against torch when captured), so
   the layer keeps `supports_jit = True` and Keras may compile it with XLA
   (`jit_compile=True`; Keras' `"auto"` picks XLA on GPU machines). With
-  `run="torch"` XLA cannot call into torch: the
-  layer sets `supports_jit = False`, Keras' `"auto"` then compiles without
-  XLA, and an explicit `model.compile(jit_compile=True)` warns and falls
-  back to `jit_compile=False`. A `tf.function(jit_compile=True)` around a
-  call that runs torch raises an error that says so.
+  `run="torch"` the layer calls torch through an XLA custom call on the
+  CPU (csrc/xla/, built when first needed) and `supports_jit` says whether
+  that can be had here (no GPU, the library builds); where it cannot,
+  Keras' `"auto"` compiles without XLA, an explicit
+  `model.compile(jit_compile=True)` warns and falls back to
+  `jit_compile=False`, and a `tf.function(jit_compile=True)` around a call
+  that runs torch raises an error that says so.
 
   Saving: `save_weights` / `load_weights` store the weights as any layer's.
   `model.save("m.keras")` also stores the torch module itself (pickled with
@@ -116,11 +118,11 @@ class TorchLayer(keras.layers.Layer):
     super().__init__(**kwargs)
     _check_dtype(self, module_dtype)
     # Graph calls that run as the TF translation compile with XLA; those
-    # that run torch cannot.
-    self.supports_jit = run != "torch"
+    # that run torch do through the XLA custom call where it can be had
+    # (see `supports_jit`).
+    self._run = run
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight, run=run)
-    self._run = run
     # Tracked by torch name, in a trackable holder, so that
     # tf.train.Checkpoint and tf.saved_model find them through the layer's
     # attributes, as they find a Dense layer's kernel (Keras' own tracking,
@@ -131,6 +133,24 @@ class TorchLayer(keras.layers.Layer):
       setattr(holder, name, variable)
     self._torch_variables = holder
     self.built = True
+
+  @property
+  def supports_jit(self) -> bool:
+    """Whether Keras may compile this layer with XLA. With `run="torch"`:
+    only where the bridge's XLA custom call (CPU) can be had and TF sees no
+    GPU; asked when Keras asks (`compile(jit_compile=True)`, or "auto" on a
+    GPU machine), which builds that library on first use."""
+    if self.__dict__.get("_run") != "torch":
+      return self.__dict__.get("_supports_jit", True)
+    if tf.config.list_physical_devices("GPU"):
+      return False
+    from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+    return _xla.available()
+
+  @supports_jit.setter
+  def supports_jit(self, value: bool) -> None:
+    self.__dict__["_supports_jit"] = value
 
   def _make_weight(
     self, name: str, value_tf: tf.Tensor, trainable: bool, aggregation: tf.VariableAggregation
