@@ -107,4 +107,16 @@ def _build(args: argparse.Namespace) -> int:
     )
     return 0 if args.allow_fallback else 1
   print(f"torchbridge build: the C++ torch runner is built: {runner}")
+  from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+  try:
+    xla = _xla.build_or_reuse(force=args.force)
+  except _build.BuildError as err:
+    print(
+      f"torchbridge build: the XLA custom call failed to build (bridged calls "
+      f"under jit_compile=True are refused): {err}",
+      file=sys.stderr,
+    )
+    return 0 if args.allow_fallback else 1
+  print(f"torchbridge build: the XLA custom call (jit_compile=True) is built: {xla}")
   return 0

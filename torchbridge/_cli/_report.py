@@ -175,6 +175,7 @@ def _native_op(load: bool) -> dict[str, Any]:
     "build_seconds": record.get("seconds"),
     "built": record.get("built"),
     "torch_runner_library": _torch_runner_library(),
+    "xla_library": _xla_library(),
     "cache_dir": str(_build.cache_dir()),
     "disabled_by": f"{_loader.DISABLE_ENV}={os.environ[_loader.DISABLE_ENV]}" if disabled else None,
   }
@@ -194,6 +195,24 @@ def _torch_runner_library() -> str:
   return (
     "not built yet: it builds on the first graph call that runs torch, "
     "or run `python -m torchbridge build`"
+  )
+
+
+def _xla_library() -> str:
+  """Where the XLA custom call's library stands (never built here)."""
+  from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+  if _xla.loaded_from() is not None:
+    return f"loaded from {_xla.loaded_from()}"
+  try:
+    cached = _xla.library_path()
+  except Exception as err:  # pylint: disable=broad-except
+    return f"unavailable (bridged calls under jit_compile=True are refused): {err}"
+  if cached.is_file():
+    return f"built, loaded on the first bridged call traced under jit_compile=True: {cached}"
+  return (
+    "not built yet: it builds on the first bridged call traced under "
+    "jit_compile=True, or run `python -m torchbridge build`"
   )
 
 
