@@ -22,9 +22,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 
+#include <cstring>
 #include <exception>
 #include <vector>
 
@@ -66,6 +68,39 @@ PyObject* TensorFromDLPack(DLManagedTensor* managed) {
     SetPythonError(err.what());
   }
   return nullptr;
+}
+
+PyObject* TensorFromLentDLPack(DLManagedTensor* managed, void** token) {
+  *token = nullptr;
+  try {
+    at::Tensor tensor = at::fromDLPack(managed);
+    *token = new c10::weak_intrusive_ptr<c10::StorageImpl>(
+        tensor.storage().getWeakStorageImpl());
+    return THPVariable_Wrap(std::move(tensor));
+  } catch (const c10::Error& err) {
+    SetPythonError(err.what_without_backtrace());
+  } catch (const std::exception& err) {
+    SetPythonError(err.what());
+  }
+  return nullptr;
+}
+
+int64_t DetachIfEscaped(void* token) {
+  if (token == nullptr) return 0;
+  auto* weak = static_cast<c10::weak_intrusive_ptr<c10::StorageImpl>*>(token);
+  c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock();
+  delete weak;
+  if (!storage) return 0;
+  try {
+    const size_t bytes = storage->nbytes();
+    at::DataPtr copy = c10::GetCPUAllocator()->allocate(bytes);
+    if (bytes) std::memcpy(copy.get(), storage->data(), bytes);
+    // Drops the lent memory's DataPtr (its DLPack deleter runs).
+    storage->set_data_ptr_noswap(std::move(copy));
+    return static_cast<int64_t>(bytes);
+  } catch (...) {
+    return -1;
+  }
 }
 
 DLManagedTensor* ExportAsIs(PyObject* object, int device_type, int device_id,

@@ -25,6 +25,19 @@ namespace torch_interop {
 // has been deleted.
 PyObject* TensorFromDLPack(DLManagedTensor* managed);
 
+// As TensorFromDLPack, for memory that is only lent for a call (an XLA
+// buffer): `*token` receives a weak reference to the tensor's storage, for
+// DetachIfEscaped once the call is over.
+PyObject* TensorFromLentDLPack(DLManagedTensor* managed, void** token);
+
+// Ends a lent input's loan (and frees `token`): if torch still holds its
+// storage (a tensor saved for the backward, or kept by the user's code),
+// the storage's memory is replaced by an owned copy, which every tensor over
+// it sees from then on, and the number of bytes copied is returned; 0 when
+// nothing holds it. -1 if the copy failed (out of memory): the storage then
+// still points into the lent memory. No GIL needed.
+int64_t DetachIfEscaped(void* token);
+
 // For an exact torch.Tensor that TF can adopt as it is (strided, dense
 // row-major, 64-byte aligned unless empty, no lazy conjugation or negation,
 // on device `device_type` (DLPack's: 1 CPU, 2 CUDA) with index `device_id`

@@ -21,6 +21,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -103,6 +105,7 @@ class CallCore {
   }
 
   const std::vector<DataType>& out_types() const { return out_types_; }
+  void set_lent_tokens(std::vector<void*>* tokens) { lent_tokens_ = tokens; }
 
  protected:
   DLDevice Device(const CallContext& call, int i, bool output) const {
@@ -131,7 +134,11 @@ class CallCore {
       }
       PyObject* arg;
 #if TORCHBRIDGE_TORCH_INTEROP
-      if (torch_tensors_) {
+      if (torch_tensors_ && lent_tokens_ != nullptr) {
+        void* token = nullptr;
+        arg = torch_interop::TensorFromLentDLPack(m, &token);  // owns m
+        if (token) lent_tokens_->push_back(token);
+      } else if (torch_tensors_) {
         arg = torch_interop::TensorFromDLPack(m);  // owns m, also on failure
       } else
 #endif
@@ -292,6 +299,10 @@ class CallCore {
   }
 
   std::string name_;
+  // A host call's inputs are lent (XLA's buffers): each torch tensor's
+  // storage is tracked here, to be detached from them after the call
+  // (torch_interop::DetachIfEscaped).
+  std::vector<void*>* lent_tokens_ = nullptr;
   int64_t callback_id_ = 0;
   // Python gets torch tensors and may return torch tensors (torch_interop),
   // instead of DLPack capsules both ways.
@@ -456,10 +467,66 @@ bool FromDLDataType(const DLDataType& dl, DataType* out) {
   return false;
 }
 
+// An owned, 64-byte-aligned copy of a lent DLPack tensor.
+struct OwnedCopy {
+  DLManagedTensor managed;
+  std::vector<int64_t> shape;
+  void* memory = nullptr;
+};
+
+void DeleteOwnedCopy(DLManagedTensor* m) {
+  auto* copy = static_cast<OwnedCopy*>(m->manager_ctx);
+  std::free(copy->memory);
+  delete copy;
+}
+
+// Replaces each of `inputs` (dense row-major) by an owned copy (counted).
+absl::Status CopyInputs(std::vector<DLManagedTensor*>* inputs) {
+  absl::Status status;
+  for (DLManagedTensor*& m : *inputs) {
+    if (!status.ok()) continue;
+    const DLTensor& t = m->dl_tensor;
+    int64_t bytes = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+    for (int32_t d = 0; d < t.ndim; ++d) bytes *= t.shape[d];
+    auto copy = std::make_unique<OwnedCopy>();
+    copy->shape.assign(t.shape, t.shape + t.ndim);
+    const size_t rounded =
+        (static_cast<size_t>(bytes) + kAlignment - 1) / kAlignment * kAlignment;
+    copy->memory = std::aligned_alloc(kAlignment, rounded ? rounded : kAlignment);
+    if (copy->memory == nullptr) {
+      status = tensorflow::errors::ResourceExhausted(
+          "TorchbridgeCall under XLA: out of memory copying an input");
+      continue;
+    }
+    if (bytes) {
+      std::memcpy(copy->memory,
+                  static_cast<const char*>(t.data) + t.byte_offset,
+                  static_cast<size_t>(bytes));
+    }
+    copy->managed.dl_tensor = t;
+    copy->managed.dl_tensor.data = copy->memory;
+    copy->managed.dl_tensor.byte_offset = 0;
+    copy->managed.dl_tensor.strides = nullptr;
+    copy->managed.dl_tensor.shape = copy->shape.data();
+    copy->managed.manager_ctx = copy.get();
+    copy->managed.deleter = DeleteOwnedCopy;
+    m->deleter(m);
+    m = &copy.release()->managed;
+    g_host_copies.fetch_add(1, std::memory_order_relaxed);
+    g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  if (!status.ok()) {
+    for (DLManagedTensor* m : *inputs) m->deleter(m);
+    inputs->clear();
+  }
+  return status;
+}
+
 // One host call (see torchbridge_host_call): the callback run as the CPU
 // kernel runs it, each output then copied into `results`.
 absl::Status HostCall(const std::string& name, int64_t callback_id,
-                      bool torch_tensors, std::vector<DLManagedTensor*>* inputs,
+                      bool torch_tensors, bool inputs_copied,
+                      std::vector<DLManagedTensor*>* inputs,
                       DLTensor* results, int64_t num_results) {
   std::vector<DataType> types(num_results);
   std::vector<PartialTensorShape> shapes(num_results);
@@ -484,8 +551,22 @@ absl::Status HostCall(const std::string& name, int64_t callback_id,
                        std::move(shapes));
   CallContext call{nullptr};
   call.required.assign(num_results, true);  // XLA does not say
+  // The inputs are XLA's buffers, lent for the call only. Torch tensors over
+  // them are detached after the call if torch still holds them; a C++
+  // callback (or a library without torch's side) gets copies instead.
+  std::vector<void*> lent;
+  NativeCallbackEntry native;
+  const bool track = torch_tensors && TORCHBRIDGE_TORCH_INTEROP &&
+                     !FindNativeCallback(callback_id, &native);
+  if (inputs_copied) {
+    // owned by the caller's copies already
+  } else if (track) {
+    core.set_lent_tokens(&lent);
+  } else {
+    status = CopyInputs(inputs);
+  }
   std::vector<Managed> outputs(num_results);
-  status = core.RunCallback(call, inputs, &outputs);
+  if (status.ok()) status = core.RunCallback(call, inputs, &outputs);
   for (int64_t i = 0; i < num_results && status.ok(); ++i) {
     const DLTensor& from = outputs[i].tensor();
     int64_t bytes = (from.dtype.bits * from.dtype.lanes + 7) / 8;
@@ -503,6 +584,22 @@ absl::Status HostCall(const std::string& name, int64_t callback_id,
     }
   }
   for (Managed& m : outputs) m.DeleteFromAnyThread();
+#if TORCHBRIDGE_TORCH_INTEROP
+  // After the outputs (which may view an input) are gone.
+  for (void* token : lent) {
+    const int64_t copied = torch_interop::DetachIfEscaped(token);
+    if (copied > 0) {
+      g_host_copies.fetch_add(1, std::memory_order_relaxed);
+      g_host_bytes.fetch_add(copied, std::memory_order_relaxed);
+      g_zero_copy_count.fetch_sub(1, std::memory_order_relaxed);
+    } else if (copied < 0 && status.ok()) {
+      status = tensorflow::errors::ResourceExhausted(
+          "TorchbridgeCall '", name, "' under XLA: out of memory copying an "
+          "input that torch keeps beyond the call");
+    }
+  }
+#endif
+  for (Managed& m : outputs) m.DeleteFromAnyThread();
   return status;
 }
 
@@ -514,8 +611,10 @@ extern "C" {
 // gets its address from the loader): runs callback `callback_id` on
 // `num_inputs` DLPack tensors (taken over, also on failure) as the CPU kernel
 // would, on the torch thread, and copies its outputs into `results` (XLA's
-// result buffers: dtype and shape as declared, dense row-major);
-// `inputs_copied`: the inputs are copies of XLA's buffers. Returns 0,
+// result buffers: dtype and shape as declared, dense row-major). The
+// inputs are XLA's buffers, lent for the call: torch tensors over them that
+// torch keeps beyond it get a copy of their own (counted). `inputs_copied`:
+// the caller copied them already. Returns 0,
 // or a TF error code with the message in `error` (NUL-terminated).
 int torchbridge_host_call(const char* name, int64_t callback_id,
                           int torch_tensors, DLManagedTensor** inputs,
@@ -523,20 +622,6 @@ int torchbridge_host_call(const char* name, int64_t callback_id,
                           int64_t num_results, int inputs_copied,
                           char* error, int64_t error_size) {
   std::vector<DLManagedTensor*> ins(inputs, inputs + num_inputs);
-  // Inputs the XLA unit copied out of XLA's buffers (and counted) are not
-  // zero-copy crossings, though the call counts them so.
-  if (inputs_copied) {
-    for (DLManagedTensor* m : ins) {
-      const DLTensor& t = m->dl_tensor;
-      int64_t bytes = (t.dtype.bits * t.dtype.lanes + 7) / 8;
-      for (int32_t d = 0; d < t.ndim; ++d) bytes *= t.shape[d];
-      g_host_copies.fetch_add(1, std::memory_order_relaxed);
-      g_host_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    }
-    if (torch_tensors && TORCHBRIDGE_TORCH_INTEROP) {
-      g_zero_copy_count.fetch_sub(num_inputs, std::memory_order_relaxed);
-    }
-  }
   absl::Status status;
   if (!Py_IsInitialized()) {
     for (DLManagedTensor* m : ins) m->deleter(m);
@@ -546,7 +631,7 @@ int torchbridge_host_call(const char* name, int64_t callback_id,
     auto run = [&] {
       tensorflow::port::ScopedDontFlushDenormal keep_subnormals;
       status = HostCall(name ? name : "?", callback_id, torch_tensors != 0,
-                        &ins, results, num_results);
+                        inputs_copied != 0, &ins, results, num_results);
     };
     timeline::Span kernel(timeline::kKernel);
     TorchThread& thread = TorchThread::Get();

@@ -133,10 +133,36 @@ def test_copies_into_xla_buffers_are_counted(own_crossings_only):
   tb.reset_exchange_stats()
   step(x)
   stats = tb.exchange_stats()
-  # The input copied out of XLA's buffer, the handle and the result into
-  # XLA's: three copies, none counted zero-copy.
-  assert stats["copied"] == 3, stats
-  assert stats["bytes_copied"] == 2 * 16 * 16 * 4 + 8, stats
+  # The input crosses zero-copy (a view of XLA's buffer that torch does not
+  # keep); the handle and the result are copied into XLA's buffers.
+  assert stats["copied"] == 2, stats
+  assert stats["bytes_copied"] == 16 * 16 * 4 + 8, stats
+  assert stats["zero_copy"] == 1, stats
+
+
+def test_an_input_torch_keeps_gets_its_own_copy(own_crossings_only):
+  kept = []
+
+  def keep(a):
+    kept.append(a)
+    return a * 2.0
+
+  f = tb.torch_function(keep)
+
+  @tf.function(jit_compile=True)
+  def step(x):
+    return f(x + 1.0) + 0.0  # x + 1.0: a buffer XLA reuses
+
+  step(tf.zeros([64], tf.float32))  # compiles
+  kept.clear()
+  tb.reset_exchange_stats()
+  for k in range(3):
+    step(tf.fill([64], float(k)))
+  stats = tb.exchange_stats()
+  for k, a in enumerate(kept):
+    np.testing.assert_array_equal(a.numpy(), np.full([64], k + 1.0, np.float32))
+  # Each call: the kept input copied when the call ends, handle and result.
+  assert stats["copied"] == 3 * 3, stats
   assert stats["zero_copy"] == 0, stats
 
 

@@ -16,9 +16,10 @@
 //     callback as the CPU kernel (the C++ torch runner's, or Python) on the
 //     torch thread and copies each output into XLA's result buffer.
 //
-// The inputs are copies of XLA's buffers (counted): torch may keep an input
-// beyond the call (saved for the backward), and XLA reuses its buffers as
-// soon as the custom call returns.
+// The inputs are zero-copy views of XLA's buffers, lent for the call: XLA
+// reuses its buffers as soon as the custom call returns, so the op library
+// gives each one torch keeps beyond the call (saved for the backward) a copy
+// of its own, swapped under torch's storage (counted).
 //
 // Built with TF's compile flags plus external/highwayhash and
 // external/farmhash_archive/src under TF's include dir, and linked with
@@ -26,8 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,7 +57,6 @@ namespace {
 namespace ffi = ::xla::ffi;
 
 constexpr char kTarget[] = "torchbridge_call";
-constexpr size_t kAlignment = 64;  // TF's EIGEN_MAX_ALIGN_BYTES
 
 // csrc/torchbridge_kernel.cc's torchbridge_host_call.
 using HostCall = int (*)(const char* name, int64_t callback_id,
@@ -176,22 +175,20 @@ bool ToDLDataType(ffi::DataType type, DLDataType* out) {
   }
 }
 
-// An input: an owned, aligned copy of an XLA buffer as a DLPack tensor.
-struct InputCopy {
+// An input: a DLPack view of an XLA buffer, lent for the call (the op
+// library detaches what torch keeps beyond it).
+struct InputView {
   DLManagedTensor managed;
   std::vector<int64_t> shape;
-  void* memory = nullptr;
 };
 
-void DeleteInputCopy(DLManagedTensor* m) {
-  auto* copy = static_cast<InputCopy*>(m->manager_ctx);
-  std::free(copy->memory);
-  delete copy;
+void DeleteInputView(DLManagedTensor* m) {
+  delete static_cast<InputView*>(m->manager_ctx);
 }
 
 ffi::Error MakeInput(const ffi::AnyBuffer& buffer, int index,
                      DLManagedTensor** out) {
-  auto copy = std::make_unique<InputCopy>();
+  auto view = std::make_unique<InputView>();
   DLDataType dtype;
   if (!ToDLDataType(buffer.element_type(), &dtype)) {
     return ffi::Error::InvalidArgument(absl::StrCat(
@@ -200,26 +197,18 @@ ffi::Error MakeInput(const ffi::AnyBuffer& buffer, int index,
         static_cast<int>(buffer.element_type()), ")"));
   }
   const auto dims = buffer.dimensions();
-  copy->shape.assign(dims.begin(), dims.end());
-  const size_t bytes = buffer.size_bytes();
-  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  copy->memory = std::aligned_alloc(kAlignment, rounded ? rounded : kAlignment);
-  if (copy->memory == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "torchbridge: out of memory copying an XLA input");
-  }
-  if (bytes) std::memcpy(copy->memory, buffer.untyped_data(), bytes);
-  DLTensor& t = copy->managed.dl_tensor;
-  t.data = copy->memory;
+  view->shape.assign(dims.begin(), dims.end());
+  DLTensor& t = view->managed.dl_tensor;
+  t.data = buffer.untyped_data();
   t.device = DLDevice{kDLCPU, 0};
-  t.ndim = static_cast<int32_t>(copy->shape.size());
+  t.ndim = static_cast<int32_t>(view->shape.size());
   t.dtype = dtype;
-  t.shape = copy->shape.data();
+  t.shape = view->shape.data();
   t.strides = nullptr;
   t.byte_offset = 0;
-  copy->managed.manager_ctx = copy.get();
-  copy->managed.deleter = DeleteInputCopy;
-  *out = &copy.release()->managed;
+  view->managed.manager_ctx = view.get();
+  view->managed.deleter = DeleteInputView;
+  *out = &view.release()->managed;
   return ffi::Error::Success();
 }
 
@@ -280,7 +269,7 @@ ffi::Error HostCallImpl(ffi::RemainingArgs args, ffi::RemainingRets rets,
   const int rc = host_call(op_name.c_str(), callback_id, torch_tensors,
                            inputs.data(), static_cast<int64_t>(inputs.size()),
                            results.data(), static_cast<int64_t>(results.size()),
-                           /*inputs_copied=*/1, message,
+                           /*inputs_copied=*/0, message,
                            static_cast<int64_t>(sizeof(message)));
   if (rc != 0) {
     message[sizeof(message) - 1] = '\0';
