@@ -281,8 +281,7 @@ def test_keras_fit_with_dropout_and_batchnorm_runs_in_cpp_with_an_unknown_batch(
     torch.nn.Dropout(0.5),
     torch.nn.Linear(16, 2),
   )
-  layer = tb.keras.TorchLayer(net, run="torch", name="fit_cpp")
-  assert layer.supports_jit is False
+  layer = tb.keras.TorchLayer(net, run="torch", name="fit_cpp")  # supports_jit: test_xla.py
   model = keras.Sequential([keras.Input((3,)), layer])
   model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
   model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # batches of 8 and 6

@@ -190,3 +190,56 @@ def test_keras_layer_run_torch_fits_under_xla_as_without():
   np.testing.assert_allclose(histories[0], histories[1], rtol=1e-6)
   for a, b in zip(*weights):
     np.testing.assert_allclose(a, b, rtol=1e-10)
+
+
+def test_second_order_and_a_persistent_tape_asked_twice_under_xla():
+  f = tb.torch_function(torch.sin)
+  x = tf.constant([0.3, 0.5], tf.float64)
+
+  @tf.function(jit_compile=True)
+  def second(v):
+    with tf.GradientTape() as outer:
+      outer.watch(v)
+      with tf.GradientTape() as inner:
+        inner.watch(v)
+        y = f(v)
+      d = inner.gradient(y, v)
+    return d, outer.gradient(d, v)
+
+  d, dd = second(x)
+  _close(d, np.cos(x.numpy()))
+  _close(dd, -np.sin(x.numpy()))
+
+  @tf.function(jit_compile=True)
+  def twice(v):
+    with tf.GradientTape(persistent=True) as tape:
+      tape.watch(v)
+      y = f(v)
+      z = 2.0 * y
+    return tape.gradient(y, v), tape.gradient(z, v)
+
+  from torchbridge._call import _saved
+
+  before = len(_saved._SAVED_BY_ID)
+  for _ in range(2):
+    g1, g2 = twice(x)
+    _close(g1, np.cos(x.numpy()))
+    _close(g2, 2.0 * np.cos(x.numpy()))
+  assert len(_saved._SAVED_BY_ID) == before  # every record freed
+
+
+def test_a_module_that_writes_its_buffers_under_xla():
+  torch.manual_seed(0)
+  net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).double()
+  reference = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).double()
+  reference.load_state_dict(net.state_dict())
+  actor = tb.TorchModule(net, name="bn", run="torch")
+  step = tf.function(lambda x: actor(x, training=True), jit_compile=True)
+  x_np = np.random.default_rng(3).standard_normal((6, 3))
+  for _ in range(2):
+    y = step(tf.constant(x_np))
+    y_ref = reference.train()(torch.tensor(x_np))
+  _close(y, y_ref.detach())
+  weights = actor.get_weights()
+  for name in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+    _close(weights[name], reference.state_dict()[name].numpy())

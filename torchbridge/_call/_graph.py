@@ -60,6 +60,7 @@ def call_graph(
   xla_inference = xla and not (record and _compat.tape_could_record())
   if xla:
     _check_static(name, py_args_tf, out_specs)
+  backwards = [0]  # backward calls traced for this call (XLA's handle uses)
 
   def run(
     py_args_torch: list[torch.Tensor], unused: Collection[int] | None = None
@@ -105,7 +106,7 @@ def call_graph(
       if saved is None:
         return [_NO_RECORD if xla else None, *outs_torch]
       if xla:
-        return [_saved.own_id(saved), *outs_torch]
+        return [_saved.own_id(saved, backwards[0]), *outs_torch]
       if phase:
         phase.stop()
         phase = _timeline.span(_timeline.SAVE)
@@ -131,6 +132,7 @@ def call_graph(
     handle_tf, outs_tf = results[0], results[1:]
 
     def grad(*dys_tf: tf.Tensor | None) -> list[tf.Tensor | None]:
+      backwards[0] += 1
       sel_out, diff_args = _gradients.grad_positions(out_specs, differentiable, dys_tf)
 
       def backward(

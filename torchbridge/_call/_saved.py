@@ -33,7 +33,7 @@ _SAVED_BY_HANDLE: dict[int, tuple[Saved, weakref.ref[torch.Tensor]]] = {}
 # TF tensor can hold the handle's torch object: the handle carries an id
 # (int64) instead, and the record lives here until its backward takes it
 # (`own_id`, `lookup`).
-_SAVED_BY_ID: dict[int, Saved] = {}
+_SAVED_BY_ID: dict[int, list[Saved | int]] = {}  # id -> [record, backwards left]
 _ids = itertools.count(1)
 
 
@@ -180,21 +180,27 @@ def own(handle_torch: torch.Tensor, saved: Saved) -> None:
   _SAVED_BY_HANDLE[key] = (saved, weakref.ref(handle_torch, forget))
 
 
-def own_id(saved: Saved) -> torch.Tensor:
-  """A handle for a call under XLA: an int64 id of `saved`, kept until the
-  backward takes it (`lookup`). A record whose backward never runs (a tape
-  that records the call but is never asked) stays: a known leak of the
+def own_id(saved: Saved, backwards: int = 1) -> torch.Tensor:
+  """A handle for a call under XLA: an int64 id of `saved`, kept until
+  `backwards` backward calls took it (`lookup`): as many as the graph
+  traced for this call (a persistent tape asked twice traces two). A record
+  whose backward never runs (a tape that records the call but is never
+  asked, a backward in a branch not taken) stays: a known leak of the
   prototype."""
   key = next(_ids)
-  _SAVED_BY_ID[key] = saved
+  _SAVED_BY_ID[key] = [saved, max(1, backwards)]
   return torch.tensor([key], dtype=torch.int64)
 
 
 def lookup(handle_torch: torch.Tensor) -> Saved:
   if handle_torch.dtype == torch.int64:  # a handle made under XLA
     key = int(handle_torch[0])
-    saved = _SAVED_BY_ID.pop(key, None)
-    if saved is None:
+    entry = _SAVED_BY_ID.get(key)
+    if entry is not None:
+      entry[1] = cast("int", entry[1]) - 1
+      if not entry[1]:
+        _SAVED_BY_ID.pop(key, None)
+    if entry is None:
       raise RuntimeError(
         "torchbridge: no saved torch state for this gradient of a call "
         "compiled with XLA (jit_compile=True)"
@@ -202,12 +208,11 @@ def lookup(handle_torch: torch.Tensor) -> Saved:
           ": no tape was recording the call when the tf.function was traced. "
           "Open the GradientTape inside the jit-compiled function."
           if key == 0
-          else ": its backward already ran once (under XLA each forward's "
-          "state serves one backward; a persistent tape asked twice is not "
-          "supported there)."
+          else ": its backwards already ran (under XLA each forward's state "
+          "serves the backwards traced with it, once each)."
         )
       )
-    return saved
+    return cast("Saved", entry[0])
   saved, _ = _SAVED_BY_HANDLE.get(handle_torch.data_ptr(), (None, None))
   if saved is None:
     raise RuntimeError(

@@ -125,7 +125,10 @@ class TorchState:
     if tf.executing_eagerly():
       with self._lock:
         return self._call(args, kwargs, training, output_signature)
-    if self._may_write_buffers(training):
+    # Under XLA (jit_compile=True) there is no tf.CriticalSection (no
+    # MutexLock kernel for XLA): a compiled cluster reads, calls and assigns
+    # as one program, but two threads running it at once may lose a write.
+    if self._may_write_buffers(training) and not _compat.in_xla_context():
       return self._exclusive.run(
         lambda after_writes: self._call(args, kwargs, training, output_signature, after_writes)
       )
