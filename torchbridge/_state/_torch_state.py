@@ -125,9 +125,8 @@ class TorchState:
     if tf.executing_eagerly():
       with self._lock:
         return self._call(args, kwargs, training, output_signature)
-    # Under XLA (jit_compile=True) there is no tf.CriticalSection (no
-    # MutexLock kernel for XLA): a compiled cluster reads, calls and assigns
-    # as one program, but two threads running it at once may lose a write.
+    # No tf.CriticalSection under XLA (no MutexLock kernel there): two
+    # threads running one compiled program at once may lose a write.
     if self._may_write_buffers(training) and not _compat.in_xla_context():
       return self._exclusive.run(
         lambda after_writes: self._call(args, kwargs, training, output_signature, after_writes)
@@ -166,8 +165,7 @@ class TorchState:
       translated = self.runner.call(call, training, mode_key, self._mutated_buffers, after_writes)
       if translated is not _runner.TORCH:
         return translated
-    # Under XLA the C++ torch runner is not used yet: its handle owns the
-    # forward's record in C++ and cannot survive the copy into XLA's buffers.
+    # Not under XLA: the C++ runner's handle owns its record in C++.
     if not tf.executing_eagerly() and not _call.check_not_xla(self.name):
       in_c = self.torch_runner.call_or_none(
         call, training, mode_key, self._mutated_buffers, after_writes, output_signature
