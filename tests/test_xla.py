@@ -2,6 +2,8 @@
 an XLA custom call (csrc/xla/) whose host handler runs the CPU kernel's
 callback. Skipped where that library cannot be built or loaded."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch  # noqa: F401  (before tensorflow)
@@ -74,7 +76,7 @@ def test_torch_module_run_torch_trains_under_xla():
     torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
   ).double()
   reference.load_state_dict(net.state_dict())
-  actor = tb.TorchModule(net, name="actor", run="torch")
+  actor = tb.TorchModule(net, name="xla_actor", run="torch")
 
   @tf.function(jit_compile=True)
   def step(x):
@@ -88,6 +90,10 @@ def test_torch_module_run_torch_trains_under_xla():
   calls = _xla.calls()
   y, grads = step(tf.constant(x_np))
   assert _xla.calls() == calls + 2
+  from torchbridge._runtime import _runners
+
+  # The C++ torch runner (its record found by an id under XLA), where it can.
+  assert _runners.choices()["xla_actor"].get("path") == "C++"
   xt = torch.tensor(x_np, requires_grad=True)
   yt = reference(xt)
   (yt**2).sum().backward()
@@ -97,6 +103,10 @@ def test_torch_module_run_torch_trains_under_xla():
   for var, grad in zip(actor.trainable_variables, grads[1:]):
     name = var.name.split("/", 1)[1].split(":")[0]
     _close(grad, by_name[name].grad)
+  step(tf.constant(x_np))
+  # Every record freed by its backward.
+  programs = [p for p in gc.get_objects() if type(p).__name__ == "ExportedProgram"]
+  assert programs and all(p._lib.tbe_records(p._context, 0) == 0 for p in programs)
 
 
 def test_torch_error_surfaces_as_tf_error_and_next_call_works():

@@ -96,6 +96,19 @@ struct Module {
   std::mutex mutex;
   std::unordered_map<void*, std::unique_ptr<Record>> records;  // handle -> record
   int64_t records_made = 0;
+  // Under XLA (jit_compile=True) the handle is an int64 id, and the record
+  // lives here until as many backwards as were traced with it took it.
+  std::unordered_map<int64_t, std::pair<std::unique_ptr<Record>, int64_t>> records_by_id;
+  int64_t next_id = 1;
+};
+
+// One forward op under XLA: its module, whether a tape recorded it when it
+// was traced, and how many backward ops were traced for it (set from Python
+// as they are). Never freed, as programs are not.
+struct XlaOp {
+  Module* m = nullptr;
+  std::atomic<int> record{0};
+  std::atomic<int64_t> backwards{0};
 };
 
 c10::IValue Resolve(const Value& v, const std::vector<c10::IValue>& slots) {
@@ -295,6 +308,18 @@ at::Tensor MakeHandle(Module* m, std::unique_ptr<Record> record) {
       at::TensorOptions().dtype(at::kChar));
 }
 
+// A handle under XLA: an int64 id of `record`, which lives until
+// `backwards` (at least 1) backward calls took it.
+at::Tensor MakeIdHandle(Module* m, std::unique_ptr<Record> record, int64_t backwards) {
+  at::Tensor handle = at::empty({1}, at::kLong);
+  std::lock_guard<std::mutex> lock(m->mutex);
+  const int64_t id = m->next_id++;
+  handle.data_ptr<int64_t>()[0] = id;
+  m->records_by_id[id] = {std::move(record), backwards > 0 ? backwards : 1};
+  ++m->records_made;
+  return handle;
+}
+
 // A callback's failure: what it owned freed, the message written.
 int Fail(DLManagedTensor** inputs, int64_t num_inputs,
          std::vector<DLManagedTensor*>* made, const std::exception& e,
@@ -487,13 +512,19 @@ void tbe_copies(int64_t* counts) {
 int64_t tbe_records(void* module, int made) {
   auto* m = static_cast<Module*>(module);
   std::lock_guard<std::mutex> lock(m->mutex);
-  return made ? m->records_made : static_cast<int64_t>(m->records.size());
+  return made ? m->records_made
+              : static_cast<int64_t>(m->records.size() + m->records_by_id.size());
 }
 
-int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
-                const uint8_t* required, DLManagedTensor** outputs,
-                int64_t num_outputs, char* error, int64_t error_size) {
-  auto* m = static_cast<Module*>(context);
+}  // extern "C"
+
+namespace {
+
+// The forward; `xla`: an op under XLA (the handle an id, see XlaOp).
+int ForwardImpl(Module* m, XlaOp* xla, DLManagedTensor** inputs,
+                int64_t num_inputs, const uint8_t* required,
+                DLManagedTensor** outputs, int64_t num_outputs, char* error,
+                int64_t error_size) {
   std::vector<DLManagedTensor*> made;
   if (num_outputs < 1) {  // the handle, then the module's outputs
     FreeAll(inputs, num_inputs);
@@ -510,7 +541,7 @@ int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
     if (m->num_threads > 0 && at::get_num_threads() != m->num_threads) {
       at::set_num_threads(m->num_threads);
     }
-    const bool record = required[0] != 0;
+    const bool record = xla ? xla->record.load() != 0 : required[0] != 0;
     std::vector<at::Tensor> args;
     args.reserve(num_inputs);
     for (int64_t i = 0; i < num_inputs; ++i) {
@@ -538,7 +569,10 @@ int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
       auto rec = std::make_unique<Record>();
       rec->args = std::move(args);
       rec->outs = std::move(outs);
-      handle = at::toDLPack(MakeHandle(m, std::move(rec)));
+      handle = xla ? Export(MakeIdHandle(m, std::move(rec), xla->backwards.load()))
+                   : at::toDLPack(MakeHandle(m, std::move(rec)));
+    } else if (xla) {
+      handle = Export(at::zeros({1}, at::kLong));  // no record (id 0)
     }
     outputs[0] = handle;
     for (size_t i = 0; i < made.size(); ++i) outputs[i + 1] = made[i];
@@ -548,10 +582,12 @@ int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   }
 }
 
-int tbe_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
-                 const uint8_t* required, DLManagedTensor** outputs,
-                 int64_t num_outputs, char* error, int64_t error_size) {
-  auto* m = static_cast<Module*>(context);
+// The backward; `by_id`: the handle is an id (an op under XLA), and the
+// record is dropped once its last traced backward has run.
+int BackwardImpl(Module* m, bool by_id, DLManagedTensor** inputs,
+                 int64_t num_inputs, const uint8_t* required,
+                 DLManagedTensor** outputs, int64_t num_outputs, char* error,
+                 int64_t error_size) {
   std::vector<DLManagedTensor*> made;
   if (num_inputs < 1) {
     SetError(error, error_size, "an op with no handle input");
@@ -567,13 +603,29 @@ int tbe_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
       inputs[i] = nullptr;
     }
     Record* rec = nullptr;
+    std::unique_ptr<Record> last;  // a record under XLA, taken by its last backward
     {
       std::lock_guard<std::mutex> lock(m->mutex);
-      auto it = m->records.find(in[0].data_ptr());
-      if (it != m->records.end()) rec = it->second.get();
+      if (by_id) {
+        auto it = m->records_by_id.find(in[0].data_ptr<int64_t>()[0]);
+        if (it != m->records_by_id.end()) {
+          rec = it->second.first.get();
+          if (--it->second.second <= 0) {
+            last = std::move(it->second.first);
+            m->records_by_id.erase(it);
+          }
+        }
+      } else {
+        auto it = m->records.find(in[0].data_ptr());
+        if (it != m->records.end()) rec = it->second.get();
+      }
     }
     if (rec == nullptr) {
-      SetError(error, error_size, "no forward record for this handle");
+      SetError(error, error_size,
+               by_id ? "no forward record for this handle under XLA (no tape "
+                       "recorded the forward when it was traced, or its "
+                       "traced backwards already ran)"
+                     : "no forward record for this handle");
       return 1;
     }
     if (num_outputs != static_cast<int64_t>(rec->args.size()) ||
@@ -627,6 +679,52 @@ int tbe_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   } catch (const std::exception& e) {
     return Fail(inputs, num_inputs, &made, e, error, error_size);
   }
+}
+
+}  // namespace
+
+extern "C" {
+
+int tbe_forward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
+                const uint8_t* required, DLManagedTensor** outputs,
+                int64_t num_outputs, char* error, int64_t error_size) {
+  return ForwardImpl(static_cast<Module*>(context), nullptr, inputs, num_inputs,
+                     required, outputs, num_outputs, error, error_size);
+}
+
+int tbe_backward(void* context, DLManagedTensor** inputs, int64_t num_inputs,
+                 const uint8_t* required, DLManagedTensor** outputs,
+                 int64_t num_outputs, char* error, int64_t error_size) {
+  return BackwardImpl(static_cast<Module*>(context), false, inputs, num_inputs,
+                      required, outputs, num_outputs, error, error_size);
+}
+
+// Under XLA: the context of one forward op (see XlaOp), and its callbacks.
+void* tbe_xla_op_new(void* module, int record) {
+  auto* op = new XlaOp;
+  op->m = static_cast<Module*>(module);
+  op->record = record;
+  return op;
+}
+
+void tbe_xla_op_set_backwards(void* op, int64_t backwards) {
+  static_cast<XlaOp*>(op)->backwards = backwards;
+}
+
+int tbe_forward_xla(void* context, DLManagedTensor** inputs, int64_t num_inputs,
+                    const uint8_t* required, DLManagedTensor** outputs,
+                    int64_t num_outputs, char* error, int64_t error_size) {
+  auto* op = static_cast<XlaOp*>(context);
+  return ForwardImpl(op->m, op, inputs, num_inputs, required, outputs,
+                     num_outputs, error, error_size);
+}
+
+int tbe_backward_xla(void* context, DLManagedTensor** inputs,
+                     int64_t num_inputs, const uint8_t* required,
+                     DLManagedTensor** outputs, int64_t num_outputs,
+                     char* error, int64_t error_size) {
+  return BackwardImpl(static_cast<Module*>(context), true, inputs, num_inputs,
+                      required, outputs, num_outputs, error, error_size);
 }
 
 }  // extern "C"

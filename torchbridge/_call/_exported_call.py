@@ -41,14 +41,22 @@ def call_exported(
     name: the call's name, for errors and (cleaned) the ops' names.
   """
   op_name = _call_bridged._op_name(name)
+  # Under XLA the handle is an int64 id (the copy into XLA's buffer would
+  # free a handle that owns the record), counted down by the backwards
+  # traced for it.
+  xla = _compat.in_xla_context()
+  forward, backward, backwards = program.forward, program.backward, [0]
+  if xla:
+    forward, set_backwards = program.forward_xla(_compat.tape_could_record())
+    backward = program.backward_xla
 
   @tf.custom_gradient
   def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
     with tf.device("/CPU:0"):  # C++ callbacks run in the CPU kernel
       results = _op.call(
-        program.forward,
+        forward,
         list(args),
-        [tf.int8] + [s.dtype for s in out_specs],
+        [tf.int64 if xla else tf.int8] + [s.dtype for s in out_specs],
         [[1]] + [s.shape for s in out_specs],
         name=op_name,
       )
@@ -65,9 +73,12 @@ def call_exported(
           "translates (TF's own gradients)."
         )
       dys = [tf.zeros_like(out) if dy is None else dy for dy, out in zip(dys_tf, outs_tf)]
+      if xla:
+        backwards[0] += 1
+        set_backwards(backwards[0])
       with tf.device("/CPU:0"):
         grads = _op.call(
-          program.backward,
+          backward,
           [handle_tf, *dys],
           [a.dtype for a in args],
           [a.shape for a in args],

@@ -186,6 +186,8 @@ def _load(path: Path) -> Any:
     "tbe_finish": (ctypes.c_int, [p, ctypes.POINTER(i64), i64, i64, ctypes.c_char_p, s, i64]),
     "tbe_records": (i64, [p, ctypes.c_int]),
     "tbe_copies": (None, [ctypes.POINTER(i64)]),
+    "tbe_xla_op_new": (p, [p, ctypes.c_int]),
+    "tbe_xla_op_set_backwards": (None, [p, i64]),
   }
   for name, (restype, argtypes) in signatures.items():
     function = getattr(lib, name)

@@ -127,6 +127,19 @@ class ExportedProgram:
     self.backward = _callbacks.NativeCallback(
       _exported.address(lib.tbe_backward), context, owner=self
     )
+    self.backward_xla = _callbacks.NativeCallback(
+      _exported.address(lib.tbe_backward_xla), context, owner=self
+    )
+
+  def forward_xla(self, record: bool) -> tuple[Any, Any]:
+    """The callback of one forward op under XLA, whose handle is an int64
+    id, and `set_backwards(n)`: how many backward ops were traced for it
+    (its record is dropped once that many ran)."""
+    op = self._lib.tbe_xla_op_new(self._context, int(record))
+    callback = _callbacks.NativeCallback(
+      _exported.address(self._lib.tbe_forward_xla), op, owner=self
+    )
+    return callback, lambda n: self._lib.tbe_xla_op_set_backwards(op, n)
 
   def _add(self, node: Any, slots: dict[str, Any]) -> Any:
     """Hands `node` to the program; returns its slot, or for a node of

@@ -165,8 +165,8 @@ class TorchState:
       translated = self.runner.call(call, training, mode_key, self._mutated_buffers, after_writes)
       if translated is not _runner.TORCH:
         return translated
-    # Not under XLA: the C++ runner's handle owns its record in C++.
-    if not tf.executing_eagerly() and not _call.check_not_xla(self.name):
+    if not tf.executing_eagerly():
+      _call.check_not_xla(self.name)
       in_c = self.torch_runner.call_or_none(
         call, training, mode_key, self._mutated_buffers, after_writes, output_signature
       )
