@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch  # first, the recommended order: docs/getting-started.md, "Installs and import order"
+import torch  # first, the recommended order: docs/troubleshooting.md, "Does the import order matter?"
 import tensorflow as tf
 
 from torchbridge._wrappers import _module

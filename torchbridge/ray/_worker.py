@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch  # first, the recommended order: docs/getting-started.md, "Installs and import order"
+import torch  # first, the recommended order: docs/troubleshooting.md, "Does the import order matter?"
 import numpy as np
 import tensorflow as tf  # noqa: F401  (imported here, after torch, on purpose)
 
