@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test check test-user user-venv bench bench-user bench-runners bench-load runner-coverage bench-build soak venv clean docs lint
+.PHONY: demo ppo test check test-user user-venv test-pythons bench bench-user bench-runners bench-load runner-coverage bench-build soak venv clean docs lint
 
 venv: $(STAMP)
 
@@ -116,6 +116,58 @@ test-user: user-venv
 	done; printf "README example, default runner (its capture), first graph call: "; \
 	TORCHBRIDGE_CACHE_DIR=$$cache TF_CPP_MIN_LOG_LEVEL=3 \
 	  ../$(USER_PY) -P ../benchmarks/first_call.py || exit 1; rm -rf $$cache
+
+# Each supported Python (3.10-3.13) as a user gets it: a fresh venv
+# (build/pythons/3.X, removed after its run unless KEEP=1), torchbridge
+# installed the README's way, `pip install ".[cpu]"`, with PIP_CONSTRAINT
+# emptied as for `make user-venv`, but without requirements-user.txt's pin:
+# each Python gets the torch and TensorFlow that pip picks for it (torch
+# 2.15 has no wheel for Python 3.10, where pip picks 2.14.1). Then the
+# quick-start example (examples/quickstart.py) and `python -m torchbridge
+# info` (which builds the native op for that Python), both run from the
+# venv's folder so that they import the installed package, not the source
+# tree. The interpreter is `python3.X` where that runs, else pyenv's latest
+# 3.X. Each Python's output goes to build/pythons/3.X.log; one row a Python
+# (versions, pass or the step that failed, the date) goes to
+# benchmarks/results/pythons.md. Exits 1 if any failed. Downloads torch
+# once per Python (pip's cache keeps the rest): the four took 16 minutes
+# on 2 cores, the first the longest.
+# TEST_PYTHONS="3.12" for one.
+TEST_PYTHONS ?= 3.10 3.11 3.12 3.13
+PYTHONS_DIR := build/pythons
+PYTHONS_LOG := benchmarks/results/pythons.md
+test-pythons:
+	mkdir -p $(PYTHONS_DIR)
+	@root=$$(pwd); failed=""; rows=""; \
+	for v in $(TEST_PYTHONS); do \
+	  venv=$$root/$(PYTHONS_DIR)/$$v; log=$$root/$(PYTHONS_DIR)/$$v.log; \
+	  py=python$$v; $$py -c pass 2>/dev/null || \
+	    py=$$(pyenv root 2>/dev/null)/versions/$$(pyenv latest $$v 2>/dev/null)/bin/python; \
+	  echo "== Python $$v ($$py): $$log"; : > $$log; step=interpreter; \
+	  $$py -c pass >>$$log 2>&1 && step=venv && \
+	  rm -rf $$venv && $$py -m venv $$venv >>$$log 2>&1 && step=install && \
+	  $$venv/bin/python -m pip install --quiet --upgrade pip >>$$log 2>&1 && \
+	  PIP_CONSTRAINT=/dev/null $$venv/bin/python -m pip install --quiet \
+	    ".[cpu]" >>$$log 2>&1 && step=quickstart && \
+	  (cd $$venv && TF_CPP_MIN_LOG_LEVEL=2 bin/python $$root/examples/quickstart.py) \
+	    >$$log.quickstart 2>&1; status=$$?; cat $$log.quickstart >>$$log 2>/dev/null; \
+	  test $$status = 0 && grep -q "outputs identical = True" $$log.quickstart && \
+	  step=info && (cd $$venv && bin/python -m torchbridge info) >>$$log 2>&1 && step=pass; \
+	  rm -f $$log.quickstart; \
+	  versions=$$(cd $$venv 2>/dev/null && bin/python -c "import sys, importlib.metadata as m; \
+	    print(sys.version.split()[0], '|', m.version('torch'), '|', m.version('tensorflow-cpu'))" \
+	    2>/dev/null || echo "$$v | - | -"); \
+	  if [ $$step = pass ]; then result=pass; else result="FAIL ($$step)"; failed="$$failed $$v"; fi; \
+	  echo "== Python $$v: $$result"; \
+	  rows="$$rows| $$versions | $$result | $$(date -u +%Y-%m-%d) |\n"; \
+	  test -n "$(KEEP)" || rm -rf $$venv; \
+	done; \
+	{ printf '# `make test-pythons`\n\n'; \
+	  printf 'Each Python in a fresh venv, torchbridge installed with `pip install ".[cpu]"`, '; \
+	  printf 'then `examples/quickstart.py` and `python -m torchbridge info`; Linux x86_64, CPU only.\n\n'; \
+	  printf '| Python | torch | tensorflow-cpu | result | date |\n|---|---|---|---|---|\n'; \
+	  printf "$$rows"; } > $(PYTHONS_LOG); \
+	cat $(PYTHONS_LOG); test -z "$$failed" || { echo "failed:$$failed"; exit 1; }
 
 # QUICK=1: the smoke run, 60-80 s here (the test suite runs it too).
 bench: $(STAMP)

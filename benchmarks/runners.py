@@ -238,8 +238,12 @@ def measure(pythons, rounds, threads, log=print):
 def markdown(data):
   """The committed table: per venv, each model's contenders, ms a step and
   the ratio to the Keras port (same XLA setting) and to pure torch."""
+  source = data["source"]
+  changed = (
+    f", with changes to {', '.join(source['changed_since'])}" if source["changed_since"] else ""
+  )
   lines = [
-    f"Measured at {data['source']} ({data['rounds']} alternated rounds, "
+    f"Measured at {source['commit'][:10]}{changed} ({data['rounds']} alternated rounds, "
     f"{data['threads']} threads, each contender in processes of its own; "
     "median of the rounds' medians; random batches).",
     "",
@@ -259,16 +263,21 @@ def markdown(data):
         lines.append("")
         continue
       keras, keras_xla, pure = rows[KERAS], rows[KERAS_XLA], rows[TORCH]
+      # Both torch baselines where there are two (TD3: the actor's loss for
+      # the actor only is what TF's tape asks for).
+      actor_only = rows.get(TORCH_ACTOR_ONLY)
+      extra = " / pure torch, actor loss for the actor only |" if actor_only else ""
       lines += [
-        f"| {model} train step | ms | / Keras port (same XLA) | / pure torch | first call, s |",
-        "|---|---|---|---|---|",
+        f"| {model} train step | ms | / Keras port (same XLA) | / pure torch |{extra} first call, s |",
+        "|---|---|---|---|" + ("---|" if actor_only else "") + "---|",
       ]
       for name, row in rows.items():
         same = keras_xla if name in (XLA, KERAS_XLA) else keras
+        ratio = f" {row['median_us'] / actor_only['median_us']:.2f}x |" if actor_only else ""
         lines.append(
           f"| {name} | {row['median_us'] / 1e3:.2f} | "
           f"{row['median_us'] / same['median_us']:.2f}x | "
-          f"{row['median_us'] / pure['median_us']:.2f}x | {row['first_call_s']:.2f} |"
+          f"{row['median_us'] / pure['median_us']:.2f}x |{ratio} {row['first_call_s']:.2f} |"
         )
       lines.append("")
   return "\n".join(lines)

@@ -54,11 +54,20 @@ COSTS_MARKER = (
 INCLUDE = re.compile(r"<!-- include (\S+) -->")
 
 
+# "at <commit>" in a results file's header: the commit goes to the table of
+# "How it was measured" (the costs page), not onto every user page.
+_AT_COMMIT = re.compile(
+  r"\b([Aa])t (?:\{'commit': '[0-9a-f]+', 'changed_since': \[[^\]]*\]\}|[0-9a-f]{7,40}\b)"
+)
+
+
 def _include(match):
   path = ROOT / match.group(1)
   if not path.is_file():
     raise ValueError(f"a page includes {match.group(1)}, which does not exist")
-  return path.read_text()
+  return _AT_COMMIT.sub(
+    lambda m: ("I" if m.group(1) == "A" else "i") + "n one committed run", path.read_text()
+  )
 
 
 def _read(path):
@@ -99,11 +108,20 @@ def results_table(config):
   """The Markdown table of every results file a page declares figures from."""
   paths = set()
   for page in sorted(Path(config["docs_dir"]).rglob("*.md")):
-    for match in _checks.FIGURES_FROM.finditer(page.read_text()):
+    text = page.read_text()
+    for match in _checks.FIGURES_FROM.finditer(text):
       paths.update(p.strip() for p in match.group(1).split(","))
+    for match in INCLUDE.finditer(text):
+      included = match.group(1)
+      sibling = included[: -len(".md")] + ".json"
+      paths.add(sibling if (ROOT / sibling).is_file() else included)
   rows = ["| results file | commit measured | committed on |", "|---|---|---|"]
   for path in sorted(paths):
-    commit = _commit_of(json.loads(_read(path))) if path.endswith(".json") else None
+    if path.endswith(".json"):
+      commit = _commit_of(json.loads(_read(path)))
+    else:
+      found = re.search(r"\b[0-9a-f]{7,40}\b", _read(path).split("\n", 1)[0])
+      commit = found.group(0) if found else None
     shown = f"`{commit[:7]}`" if commit else "not recorded"
     rows.append(f"| `{path}` | {shown} | {_committed_on(path)} |")
   return "\n".join(rows) + "\n"

@@ -13,7 +13,7 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TF's C++ start-up logs
 
-import torch  # first, the recommended order: README, "Installs and import order"
+import torch  # first, the recommended order: docs/troubleshooting.md, "Does the import order matter?"
 import numpy as np
 import tensorflow as tf
 

@@ -30,7 +30,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TF's C++ logs
 
-import torch  # noqa: E402  (first, the recommended order: README, "Installs and import order")
+import torch  # noqa: E402  (first, the recommended order: docs/troubleshooting.md, "Does the import order matter?")
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import ray  # noqa: E402

@@ -1,8 +1,8 @@
 """Shared by the fault-injection and concurrency tests: running work under a
 timeout on other threads, and comparing state bit for bit.
 
-torch is imported before tensorflow, the recommended order (README,
-"Installs and import order").
+torch is imported before tensorflow, the recommended order (docs/troubleshooting.md,
+"Does the import order matter?").
 """
 
 import threading

@@ -1,7 +1,7 @@
 """Shared fixtures for the torchbridge tests.
 
-torch is imported before tensorflow everywhere, the recommended order (README,
-"Installs and import order"; tests/test_installs.py checks the others).
+torch is imported before tensorflow everywhere, the recommended order (docs/troubleshooting.md,
+"Does the import order matter?"; tests/test_installs.py checks the others).
 """
 
 import gc

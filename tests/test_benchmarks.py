@@ -650,3 +650,16 @@ def test_compiled_step_table_has_each_ratio():
   assert "| pure torch, compiled | 5.00 [4.90-5.10] | 1.25x | 12.00 | 4 |" in text
   assert "| torchbridge | 5.20 [5.10-5.30] | 1.30x | 0.90 | 0 |" in text
   assert "- torchbridge, compiled / pure torch, compiled: 1.30x" in text
+
+
+def test_the_committed_runners_table_is_written_from_the_committed_json():
+  from benchmarks import runners  # pylint: disable=import-outside-toplevel
+
+  results = Path(ROOT) / "benchmarks" / "results"
+  data = json.loads((results / "runners.json").read_text())
+  text = runners.markdown(data)
+  assert text.rstrip() == (results / "runners.md").read_text().rstrip()
+  # TD3's ratios against both torch baselines: as written, and the actor's
+  # loss differentiated for the actor only (what TF's tape asks for).
+  assert "| / pure torch | / pure torch, actor loss for the actor only |" in text
+  assert text.startswith(f"Measured at {data['source']['commit'][:10]}")

@@ -388,3 +388,20 @@ def test_torch_function_runs_per_replica_with_gradients(strategy, in_mode):
   np.testing.assert_array_equal(y, x**3)
   np.testing.assert_array_equal(grad, 3 * x**2)
   assert [d.split(":")[-2:] for d in devices] == [["CPU", "0"], ["CPU", "1"]]
+
+
+def test_run_tf_in_a_replica_of_several_raises_and_auto_runs_torch(strategy):
+  # run="tf" is the translation or an error: a replica of several gets
+  # neither runner, so it is an error naming the fix, never torch silently.
+  x_dist = _shards(strategy, _data()[0])
+  with strategy.scope():
+    strict = tb.TorchModule(_mlp(), name="strict", run="tf")
+    auto = tb.TorchModule(_mlp(), name="auto_net", run="auto")
+  with pytest.raises(ValueError) as info:
+    strategy.run(tf.function(strict), (x_dist,))
+  message = str(info.value)
+  assert 'strict (run="tf")' in message and 'use run="auto"' in message
+  out = strategy.run(tf.function(auto), (x_dist,))
+  expected = _mlp()(torch.from_numpy(_data()[0])).detach().numpy()
+  got = np.concatenate([t.numpy() for t in strategy.experimental_local_results(out)])
+  np.testing.assert_allclose(got, expected, rtol=1e-12)

@@ -49,7 +49,9 @@ def test_jargon_is_found_in_prose_only():
   text = "Fixed at 3301fe3 for issue 40, on this machine (the lent GPU)."
   assert checks.jargon(text) == ["3301fe3", "issue 40", "this machine", "lent"]
   # Code, inline code and comments are not prose; capitals are no commit.
-  clean = "```\ngit show 3301fe3\n```\nRun `git log 3301fe3`. <!-- 945ce29 -->\nA 0xDEADBEEF1 address."
+  clean = (
+    "```\ngit show 3301fe3\n```\nRun `git log 3301fe3`. <!-- 945ce29 -->\nA 0xDEADBEEF1 address."
+  )
   assert checks.jargon(clean) == []
   # Plain words with a hex look are not commits without a digit.
   assert checks.jargon("a deadbeef cafebabe decade") == []

@@ -92,7 +92,8 @@ def plot_learning_curves(runs_dir, path):
       r = json.load(f)
     if "policy" in r and r.get("eval_returns"):
       runs.setdefault(label(r), []).append(np.asarray(r["eval_returns"], float))
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+  # One panel above the other, each the docs column's width (legible at it).
+  fig, axes = plt.subplots(2, 1, figsize=(7.5, 9), sharex=True)
   known = {name for _, colors in _PANELS for name in colors}
   for ax, (title, colors) in zip(axes, _PANELS):
     names = [n for n in runs if n in colors or (ax is axes[0] and n not in known)]
@@ -111,13 +112,14 @@ def plot_learning_curves(runs_dir, path):
         label=f"{name}, mean of {len(curves)}",
       )
     ax.axhline(SOLVED, color="gray", linestyle="--", linewidth=1)
-    ax.set_xlabel("environment steps")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
-  axes[0].set_ylabel("mean evaluation return (greedy)")
-  fig.suptitle("PPO on CartPole-v1 without velocities (thin: one seed)")
+    ax.set_title(title, fontsize=12)
+    ax.set_ylabel("mean evaluation return (greedy)", fontsize=10)
+    ax.tick_params(labelsize=10)
+    ax.legend(fontsize=9, loc="lower right")
+  axes[-1].set_xlabel("environment steps", fontsize=10)
+  fig.suptitle("PPO on CartPole-v1 without velocities (thin: one seed)", fontsize=12)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.savefig(path, dpi=130)
   plt.close(fig)
   return path
 

@@ -56,7 +56,7 @@ def call_bridged(
 
   Returns:
     The result of `run` as a nest of TF tensors (None leaves stay None), or,
-    when `run` returns an `Outputs`, an `Outputs` of TF tensors.
+      when `run` returns an `Outputs`, an `Outputs` of TF tensors.
   """
   layout: dict[str, Any] = {}  # set by the first run: where the tensors sit in the result
 

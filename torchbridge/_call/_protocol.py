@@ -35,7 +35,7 @@ class Forward(Protocol):
 
   Returns:
     A `_saved.Saved` record: the flat torch outputs, and with `record` the
-    leaves and the graph a backward needs.
+      leaves and the graph a backward needs.
   """
 
   def __call__(

@@ -135,15 +135,32 @@ def has_torch_interop() -> bool:
   return load() is not None and _interop
 
 
-def available() -> bool:
-  """Whether the native op is in use (builds and loads it on first call).
+def native_available() -> bool:
+  """Whether bridged graph calls use torchbridge's native TF op.
+
+  Inside `tf.function`, a call that runs torch goes through a custom TF op
+  (`TorchbridgeCall`, C++ from csrc/) when it is available, and through
+  `tf.py_function` otherwise: both give the same results, the native op
+  at a lower cost per call. The first call builds the op (or reuses the
+  cached build; `python -m torchbridge build` builds it ahead of time) and
+  loads it; when that fails, one line saying why goes to the "torchbridge"
+  logger and the answer is False. `TORCHBRIDGE_DISABLE_NATIVE=1` turns the
+  op off; `python -m torchbridge info` reports its state.
+
+  Returns:
+    True when the native op is loaded and in use, False when calls take the
+      `tf.py_function` path.
 
   Examples:
-    >>> import torchbridge as tb
+    >>> import torch, torchbridge as tb
     >>> isinstance(tb.native_available(), bool)
     True
   """
   return not getattr(_python_path, "forced", False) and load() is not None
+
+
+# The name torchbridge's own modules use.
+available = native_available
 
 
 _python_path = threading.local()
@@ -162,9 +179,6 @@ def python_path() -> Iterator[None]:
     yield
   finally:
     _python_path.forced = outer
-
-
-native_available = available
 
 
 def status() -> str:

@@ -209,14 +209,25 @@ class Timeline:
 def timeline(annotate: bool = True) -> Iterator[Timeline]:
   """Records every bridged call's phases while the block runs.
 
+  A context manager: each phase of every bridged call made in the block
+  (binding the arguments, torch's forward and backward, checking the
+  outputs, and the native op's own phases) is recorded with its thread and
+  times. One recording at a time per process.
+
   Args:
     annotate: also annotate the Python phases for TF's and torch's
       profilers meanwhile, as `TORCHBRIDGE_TIMELINE=1` does (about 10 us a
-      phase here). False: record only (about 1 us a phase), for timing
-      steps as they run unobserved.
+      phase on a small CPU). False: record only (about 1 us a phase), for
+      timing steps as they run unobserved.
 
-  Yields a `Timeline`, filled when the block ends. One recording at a time
-  per process.
+  Yields:
+    A `Timeline`, filled when the block ends: `events`, a list of dicts
+      (`name`, `thread`, `begin_ns`, `end_ns` in `time.perf_counter_ns()`
+      time, `source`: "python" or "kernel"); `runners`, which runner each
+      module's graph calls took (`{module: {"runner": "tf" | "torch",
+      ...}}`); `totals_us()`, `{phase: [spans, total microseconds]}`;
+      `chrome_trace()` and `save(path)`, the events as a Chrome / Perfetto
+      trace.
 
   Raises:
     RuntimeError: if a recording is already running.

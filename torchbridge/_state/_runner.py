@@ -28,6 +28,7 @@ import tensorflow as tf
 from torchbridge._frameworks import _compat
 from torchbridge._runtime import _runners
 from torchbridge._state import _capturing
+from torchbridge._state import _distribute
 from torchbridge._state import _watch
 
 logger = logging.getLogger("torchbridge")
@@ -97,6 +98,16 @@ class Runner:
     it writes assigned to their variables (noted in `mutated_buffers`,
     their new values appended to `after_writes`); or `TORCH` when it takes
     torch (said once)."""
+    if _distribute.in_replica_of_several():
+      # Neither runner serves a replica of several: the Python path does.
+      if self.run == "tf":
+        raise ValueError(
+          f'{self._state.name} (run="tf"): a graph call in a replica of a '
+          "tf.distribute strategy with several replicas runs torch on each "
+          'replica\'s copies, never the translation; use run="auto" (or '
+          '"torch") under such a strategy.'
+        )
+      return TORCH
     from torchbridge._translate import _capture  # torch.export: on first use
 
     key = _capturing.signature_key(call, training, mode_key)

@@ -66,8 +66,8 @@ class TensorSlots:
 
     Returns:
       `(result, reassigned)`: the forward's result, and `{canonical name:
-      tensor}` for the tensors the forward replaced by assignment
-      (`self.buf = ...`) instead of writing into them.
+        tensor}` for the tensors the forward replaced by assignment
+        (`self.buf = ...`) instead of writing into them.
     """
     slots = self._slots
     originals = [table[key] for _, table, key in slots]

@@ -157,11 +157,7 @@ class TorchState:
     call = _call.bind_arguments(self.name, (args, kwargs))
     _distribute.check_call_context(self.name, self.variables.values())
     mode_key = self._mode_key(training)
-    if (
-      self.runner is not None
-      and not tf.executing_eagerly()
-      and not _distribute.in_replica_of_several()
-    ):
+    if self.runner is not None and not tf.executing_eagerly():
       translated = self.runner.call(call, training, mode_key, self._mutated_buffers, after_writes)
       if translated is not _runner.TORCH:
         return translated

@@ -50,8 +50,17 @@ it with the model. Until then, keep calling the module through the bridge
 class UntranslatedOpsError(NotImplementedError):
   """Some ops of a model have no TF translation (all are listed).
 
-  `ops` maps each op (`aten.<name>.<overload>`, with the node where it was
-  met when known) to the reason.
+  Raised by `translate`, and by a graph call of a
+  `TorchModule(..., run="tf")` whose forward has such an op (there the
+  message names the ops, and `ops` is absent). A `NotImplementedError`.
+
+  Args:
+    message: the error message, naming every op and the way out.
+    ops: `{op: reason}`, kept as the `ops` attribute.
+
+  Attributes:
+    ops (dict[str, str]): maps each op (`aten.<name>.<overload>`, with the
+      node where it was met when known) to the reason.
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
@@ -79,6 +88,17 @@ class ParityError(ValueError):
   Raised by `translate`, whose message names each output and its largest
   difference; `rtol=` and `atol=` set the tolerance; and by a graph call
   of a `TorchModule(..., run="tf")` whose translation fails its check.
+  A `ValueError`, so `except ValueError` catches it too.
+
+  Examples:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> issubclass(tb.ParityError, ValueError)
+    True
+    >>> try:
+    ...   raise tb.ParityError("output 0 differs by 0.5")
+    ... except ValueError as err:
+    ...   print(type(err).__name__, err)
+    ParityError output 0 differs by 0.5
   """
 
   __init__ = Exception.__init__  # re-raised as itself by AutoGraph
@@ -87,11 +107,17 @@ class ParityError(ValueError):
 class Translated(tf.Module):
   """A translated torch module: pure TF ops reading the bridge's variables.
 
-  Call it like the torch module, with tensors that match `input_signature`;
-  `__call__` is a `tf.function` (save it with `tf.saved_model.save`; it
-  becomes the `serving_default` signature). `parity` holds the largest
-  absolute difference from torch per output (in torch's flattening order)
-  on the example input checked at translation.
+  Made by `translate`, not constructed directly. Call it like the torch
+  module, with tensors that match `input_signature`; `__call__` is a
+  `tf.function` (save it with `tf.saved_model.save`; it becomes the
+  `serving_default` signature). Its `variables` are the wrapped module's,
+  tracked under the torch state_dict names, so a checkpoint of either has
+  the same keys.
+
+  Attributes:
+    parity: the largest absolute difference from torch per output (a
+      tuple of floats, in torch's flattening order) on the example input
+      checked at translation.
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
@@ -146,6 +172,18 @@ class Translated(tf.Module):
     )
 
   def __call__(self, *args: Any) -> Any:  # pylint: disable=method-hidden
+    """Runs the translated graph: pure TF ops, no torch.
+
+    Args:
+      *args: one tensor (or array) per spec of `input_signature`.
+
+    Returns:
+      The forward's result, in the torch module's structure, as TF tensors.
+
+    Raises:
+      TypeError: the number of inputs, or an input's dtype or shape, does
+        not match `input_signature`.
+    """
     if tf.inside_function() and not self._jit_compile:
       # In the caller's graph the ops go in directly, not as a nested
       # function call: a nested function that transposes a variable (every
@@ -232,7 +270,14 @@ def translate(
   Raises:
     UntranslatedOpsError: ops of the model have no translation (all named).
     ParityError: the TF graph differs from torch beyond the tolerance.
-    TypeError, ValueError: bad arguments, or torch.export refused the model.
+    TypeError: `module` is not a `tb.TorchModule` or `tb.keras.TorchLayer`,
+      or `input_signature` is not a list of `tf.TensorSpec`.
+    ValueError: a spec of unknown rank; `example_inputs` that do not match
+      `input_signature`; `torch.export` could not export the module, or
+      fixed a dimension the signature leaves dynamic; or the forward writes
+      buffers in eval mode.
+    RuntimeError: the translation of an op failed on this model (a bug of
+      the translation, to report).
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb

@@ -45,13 +45,19 @@ def torch_function(
   XLA custom call running the same torch code.
 
   Args:
-    fn: a callable taking and returning torch tensors.
+    fn: a callable taking and returning torch tensors. Left out, the call
+      returns a decorator: `@tb.torch_function(output_signature=...)`.
     output_signature: optional `tf.TensorSpec` or nest of them, in the
       structure `fn` returns; skips shape inference on meta tensors.
     name: name of the op in TF graphs; defaults to `fn.__name__`.
 
   Returns:
-    A callable taking TF tensors and returning TF tensors.
+    A callable taking TF tensors and returning TF tensors (or, when `fn`
+      is left out, a decorator that makes one).
+
+  Raises:
+    TypeError: `fn` is not callable, or `output_signature` holds a leaf
+      that is not a `tf.TensorSpec`.
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
@@ -64,6 +70,11 @@ def torch_function(
     ...   y = scaled_sin(x, 2.0)
     >>> tape.gradient(y, x).numpy().round(4)  # 2 cos(x)
     array([2.    , 1.0806], dtype=float32)
+    >>> @tb.torch_function(output_signature=tf.TensorSpec([None], tf.float32))
+    ... def double(x):
+    ...   return x * 2
+    >>> tf.function(double)(x).numpy()
+    array([0., 2.], dtype=float32)
   """
   if fn is None:
     return functools.partial(torch_function, output_signature=output_signature, name=name)

@@ -89,6 +89,20 @@ class TorchLayer(keras.layers.Layer):
       defaults to the dtype of the module's floating parameters, and must
       match it when given (Keras casts floating inputs to it).
 
+  Raises:
+    TypeError: `module` is not a `torch.nn.Module`, `output_signature`
+      holds a leaf that is not a `tf.TensorSpec`, or `torchscript` is not
+      a bool.
+    ValueError: `run` is not `"auto"`, `"tf"` or `"torch"`;
+      `torchscript=True` is given with `run="tf"`; the module has no
+      parameters and no buffers; a parameter or buffer is not initialized
+      (lazy) or is on the meta device; `dtype` differs from the module's
+      floating dtype; or the layer is created under a `tf.distribute`
+      strategy the bridge does not support.
+
+  Warns:
+    DeprecationWarning: `torchscript=True` (pass `run="torch"` instead).
+
   Examples:
     >>> import torch, keras, torchbridge as tb
     >>> model = keras.Sequential([
@@ -169,20 +183,54 @@ class TorchLayer(keras.layers.Layer):
   def torch_module(self) -> torch.nn.Module:
     """The torch module, its tensors viewing the layer's current weights.
 
-    As `TorchModule.torch_module`: zero-copy views, lent until the next
-    bridged call.
+    As `TorchModule.torch_module`: zero-copy views, in place until the
+    next bridged call.
     """
     return self._torch_state.sync_torch()
 
   def call(self, *args: Any, training: bool | None = None, **kwargs: Any) -> Any:
+    """Runs the torch module's forward (Keras calls it: `layer(x)`).
+
+    Args:
+      *args: positional inputs: tensors or nests of them, and static
+        values passed to torch as they are.
+      training: None, True or False: the torch mode for this call (Keras
+        passes True in `fit`, False in `evaluate` and `predict`). With
+        None, torch's own modes.
+      **kwargs: keyword inputs, as `args`.
+
+    Returns:
+      The forward's result with TF tensors in place of torch tensors.
+    """
     return self._torch_state.call(args, kwargs, training, self._output_signature)
 
   def get_weights_by_name(self) -> dict[str, np.ndarray]:
-    """The weights as `{torch state_dict name: np.ndarray}`."""
+    """The weights as `{torch state_dict name: np.ndarray}`.
+
+    Returns:
+      A new dict of copies: later training does not change them.
+
+    Examples:
+      >>> import torch, torchbridge as tb
+      >>> sorted(tb.keras.TorchLayer(torch.nn.Linear(3, 2)).get_weights_by_name())
+      ['bias', 'weight']
+    """
     return self._torch_state.get_weights()
 
   def set_weights_by_name(self, weights: Mapping[str, Any]) -> None:
-    """Sets the weights from `{torch state_dict name: array}` (strict)."""
+    """Sets the weights from `{torch state_dict name: array}` (strict).
+
+    As `TorchModule.set_weights`: a torch `state_dict` loads directly;
+    every name must be present, no other name may be, each shape must
+    match, and nothing changes unless all entries are valid.
+
+    Args:
+      weights: a mapping from state_dict names to arrays or tensors.
+
+    Raises:
+      TypeError: `weights` is not a mapping, or a value is not numeric.
+      ValueError: missing, unexpected or mis-shaped entries (all named).
+    """
     self._torch_state.set_weights(weights)
 
   def get_config(self) -> dict[str, Any]:
@@ -208,11 +256,22 @@ class TorchLayer(keras.layers.Layer):
   ) -> TorchLayer:
     """Rebuilds the layer; unpickles a stored torch module only when unsafe.
 
-    As Keras' own `TorchModuleWrapper.from_config`: `safe_mode=False` allows
-    `torch.load` of the pickled module; `None` follows the enclosing
-    deserialization scope (`load_model(..., safe_mode=...)`), and a call
-    outside any scope counts as safe (fails closed). `custom_objects` is
-    accepted for Keras' signature and unused.
+    As Keras' own `TorchModuleWrapper.from_config`; `load_model` calls it.
+
+    Args:
+      config: what `get_config()` returned.
+      custom_objects: accepted for Keras' signature, unused.
+      safe_mode: False allows `torch.load` of the pickled module; None
+        follows the enclosing deserialization scope
+        (`load_model(..., safe_mode=...)`), and a call outside any scope
+        counts as safe (fails closed).
+
+    Returns:
+      The rebuilt layer.
+
+    Raises:
+      ValueError: the config holds a pickled torch module and the load is
+        in safe mode (the message says how to load it).
     """
     del custom_objects  # nothing in the config refers to custom objects
     config = dict(config)

@@ -39,18 +39,10 @@ class TorchModule(tf.Module):
   mode as it is (inside `tf.function`: the modes the submodules had when the
   function was traced, since the traced graph depends on them).
 
-  The weights are held once: the torch module's own tensors become views
-  of the variables between calls (see `torch_module`).
-
   Inside `tf.function`, the output shapes are found while tracing: on meta
-  tensors (nothing computed), else, for code that meta tensors cannot run
-  (it reads values, as Hugging Face models' masking does), by running the
-  forward on stand-in values of the traced shapes; or they are declared,
-  `output_signature=` (a `tf.TensorSpec` or nest of them as the forward
-  returns; every buffer is then written back after each call).
-
-  `torch_module` gives back the torch module holding the current TF values;
-  `get_weights()` / `set_weights()` exchange `{state_dict name: np.ndarray}`.
+  tensors (nothing computed), else by running the forward on stand-in
+  values of the traced shapes (for code that reads values, as Hugging
+  Face models' masking does); or they are declared (`output_signature`).
 
   **Runners.** Graph calls (inside `tf.function`) take one of two runners,
   chosen by `run=`. `"auto"` (the default): each call signature (shapes,
@@ -68,23 +60,44 @@ class TorchModule(tf.Module):
   TF's random stream (the same keep rate, not torch's draws). A plain
   Python attribute the forward read (an exploration scale, a flag) is
   baked into a capture: a later trace captures again if it changed, and a
-  graph traced before the change raises `StaleCaptureError` naming it
-  (what is watched: docs/guides/torch-module.md).
+  graph traced before the change raises `StaleCaptureError` (a
+  `RuntimeError`) naming it (what is watched: the `tb.TorchModule` guide).
 
-  Graph calls that run torch run from C++ with no Python per call (the C++
-  torch runner): each signature is captured once with `torch.export`
-  (same key and same watch on Python state as the TF runner), checked
-  once against the Python path on random inputs (outputs, written buffers,
-  gradients; a second size where a dimension is unknown; random draws from
-  the same seed), and its ATen graph runs from the native op's CPU kernel,
-  one dispatcher call per node, autograd recorded as eager torch records
-  it. Where the capture is refused or fails its check, and for graph calls
-  on a GPU, in a `tf.distribute` replica, with an unknown rank or without
-  the complete native op, the call takes the Python path (the forward's
-  Python on every call), said once at WARNING;
-  `TORCHBRIDGE_TORCH_RUNNER=python` asks for it. A second-order gradient
-  through the C++ runner raises an error naming that fix.
-  `torchscript=True` is a deprecated alias of `run="torch"` (it warns).
+  Graph calls that run torch run from C++ with no Python per call where
+  they can (each signature captured once with `torch.export` and checked
+  against the Python path, as for the TF runner); elsewhere (a refused
+  capture, a GPU, a `tf.distribute` replica, no native op) they run the
+  forward's Python on every call, said once at WARNING;
+  `TORCHBRIDGE_TORCH_RUNNER=python` asks for that path.
+
+  Args:
+    module: the torch `nn.Module` to wrap, every parameter and buffer
+      initialized (not lazy, not on the meta device). Its parameters and
+      buffers give the variables their initial values.
+    name: the `tf.Module` name, which prefixes every variable name
+      (`name/l1.weight`); a valid Python identifier. Defaults to the torch
+      class name in snake case (`nn.BatchNorm1d` gives `batch_norm1d`).
+    output_signature: optional `tf.TensorSpec`, or nest of them in the
+      structure the forward returns (None for unknown dimensions), for
+      code that neither meta tensors nor stand-in values can run: graph
+      calls then take the shapes and dtypes declared instead of finding
+      them while tracing, and write every buffer back after each call.
+    torchscript: deprecated alias of `run="torch"`; True warns.
+    run: the runner of graph calls: `"auto"` (the default), `"tf"` or
+      `"torch"` (see **Runners** above). Eager calls always run torch.
+
+  Raises:
+    TypeError: `module` is not a `torch.nn.Module` (wrap a plain torch
+      function with `tb.torch_function` instead), `output_signature` holds
+      a leaf that is not a `tf.TensorSpec`, or `torchscript` is not a bool.
+    ValueError: `run` is not `"auto"`, `"tf"` or `"torch"`;
+      `torchscript=True` is given with `run="tf"`; `name` is not a valid
+      Python identifier; a parameter or buffer of `module` is not
+      initialized (lazy) or is on the meta device; or the module is created
+      under a `tf.distribute` strategy the bridge does not support.
+
+  Warns:
+    DeprecationWarning: `torchscript=True` (pass `run="torch"` instead).
 
   Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
@@ -146,18 +159,29 @@ class TorchModule(tf.Module):
   def torch_module(self) -> torch.nn.Module:
     """The torch module, its parameters and buffers viewing the TF values.
 
-    Zero-copy views of the variables' current values, lent until the next
-    bridged call (which puts placeholders back: the weights are held once,
-    by the variables), so `torch.save(m.torch_module.state_dict(), path)`
-    saves what TF trained. Calling the torch module, its `state_dict()`,
-    `copy.deepcopy` and `torch.save` lend the views too. Writing into them
-    writes the variables; load values with `set_weights`.
+    Its tensors are zero-copy views of the variables' current values, in
+    place until the next bridged call (which puts placeholders back: the
+    weights are held once, by the variables), so
+    `torch.save(m.torch_module.state_dict(), path)` saves what TF trained.
+    Calling the torch module, its `state_dict()`, `copy.deepcopy` and
+    `torch.save` put the views in place too. Writing into them writes the
+    variables; load values with `set_weights`.
+
+    Examples:
+      >>> import torch, torchbridge as tb
+      >>> linear = torch.nn.Linear(3, 2)
+      >>> net = tb.TorchModule(linear)
+      >>> net.torch_module is linear
+      True
     """
     return self._state.sync_torch()
 
   @tf.autograph.experimental.do_not_convert
   def __call__(self, *args: Any, training: bool | None = None, **kwargs: Any) -> Any:
     """Runs the torch module's forward on TF tensors.
+
+    Eagerly the forward runs in torch; inside `tf.function` the call takes
+    the runner `run=` chose (see the class docstring).
 
     Args:
       *args: positional inputs: TF tensors or nests of them, and static
@@ -168,7 +192,22 @@ class TorchModule(tf.Module):
       **kwargs: keyword inputs, as `args`.
 
     Returns:
-      The forward's result with TF tensors in place of torch tensors.
+      The forward's result with TF tensors in place of torch tensors (the
+        same nest: a tensor, a tuple, a dict, ...).
+
+    Raises:
+      TypeError: an input torch cannot take (a ragged, sparse or string
+        tensor), or `training` is not None, True or False.
+      Exception: what the torch forward raised: as it is eagerly; inside
+        `tf.function`, an error holding its type, message and traceback.
+        The module and its variables stay intact; the next call works.
+
+    Examples:
+      >>> import torch, tensorflow as tf, torchbridge as tb
+      >>> net = tb.TorchModule(torch.nn.Sequential(
+      ...     torch.nn.Linear(3, 4), torch.nn.Dropout(0.5)))
+      >>> net(tf.ones([2, 3]), training=False).shape
+      TensorShape([2, 4])
     """
     return self._state.call(args, kwargs, training, self._output_signature)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch  # first, the recommended order: docs/getting-started.md, "Installs and import order"
+import torch  # first, the recommended order: docs/troubleshooting.md, "Does the import order matter?"
 import tensorflow as tf
 
 from torchbridge._wrappers import _module
@@ -77,20 +77,22 @@ class DataParallelTrainer:
   torch module from `module_fn` as a `tb.TorchModule`, holds one shard of
   the data, and computes the gradients of `loss_fn` on it (forward and
   backward in one `tf.function`). Each `step()`:
-    1. every worker computes `{torch name: gradient}` on its shard, in
-       parallel;
-    2. the driver averages them weighted by the shards' sample counts, so
-       that the result is the gradient of the mean loss over all shards
-       together (exactly what one process would compute on the
-       concatenated batch, when `loss_fn` is a mean over samples);
-    3. the driver applies `optimizer` to its own `TorchModule`
-       (`self.module`), so optimizer state lives in one place and
-       `tf.train.Checkpoint(module=trainer.module, opt=trainer.optimizer)`
-       saves the run;
-    4. buffers the workers' forwards wrote (BatchNorm running statistics)
-       are averaged the same way into the driver's module;
-    5. the new weights go to every worker with one `ray.put`
-       (`tb.ray.broadcast_weights`).
+
+  1. every worker computes `{torch name: gradient}` on its shard, in
+     parallel;
+  2. the driver averages them weighted by the shards' sample counts, so
+     that the result is the gradient of the mean loss over all shards
+     together (exactly what one process would compute on the
+     concatenated batch, when `loss_fn` is a mean over samples);
+  3. the driver applies `optimizer` to its own `TorchModule`
+     (`self.module`), so optimizer state lives in one place and
+     `tf.train.Checkpoint(module=trainer.module, opt=trainer.optimizer)`
+     saves the run;
+  4. buffers the workers' forwards wrote (BatchNorm running statistics)
+     are averaged the same way into the driver's module;
+  5. the new weights go to every worker with one `ray.put`
+     (`tb.ray.broadcast_weights`).
+
   The workers start from the driver's weights, whatever `module_fn`'s
   random initialization gave each of them. Each worker's forward sees only
   its shard: BatchNorm normalizes with per-shard batch statistics (as
@@ -120,6 +122,25 @@ class DataParallelTrainer:
     tf_function: compute the workers' gradients in a `tf.function` (the
       default); False computes them eagerly, for a loss that cannot be
       traced.
+
+  Attributes:
+    module (tb.TorchModule): the driver's module, which holds the trained
+      weights.
+    optimizer (Any): the optimizer, as given.
+    workers (list): the Ray actor handles, one per shard (empty after
+      `shutdown()`).
+    num_samples (list[int]): the number of samples of each shard.
+    steps (int): the number of steps taken.
+
+  Raises:
+    TypeError: `module_fn` or `loss_fn` is not callable (or is a torch
+      module), `optimizer` has no `apply_gradients`, a shard holds values
+      numpy cannot read, or `module_fn()` returns no `torch.nn.Module`.
+    ValueError: `shards` is empty or not a list, a shard's arrays do not
+      share a non-zero leading dimension, or `num_workers` differs from
+      `len(shards)`.
+    RuntimeError: a worker failed to start (its error is in the message;
+      the workers started are stopped).
 
   Examples:
     >>> import numpy as np, torch, ray, tensorflow as tf, torchbridge as tb
@@ -194,9 +215,10 @@ class DataParallelTrainer:
 
   @property
   def num_workers(self) -> int:
+    """The number of workers (0 after `shutdown()`)."""
     return len(self.workers)
 
-  def step(self, batches: Sequence[Any] | None = None) -> tuple[float, int]:
+  def step(self, batches: Sequence[Any] | None = None) -> float:
     """One synchronous data-parallel step; returns the mean loss.
 
     Args:
@@ -206,11 +228,15 @@ class DataParallelTrainer:
 
     Returns:
       The loss over all workers' samples before the update: the workers'
-      losses weighted by their sample counts.
+        losses weighted by their sample counts.
 
     Raises:
-      RuntimeError: a worker failed (its exception's type and message are
-        in the message, its traceback in the cause); nothing was applied.
+      RuntimeError: a worker failed (the message gives its exception's
+        type and message, and whether the update was applied; the cause
+        holds its traceback), or the trainer was shut down.
+      TypeError: a batch holds values numpy cannot read.
+      ValueError: `batches` does not hold one batch per worker, or a
+        batch's arrays do not share a non-zero leading dimension.
     """
     if not self.workers:
       raise RuntimeError(
@@ -252,7 +278,11 @@ class DataParallelTrainer:
     return sum(r["loss"] * r["num_samples"] for r in results) / total
 
   def shutdown(self) -> None:
-    """Stops the worker actors; the driver's module and optimizer remain."""
+    """Stops the worker actors; the driver's module and optimizer remain.
+
+    The trainer is also a context manager that shuts down on exit:
+    `with tb.ray.DataParallelTrainer(...) as trainer:`.
+    """
     for worker in self.workers:
       ray.kill(worker)
     self.workers = []

@@ -24,18 +24,24 @@ tb.ray.TorchModuleWorker, or a subclass of it, with ray.remote:
   actors = [Worker.remote(module_fn) for _ in range(2)]"""
 
 
-def put_weights(module: Any) -> Any:
+def put_weights(module: Any) -> ray.ObjectRef:
   """Puts a module's weights into Ray's object store, once.
+
+  Pass the reference it returns to any number of actor calls: Ray resolves
+  an `ObjectRef` given as a top-level argument before the call, and actors
+  on the driver's node read the arrays from shared memory without a copy
+  (as read-only arrays).
 
   Args:
     module: a `tb.TorchModule` (or anything with `get_weights()`), or a
       mapping `{torch state_dict name: array}`.
 
   Returns:
-    A `ray.ObjectRef` to `{state_dict name: np.ndarray}`. Pass it to any
-    number of actor calls: Ray resolves an `ObjectRef` given as a top-level
-    argument before the call, and actors on the driver's node read the
-    arrays from shared memory without a copy (as read-only arrays).
+    A reference to the weights, `{torch state_dict name: np.ndarray}`, in
+      the object store.
+
+  Raises:
+    TypeError: `module` is neither a mapping nor has `get_weights()`.
 
   Examples:
     >>> import torch, ray, torchbridge as tb
@@ -46,13 +52,16 @@ def put_weights(module: Any) -> Any:
   return ray.put(_weights_np(module, "put_weights(module)"))
 
 
-def broadcast_weights(module: Any, actors: Sequence[Any]) -> Any:
+def broadcast_weights(module: Any, actors: Sequence[Any]) -> list[ray.ObjectRef]:
   """Sends a module's weights to every actor, with one `ray.put`.
 
   The weights go into the object store once, and every actor's
   `set_weights` gets the same `ObjectRef`: the cost of a broadcast grows
   with the number of actors only by one small call each, not by one copy
-  of the weights each.
+  of the weights each. `ray.get` of the result waits until every actor
+  holds the weights (and raises what an actor raised); calls made to an
+  actor after this one run after it, so there is no need to wait before
+  using the actors.
 
   Args:
     module: a `tb.TorchModule` (or anything with `get_weights()`), or a
@@ -61,10 +70,12 @@ def broadcast_weights(module: Any, actors: Sequence[Any]) -> Any:
       as `ray.remote(tb.ray.TorchModuleWorker)` actors.
 
   Returns:
-    The `ObjectRef`s of the `set_weights` calls, one per actor, in order:
-    `ray.get(refs)` waits until every actor holds the weights (and raises
-    what an actor raised). Calls made to an actor after this one run after
-    it, so there is no need to wait before using the actors.
+    The references to the results of the `set_weights` calls, one per
+      actor, in the order of `actors` (an empty list for no actors).
+
+  Raises:
+    TypeError: an actor has no `set_weights` method, or `module` is neither
+      a mapping nor has `get_weights()`.
 
   Examples:
     >>> import torch, ray, torchbridge as tb
@@ -94,6 +105,11 @@ def pull_weights(actor: Any, module: Any = None) -> dict[str, np.ndarray]:
 
   Returns:
     The actor's weights, `{torch state_dict name: np.ndarray}`.
+
+  Raises:
+    TypeError: `actor` has no `get_weights` method.
+    ValueError: `module`'s `set_weights` refused the weights (missing,
+      unexpected or mis-shaped entries, all named).
 
   Examples:
     >>> import torch, ray, torchbridge as tb

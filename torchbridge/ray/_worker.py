@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch  # first, the recommended order: docs/getting-started.md, "Installs and import order"
+import torch  # first, the recommended order: docs/troubleshooting.md, "Does the import order matter?"
 import numpy as np
 import tensorflow as tf  # noqa: F401  (imported here, after torch, on purpose)
 
@@ -34,8 +34,19 @@ class TorchModuleWorker:
       of a module or script, a class, or a `functools.partial` of one).
     name: the `TorchModule`'s name (its variables are `name/<torch path>`).
 
+  Attributes:
+    module (tb.TorchModule): the module the worker built and holds.
+
+  Raises:
+    TypeError: `module_fn` is not callable, is a torch module itself
+      (pass the function or class that builds it), or returns something
+      other than a `torch.nn.Module`.
+    ValueError: the module built cannot be wrapped (see `tb.TorchModule`).
+
   Examples:
-    >>> import torch, ray, torchbridge as tb
+    Weights from a learner to two actors, and back:
+
+    >>> import torch, ray, tensorflow as tf, torchbridge as tb
     >>> Worker = ray.remote(tb.ray.TorchModuleWorker)
     >>> actors = [Worker.remote(lambda: torch.nn.Linear(3, 2), name="policy")
     ...           for _ in range(2)]
@@ -45,15 +56,18 @@ class TorchModuleWorker:
     >>> bool((w["weight"] == learner.get_weights()["weight"]).all())
     True
 
-  A subclass adds the work (acting in an environment, evaluating):
+    A subclass adds the work (acting in an environment, evaluating), and
+    runs as an actor with `ray.remote(Evaluator)`, or here as plain Python:
 
-    @ray.remote
-    class RolloutWorker(tb.ray.TorchModuleWorker):
-      def __init__(self, module_fn, env_id):
-        super().__init__(module_fn, name="actor")
-        self.env = gymnasium.make(env_id)
-      def rollout(self, num_steps):
-        ...  # self.module(obs_tf) acts with the latest weights
+    >>> class Evaluator(tb.ray.TorchModuleWorker):
+    ...   def __init__(self, module_fn):
+    ...     super().__init__(module_fn, name="critic")
+    ...   def evaluate(self, x):  # self.module holds the latest weights
+    ...     return self.module(tf.constant(x)).shape.as_list()
+    >>> evaluator = Evaluator(lambda: torch.nn.Linear(3, 1))
+    >>> evaluator.set_weights(tb.TorchModule(torch.nn.Linear(3, 1)).get_weights())
+    >>> evaluator.evaluate([[0.0, 1.0, 2.0]])
+    [1, 1]
   """
 
   def __init__(self, module_fn: Callable[[], torch.nn.Module], name: str | None = None) -> None:
@@ -70,7 +84,11 @@ class TorchModuleWorker:
     )
 
   def get_weights(self) -> dict[str, np.ndarray]:
-    """The module's weights, `{torch state_dict name: np.ndarray}` (copies)."""
+    """The module's weights (`TorchModule.get_weights`).
+
+    Returns:
+      `{torch state_dict name: np.ndarray}`, copies.
+    """
     return self.module.get_weights()
 
   def set_weights(self, weights: Any) -> None:
@@ -81,6 +99,10 @@ class TorchModuleWorker:
         (from `tb.ray.put_weights`). The values are copied into the
         module's TF variables, so read-only arrays from the object store
         are fine and stay untouched.
+
+    Raises:
+      TypeError: `weights` is not a mapping, or a value is not numeric.
+      ValueError: missing, unexpected or mis-shaped entries (all named).
     """
     self.module.set_weights(_weights.resolve_weights(weights))
 
