@@ -69,9 +69,7 @@ def test_inference_call_under_xla_keeps_no_record():
 
 def test_torch_module_run_torch_trains_under_xla():
   torch.manual_seed(0)
-  net = torch.nn.Sequential(
-    torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
-  ).double()
+  net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()
   reference = torch.nn.Sequential(
     torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
   ).double()

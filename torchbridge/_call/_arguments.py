@@ -116,6 +116,7 @@ def check_not_xla(name: str) -> bool:
   reason = _xla.unavailable()
   if reason is not None:
     raise NotImplementedError(
-      _XLA_UNSUPPORTED.format(name=name) + f"\n(torchbridge's XLA custom call is unavailable: {reason})"
+      _XLA_UNSUPPORTED.format(name=name)
+      + f"\n(torchbridge's XLA custom call is unavailable: {reason})"
     )
   return True

@@ -162,6 +162,13 @@ def available() -> bool:
   return unavailable() is None
 
 
+def jit_usable() -> bool:
+  """Whether a module with `run="torch"` may compile with XLA here (a Keras
+  layer's `supports_jit`): TF sees no GPU (the custom call has no GPU
+  lowering) and the library loads, which builds it on first use."""
+  return not tf.config.list_physical_devices("GPU") and available()
+
+
 def loaded_from() -> Path | None:
   return _loaded_from
 

@@ -57,6 +57,17 @@ Cast the inputs to {param} before the call, e.g. `tf.cast(x, tf.{param})` (in
 a Keras model: `keras.Input(shape, dtype="{param}")`){module_fix}."""
 
 
+def floating_dtype(module: torch.nn.Module) -> str | None:
+  """The TF name of the module's floating dtype, or None when it has several
+  (or none)."""
+  dtypes = {
+    t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()
+  }
+  if len(dtypes) == 1:
+    return tf.as_dtype(str(dtypes.pop()).replace("torch.", "")).name
+  return None
+
+
 def explain_dtype_error(
   err: BaseException, name: str, module: torch.nn.Module, inputs_torch: Sequence[torch.Tensor]
 ) -> None:

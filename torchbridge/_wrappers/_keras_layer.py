@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from torchbridge._frameworks import _compat
+from torchbridge._native import _xla
 from torchbridge import _call
 from torchbridge._state import _module_checks
 from torchbridge._state import _runner
@@ -59,13 +60,10 @@ class TorchLayer(keras.layers.Layer):
   translation where it holds (checked against torch when captured), so
   the layer keeps `supports_jit = True` and Keras may compile it with XLA
   (`jit_compile=True`; Keras' `"auto"` picks XLA on GPU machines). With
-  `run="torch"` the layer calls torch through an XLA custom call on the
-  CPU (csrc/xla/, built when first needed) and `supports_jit` says whether
-  that can be had here (no GPU, the library builds); where it cannot,
-  Keras' `"auto"` compiles without XLA, an explicit
-  `model.compile(jit_compile=True)` warns and falls back to
-  `jit_compile=False`, and a `tf.function(jit_compile=True)` around a call
-  that runs torch raises an error that says so.
+  `run="torch"` torch runs as an XLA custom call on the CPU, and
+  `supports_jit` says whether that can be had here; where it cannot,
+  Keras' `"auto"` compiles without XLA, `compile(jit_compile=True)` warns
+  and falls back, and a forced XLA call raises an error that says so.
 
   Saving: `save_weights` / `load_weights` store the weights as any layer's.
   `model.save("m.keras")` also stores the torch module itself (pickled with
@@ -127,14 +125,11 @@ class TorchLayer(keras.layers.Layer):
     run = _runner.resolve_run(run, torchscript, "TorchLayer")
     if not any(True for _ in module.parameters()) and not any(True for _ in module.buffers()):
       raise ValueError(_NO_STATE.format(name=name, module_type=type(module).__name__))
-    module_dtype = _floating_dtype(module)
+    module_dtype = _module_checks.floating_dtype(module)
     kwargs.setdefault("dtype", module_dtype)
     super().__init__(**kwargs)
     _check_dtype(self, module_dtype)
-    # Graph calls that run as the TF translation compile with XLA; those
-    # that run torch do through the XLA custom call where it can be had
-    # (see `supports_jit`).
-    self._run = run
+    self._run = run  # "torch": XLA only where its custom call can be had
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight, run=run)
     # Tracked by torch name, in a trackable holder, so that
@@ -150,17 +145,10 @@ class TorchLayer(keras.layers.Layer):
 
   @property
   def supports_jit(self) -> bool:
-    """Whether Keras may compile this layer with XLA. With `run="torch"`:
-    only where the bridge's XLA custom call (CPU) can be had and TF sees no
-    GPU; asked when Keras asks (`compile(jit_compile=True)`, or "auto" on a
-    GPU machine), which builds that library on first use."""
+    """Whether Keras may compile this layer with XLA (see `_xla.jit_usable`)."""
     if self.__dict__.get("_run") != "torch":
       return self.__dict__.get("_supports_jit", True)
-    if tf.config.list_physical_devices("GPU"):
-      return False
-    from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
-
-    return _xla.available()
+    return _xla.jit_usable()
 
   @supports_jit.setter
   def supports_jit(self, value: bool) -> None:
@@ -277,7 +265,7 @@ class TorchLayer(keras.layers.Layer):
     config = dict(config)
     if "module" in config:
       if safe_mode is None:
-        safe_mode = _in_safe_mode()
+        safe_mode = _compat.keras_in_safe_mode()
       # Unset (a direct from_config call) counts as safe: fail closed.
       if safe_mode is not False:
         raise ValueError(_UNSAFE_LOAD.format(name=config.get("name")))
@@ -294,10 +282,6 @@ _KERAS_AGGREGATION = {
 }
 
 
-def _in_safe_mode() -> bool | None:
-  return _compat.keras_in_safe_mode()
-
-
 def _check_dtype(layer: TorchLayer, module_dtype: str | None) -> None:
   if module_dtype is None or layer.compute_dtype == module_dtype:
     return
@@ -309,12 +293,3 @@ def _check_dtype(layer: TorchLayer, module_dtype: str | None) -> None:
     f"again. Leave dtype out (it defaults to {module_dtype}), or convert "
     "the torch module first, e.g. `module.float()` / `module.double()`."
   )
-
-
-def _floating_dtype(module: torch.nn.Module) -> str | None:
-  dtypes = {
-    t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()
-  }
-  if len(dtypes) == 1:
-    return tf.as_dtype(str(dtypes.pop()).replace("torch.", "")).name
-  return None
