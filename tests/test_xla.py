@@ -67,6 +67,34 @@ def test_inference_call_under_xla_keeps_no_record():
   assert len(_saved._SAVED_BY_ID) == before
 
 
+def test_records_of_a_jit_function_under_an_eager_tape_are_freed():
+  # An eager tape outside the compiled function: each call's record goes
+  # with its gradient (the backward's own record is not kept: nothing traced
+  # a gradient of it), and a tape inside that is never asked keeps none.
+  from torchbridge._call import _saved
+
+  f = tb.torch_function(torch.sin)
+  step = tf.function(lambda v: f(v), jit_compile=True)
+  x = tf.constant([0.3, 0.5], tf.float64)
+  before = len(_saved._SAVED_BY_ID)
+  for _ in range(3):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = step(x)
+    _close(tape.gradient(y, x), np.cos(x.numpy()))
+    assert len(_saved._SAVED_BY_ID) == before
+
+  @tf.function(jit_compile=True)
+  def never_asked(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      return f(v)
+
+  for _ in range(2):
+    _close(never_asked(x), np.sin(x.numpy()))
+  assert len(_saved._SAVED_BY_ID) == before
+
+
 def test_torch_module_run_torch_trains_under_xla():
   torch.manual_seed(0)
   net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()

@@ -89,7 +89,11 @@ def call_graph(
     call = _timeline.span(_timeline.CALL) if _timeline.on else None
     phase: _timeline.Span | None = None
     try:
+      # Under XLA a call whose backward was not traced by the time it runs
+      # never gets one (TF traces a compiled function's gradients before
+      # running it): it keeps no record.
       inference = (unused is not None and 0 in unused) or xla_inference
+      inference = inference or (xla and not backwards[0])
       grad_mode = torch.is_grad_enabled()
       _compat.set_grad_enabled(record and not inference)
       try:

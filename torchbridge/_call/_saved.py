@@ -182,11 +182,13 @@ def own(handle_torch: torch.Tensor, saved: Saved) -> None:
 
 def own_id(saved: Saved, backwards: int = 1) -> torch.Tensor:
   """A handle for a call under XLA: an int64 id of `saved`, kept until
-  `backwards` backward calls took it (`lookup`): as many as the graph
-  traced for this call (a persistent tape asked twice traces two). A record
-  whose backward never runs (a tape that records the call but is never
-  asked, a backward in a branch not taken) stays: a known leak of the
-  prototype."""
+  `backwards` backward calls took it (`lookup`): as many as TF traced for
+  this call before it ran (a persistent tape asked twice traces two; a call
+  with none traced keeps no record, `_graph.call_graph`). Traces are not
+  runs: a record whose traced backwards do not all run stays, a known leak
+  of the prototype (an eager tape around the compiled function that records
+  the call and is never asked; nested or persistent eager tapes around it,
+  for which TF traces more backward functions than it runs)."""
   key = next(_ids)
   _SAVED_BY_ID[key] = [saved, max(1, backwards)]
   return torch.tensor([key], dtype=torch.int64)
@@ -205,8 +207,9 @@ def lookup(handle_torch: torch.Tensor) -> Saved:
         "torchbridge: no saved torch state for this gradient of a call "
         "compiled with XLA (jit_compile=True)"
         + (
-          ": no tape was recording the call when the tf.function was traced. "
-          "Open the GradientTape inside the jit-compiled function."
+          ": no gradient of the call was traced before it ran (no tape was "
+          "recording it when the tf.function was traced). Open the "
+          "GradientTape inside the jit-compiled function."
           if key == 0
           else ": its backwards already ran (under XLA each forward's state "
           "serves the backwards traced with it, once each)."
