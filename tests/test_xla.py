@@ -149,6 +149,33 @@ def test_torch_error_surfaces_as_tf_error_and_next_call_works():
   _close(step(tf.constant([4.0, 9.0], tf.float64)), [2.0, 3.0])
 
 
+def test_a_call_placed_on_a_gpu_under_xla_is_refused_naming_the_fix(monkeypatch):
+  # The custom call has no XLA GPU kernel: the placement is checked when the
+  # call is traced (the device faked here: no GPU in these tests).
+  f = tb.torch_function(torch.sin)
+  x = tf.constant([0.3, 0.5], tf.float64)
+
+  @tf.function(jit_compile=True)
+  def scoped(v):
+    with tf.device("/GPU:0"):
+      return f(v)
+
+  with pytest.raises(NotImplementedError, match=r"(?s)GPU:0.*CPU only.*tf\.device\(\"/CPU:0\"\)"):
+    scoped(x)
+
+  real = tf.config.list_physical_devices
+  monkeypatch.setattr(
+    tf.config,
+    "list_physical_devices",
+    lambda kind=None: ["/physical_device:GPU:0"] if kind == "GPU" else real(kind),
+  )
+  unscoped = tf.function(lambda v: f(v), jit_compile=True)
+  with pytest.raises(NotImplementedError, match="jit_compile=False"):
+    unscoped(x)
+  with tf.device("/CPU:0"):  # the caller's scope places it on the CPU: it runs
+    _close(tf.function(lambda v: f(v), jit_compile=True)(x), np.sin(x.numpy()))
+
+
 def test_unknown_dimension_is_refused_naming_the_fix():
   f = tb.torch_function(lambda a: a + 1.0)
   step = tf.function(

@@ -134,6 +134,8 @@ def call_graph(
       name,
     )
     handle_tf, outs_tf = results[0], results[1:]
+    if xla:
+      _check_xla_device(name, handle_tf.op.device)
 
     def grad(*dys_tf: tf.Tensor | None) -> list[tf.Tensor | None]:
       backwards[0] += 1
@@ -247,6 +249,30 @@ def _check_static(
           "known, or none at all (TF then traces each shape it meets), or "
           "compile without XLA (jit_compile=False)."
         )
+
+
+_XLA_GPU = """\
+{name} would run under XLA (jit_compile=True) on {device}: torchbridge's XLA
+custom call runs on the CPU only (no XLA GPU kernel). Run the compiled
+function on the CPU (`with tf.device("/CPU:0"): step(...)`), compile it
+without XLA (jit_compile=False: the native op runs torch on the GPU), or let
+the module run as its TF translation (run="auto" or "tf"), which XLA
+compiles on any device."""
+
+
+def _check_xla_device(name: str, op_device: str) -> None:
+  """Raises, naming the fix, where a call under XLA would be placed on a
+  GPU (TF's own error, a missing XLA_GPU_JIT kernel, names neither).
+
+  Decided when the call is traced, from the op's device scope, else the
+  eager caller's, else whether TF sees a GPU (where TF places a compiled
+  function with no scope)."""
+  device = tf.DeviceSpec.from_string(op_device or _compat.eager_device_name())
+  kind = device.device_type
+  if not kind and tf.config.list_physical_devices("GPU"):
+    kind = "GPU"
+  if kind and kind.upper() != "CPU":
+    raise NotImplementedError(_XLA_GPU.format(name=name, device=op_device or kind))
 
 
 def _views(tensors_tf: Sequence[tf.Tensor]) -> list[torch.Tensor]:

@@ -114,6 +114,13 @@ def in_xla_context() -> bool:
   return _xla_context_test()(tf.compat.v1.get_default_graph())
 
 
+def eager_device_name() -> str:
+  """The device scope of the eager caller (`with tf.device(...)` around a
+  tf.function call), visible while that call traces; "" when none."""
+  context = _attribute("tensorflow.python.eager.context", "context", "TensorFlow")()
+  return context.device_name or ""
+
+
 @functools.cache
 def weakref_trace_type() -> type:
   """TF's trace type that makes a tf.function argument trace by identity."""
