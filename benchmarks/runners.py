@@ -9,13 +9,16 @@ Usage:
 Contenders: `tb.TorchModule` as users get it (the default `run="auto"`:
 its exact TF translation), the same in a step compiled by XLA, with
 `run="torch"` (torch through the bridge: the C++ torch runner, and its
-Python path), the Keras port with and without XLA, pure torch as written,
+Python path; and the C++ torch runner inside a step compiled by XLA), the
+Keras port with and without XLA, pure torch as written,
 and (TD3) pure torch with the actor's loss differentiated for the actor's
 parameters only (as TF's tape asks). Each step runs on random batches
 (TD3: Pendulum's shapes, batch 256; MLP: `benchmarks.models`' small MLP).
 "call": one forward graph call of Linear(4, 4) on a batch of 1 on each
 torch path, against a bare native op whose callback is C++ and computes
-nothing (the per-call cost of the torch runner). The figure is the median of 7 timed
+nothing (the per-call cost of the torch runner); and under XLA, the bridged
+call against that bare op and against the same Linear as TF ops, all three
+compiled by XLA. The figure is the median of 7 timed
 blocks of about 0.25 s after a warm-up, the first call (tracing, and the
 TF runner's capture) timed apart. Writes `results/runners.json` (with the
 commit) and `results/runners.md`, which the docs include.
@@ -46,12 +49,31 @@ RUN_TORCH_PY = 'torchbridge, run="torch", Python path'
 KERAS, KERAS_XLA = "Keras port", "Keras port, XLA"
 TORCH, TORCH_ACTOR_ONLY = "pure torch", "pure torch, actor loss for the actor only"
 BARE_CPP = "bare op, C++ callback (no torch compute)"
+# Torch inside XLA: the bridged call as an XLA custom call (csrc/xla/).
+RUN_TORCH_XLA = 'torchbridge, run="torch" (C++ torch runner), XLA'
+BARE_CPP_XLA = "bare op, C++ callback (no torch compute), XLA"
+TF_OPS_XLA = "TF ops, XLA (the same Linear, no torch)"
+# The contenders compiled by XLA, and those that run torch's module.
+XLA_NAMES = (XLA, KERAS_XLA, RUN_TORCH_XLA, BARE_CPP_XLA, TF_OPS_XLA)
+_TORCH_RUN = (RUN_TORCH, RUN_TORCH_PY, RUN_TORCH_XLA)
 CONTENDERS = {
-  "td3": (TORCHBRIDGE, XLA, RUN_TORCH, RUN_TORCH_PY, KERAS, KERAS_XLA, TORCH, TORCH_ACTOR_ONLY),
-  "small_mlp": (TORCHBRIDGE, XLA, RUN_TORCH, RUN_TORCH_PY, KERAS, KERAS_XLA, TORCH),
+  "td3": (
+    TORCHBRIDGE,
+    XLA,
+    RUN_TORCH,
+    RUN_TORCH_PY,
+    RUN_TORCH_XLA,
+    KERAS,
+    KERAS_XLA,
+    TORCH,
+    TORCH_ACTOR_ONLY,
+  ),
+  "small_mlp": (TORCHBRIDGE, XLA, RUN_TORCH, RUN_TORCH_PY, RUN_TORCH_XLA, KERAS, KERAS_XLA, TORCH),
   # One forward graph call of Linear(4, 4) on a batch of 1: the torch
-  # runner's per-call cost over a bare op whose callback is C++.
-  "call": (RUN_TORCH, RUN_TORCH_PY, BARE_CPP),
+  # runner's per-call cost over a bare op whose callback is C++; and under
+  # XLA, the bridged call against the same bare op and the same Linear as
+  # TF ops, both compiled by XLA.
+  "call": (RUN_TORCH, RUN_TORCH_PY, BARE_CPP, RUN_TORCH_XLA, BARE_CPP_XLA, TF_OPS_XLA),
 }
 
 
@@ -72,8 +94,8 @@ def _td3_step(contender):
       2.0,
       0,
       hyper,
-      run="torch" if contender in (RUN_TORCH, RUN_TORCH_PY) else "auto",
-      jit_compile=contender in (XLA, KERAS_XLA),
+      run="torch" if contender in _TORCH_RUN else "auto",
+      jit_compile=contender in XLA_NAMES,
     )
     if contender == RUN_TORCH_PY:
       for module in (agent.actor, agent.critic, agent.actor_target, agent.critic_target):
@@ -146,12 +168,12 @@ def _mlp_step(contender):
   if contender in (KERAS, KERAS_XLA):
     model = models.keras_model("small_mlp")
   else:
-    run = "torch" if contender in (RUN_TORCH, RUN_TORCH_PY) else "auto"
+    run = "torch" if contender in _TORCH_RUN else "auto"
     model = tb.TorchModule(models.torch_model("small_mlp"), name="mlp", run=run)
     if contender == RUN_TORCH_PY:
       _python_path(model)
   step = train_step._tf_step(model, tf.constant(x_np), tf.constant(y_np))  # pylint: disable=protected-access
-  return tf.function(step, jit_compile=contender in (XLA, KERAS_XLA) or None)
+  return tf.function(step, jit_compile=contender in XLA_NAMES or None)
 
 
 def _python_path(module):
@@ -170,13 +192,17 @@ def _call_step(contender):
   torch.manual_seed(0)
   linear = torch.nn.Linear(4, 4)
   x = tf.ones([1, 4])
-  if contender == BARE_CPP:
+  if contender == TF_OPS_XLA:
+    weight = tf.constant(linear.weight.detach().numpy().T)
+    bias = tf.constant(linear.bias.detach().numpy())
+    module = lambda v: tf.matmul(v, weight) + bias  # noqa: E731
+  elif contender in (BARE_CPP, BARE_CPP_XLA):
     module = scripted_native.NoPythonFloorModule(linear)
   else:
     module = tb.TorchModule(linear, name="linear", run="torch")
     if contender == RUN_TORCH_PY:
       _python_path(module)
-  call = tf.function(lambda v: module(v))
+  call = tf.function(lambda v: module(v), jit_compile=contender in XLA_NAMES or None)
   return lambda: call(x)
 
 
@@ -253,12 +279,16 @@ def markdown(data):
     lines += [f"**{_venv_name(python)}** (torch {torch_version}):", ""]
     for model, rows in models_.items():
       if model == "call":
-        bare = rows[BARE_CPP]["median_us"]
+        # Under XLA, over the bare op under XLA (where it was measured).
+        same_xla = BARE_CPP_XLA in rows
         lines += [
-          "| one forward graph call, Linear(4, 4), batch 1 | us | over the bare op, us |",
+          "| one forward graph call, Linear(4, 4), batch 1 | us | over the bare op"
+          + (" (same XLA)" if same_xla else "")
+          + ", us |",
           "|---|---|---|",
         ]
         for name, row in rows.items():
+          bare = rows[BARE_CPP_XLA if same_xla and name in XLA_NAMES else BARE_CPP]["median_us"]
           lines.append(f"| {name} | {row['median_us']:.1f} | {row['median_us'] - bare:+.1f} |")
         lines.append("")
         continue
@@ -272,7 +302,7 @@ def markdown(data):
         "|---|---|---|---|" + ("---|" if actor_only else "") + "---|",
       ]
       for name, row in rows.items():
-        same = keras_xla if name in (XLA, KERAS_XLA) else keras
+        same = keras_xla if name in XLA_NAMES else keras
         ratio = f" {row['median_us'] / actor_only['median_us']:.2f}x |" if actor_only else ""
         lines.append(
           f"| {name} | {row['median_us'] / 1e3:.2f} | "

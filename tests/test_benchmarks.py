@@ -663,3 +663,56 @@ def test_the_committed_runners_table_is_written_from_the_committed_json():
   # loss differentiated for the actor only (what TF's tape asks for).
   assert "| / pure torch | / pure torch, actor loss for the actor only |" in text
   assert text.startswith(f"Measured at {data['source']['commit'][:10]}")
+
+
+def test_runners_xla_contenders_run_and_the_table_shows_them(monkeypatch):
+  # Torch inside XLA: the TD3 and small-MLP steps with run="torch" compiled
+  # by XLA, and per call the bridged call under XLA against a bare op and
+  # TF ops under XLA. A quick run of each (one timed call), in this process,
+  # added to the committed JSON: the table shows each row against the
+  # baseline of the same XLA setting.
+  from benchmarks import harness  # pylint: disable=import-outside-toplevel
+  from benchmarks import runners  # pylint: disable=import-outside-toplevel
+  from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+  if not _xla.available():
+    pytest.skip(f"the XLA custom call is unavailable: {_xla.unavailable()}")
+  assert runners.RUN_TORCH_XLA in runners.CONTENDERS["td3"]
+  assert runners.RUN_TORCH_XLA in runners.CONTENDERS["small_mlp"]
+  assert {runners.RUN_TORCH_XLA, runners.BARE_CPP_XLA, runners.TF_OPS_XLA} <= set(
+    runners.CONTENDERS["call"]
+  )
+  # As users run them: the C++ torch runner (it knows the output shapes
+  # the TD3 agents declare with an unknown batch; XLA needs them static).
+  monkeypatch.delenv("TORCHBRIDGE_TORCH_RUNNER")
+  monkeypatch.setattr(harness, "configure_threads", lambda n: None)
+  monkeypatch.setattr(harness, "calls_for", lambda step, seconds: 1)
+  data = json.loads((Path(ROOT) / "benchmarks" / "results" / "runners.json").read_text())
+  models_ = next(iter(data["venvs"].values()))
+  new = [
+    ("td3", runners.RUN_TORCH_XLA),
+    ("small_mlp", runners.RUN_TORCH_XLA),
+    ("call", runners.RUN_TORCH_XLA),
+    ("call", runners.BARE_CPP_XLA),
+    ("call", runners.TF_OPS_XLA),
+  ]
+  calls = _xla.calls()
+  for model, contender in new:
+    record = runners.one(model, contender, 1)
+    assert record["median_us"] > 0 and record["contender"] == contender
+    models_[model][contender] = record
+  # The torch-run contenders crossed into torch through XLA's custom call.
+  assert _xla.calls() > calls
+  text = runners.markdown(data)
+  for model, contender in new:
+    assert f"| {contender} | " in text, (model, contender)
+  call = models_["call"]
+  over = call[runners.RUN_TORCH_XLA]["median_us"] - call[runners.BARE_CPP_XLA]["median_us"]
+  assert (
+    f"| {runners.RUN_TORCH_XLA} | {call[runners.RUN_TORCH_XLA]['median_us']:.1f} | {over:+.1f} |"
+    in text
+  )
+  assert "over the bare op (same XLA), us |" in text
+  mlp = models_["small_mlp"]
+  ratio = mlp[runners.RUN_TORCH_XLA]["median_us"] / mlp[runners.KERAS_XLA]["median_us"]
+  assert f"| {runners.RUN_TORCH_XLA} | " in text and f" | {ratio:.2f}x | " in text
