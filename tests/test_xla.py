@@ -306,3 +306,52 @@ def test_a_module_that_writes_its_buffers_under_xla():
   weights = actor.get_weights()
   for name in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
     _close(weights[name], reference.state_dict()[name].numpy())
+
+
+def test_threads_running_one_compiled_step_lose_no_buffer_write():
+  # No tf.CriticalSection under XLA: what orders such calls is TF's launch
+  # of the compiled program, which holds the locks of the variables it
+  # reads and writes for the whole run. Three threads run one compiled step
+  # whose forward counts in a buffer, slowly (the forward's Python, so that
+  # runs would overlap if nothing ordered them): no count is lost, and no
+  # two forwards overlap.
+  import threading
+  import time
+
+  lock, in_flight, peak = threading.Lock(), [0], [0]
+
+  class SlowCounter(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.linear = torch.nn.Linear(2, 2).double()
+      self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x):
+      with lock:
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+      time.sleep(0.01)
+      self.count.add_(1.0)
+      with lock:
+        in_flight[0] -= 1
+      return self.linear(x)
+
+  module = tb.TorchModule(SlowCounter(), name="slow_counter", run="torch")
+  module._state.torch_runner.enabled = False  # the forward's Python each call
+  step = tf.function(lambda x: module(x, training=True), jit_compile=True)
+  x = tf.ones([3, 2], tf.float64)
+  step(x)
+  calls = _xla.calls()
+
+  def work():
+    for _ in range(8):
+      step(x)
+
+  threads = [threading.Thread(target=work) for _ in range(3)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert _xla.calls() - calls == 24  # every call ran inside XLA
+  assert module.get_weights()["count"] == 25.0
+  assert peak[0] == 1

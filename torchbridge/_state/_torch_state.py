@@ -125,8 +125,9 @@ class TorchState:
     if tf.executing_eagerly():
       with self._lock:
         return self._call(args, kwargs, training, output_signature)
-    # No tf.CriticalSection under XLA (no MutexLock kernel there): two
-    # threads running one compiled program at once may lose a write.
+    # No tf.CriticalSection under XLA (no MutexLock kernel there): TF's
+    # launch of the compiled program holds its variables' locks for the
+    # run, which orders the runs that read and write them (tests/test_xla.py).
     if self._may_write_buffers(training) and not _compat.in_xla_context():
       return self._exclusive.run(
         lambda after_writes: self._call(args, kwargs, training, output_signature, after_writes)
