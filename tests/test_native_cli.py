@@ -68,7 +68,8 @@ def stand_in_compiler(tmp_path, fail_interop=False, fail_exported=False):
   torch_interop.cc with `fail_interop`, for the C++ torch runner's
   exported_call.cc with `fail_exported`), and whose link copies the real
   op's library (an empty file for the C++ torch runner's, whose loading
-  then fails) and appends a line to `cxx.log`."""
+  then fails, and for the XLA custom call's) and appends a line to
+  `cxx.log`."""
   real = real_library()
   path = tmp_path / "cxx"
   path.write_text(
@@ -98,6 +99,7 @@ def stand_in_compiler(tmp_path, fail_interop=False, fail_exported=False):
       echo link >> "{tmp_path}/cxx.log"
       case "$out" in
         *torchbridge_exported*) : > "$out"; exit 0 ;;  # loading it fails: Python path
+        *torchbridge_xla*) : > "$out"; exit 0 ;;  # the XLA custom call's (not loaded)
       esac
       cp "{real}" "$out"
       """)
@@ -206,6 +208,8 @@ def test_build_ahead_of_time_then_the_first_graph_call_does_not_build(tmp_path):
   [runner] = (tmp_path / "cache").glob("torchbridge_exported-*.so")
   assert len(libraries) == 1
   assert f"the C++ torch runner is built: {runner}" in built.stdout
+  [xla] = (tmp_path / "cache").glob("torchbridge_xla-*.so")
+  assert f"the XLA custom call (jit_compile=True) is built: {xla}" in built.stdout
   record = _build.build_record(libraries[0])
   assert record["complete"] is True and record["seconds"] > 0
 
@@ -324,9 +328,10 @@ def test_build_force_builds_again(tmp_path):
   env = {_build.CACHE_ENV: str(tmp_path / "cache"), "CXX": str(compiler)}
   assert cli(["build"], tmp_path, env).returncode == 0
   assert cli(["build"], tmp_path, env).returncode == 0
-  assert links(tmp_path) == 2  # the op, the C++ torch runner's library
+  # The op, the C++ torch runner's library, the XLA custom call's.
+  assert links(tmp_path) == 3
   assert cli(["build", "--force"], tmp_path, env).returncode == 0
-  assert links(tmp_path) == 4
+  assert links(tmp_path) == 6
 
 
 def test_build_fails_with_the_reason_and_a_nonzero_exit(tmp_path):
