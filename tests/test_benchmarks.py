@@ -716,3 +716,27 @@ def test_runners_xla_contenders_run_and_the_table_shows_them(monkeypatch):
   mlp = models_["small_mlp"]
   ratio = mlp[runners.RUN_TORCH_XLA]["median_us"] / mlp[runners.KERAS_XLA]["median_us"]
   assert f"| {runners.RUN_TORCH_XLA} | " in text and f" | {ratio:.2f}x | " in text
+
+
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
+def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
+  from benchmarks import guard_cost  # pylint: disable=import-outside-toplevel
+
+  out = subprocess.run(
+    [sys.executable, "-m", "benchmarks.guard_cost", "--repeats", "2", "--calls", "5"]
+    + ["--out", str(tmp_path)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads((tmp_path / "guard_cost.json").read_text())
+  names = (guard_cost.RUNNER, guard_cost.NO_CHECK, guard_cost.BARE)
+  names += (guard_cost.CAPTURE, guard_cost.PLAIN)
+  for name in names:
+    timing = result["timings"][name]
+    assert len(timing["samples_us"]) == 2 and timing["median_us"] > 0, name
+  text = (tmp_path / "guard_cost.md").read_text()
+  assert text == guard_cost.markdown(result)
+  assert "of it the stale-state check" in text and "the runner's own C++" in text

@@ -116,3 +116,20 @@ def test_the_nav_lists_each_page_once_and_every_page():
   assert len(pages) == len(set(pages)), sorted(p for p in pages if pages.count(p) > 1)
   on_disk = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
   assert on_disk == set(pages), (on_disk - set(pages), set(pages) - on_disk)
+
+
+OPENS_WITH_CODE = sorted((ROOT / "docs" / "guides").glob("*.md")) + sorted(
+  (ROOT / "docs" / "examples").glob("*.md")
+)
+OPENS_WITH_CODE += [ROOT / "docs" / "installation.md", ROOT / "docs" / "quickstart.md"]
+
+
+@pytest.mark.parametrize("page", OPENS_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_getting_started_and_every_guide_open_with_code(page):
+  # The first block under the title (comments aside) is code, or one
+  # sentence leading into it.
+  body = page.read_text().split("\n", 1)[1]
+  blocks = [b.strip() for b in body.split("\n\n") if b.strip() and not b.strip().startswith("<!--")]
+  first = blocks[0]
+  lead_in = first.count("\n") <= 4 and blocks[1].startswith("```")
+  assert first.startswith("```") or lead_in, first[:200]

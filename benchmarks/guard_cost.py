@@ -1,0 +1,162 @@
+"""Where the C++ torch runner's per-call cost over a bare op goes.
+
+Usage: python -m benchmarks.guard_cost [--repeats N] [--out DIR]
+
+One forward graph call of `Linear(4, 4)` on a batch of 1 (the per-call row
+of `benchmarks/runners.py`), in one process, the contenders interleaved
+(`harness.interleaved`, the order rotating each round):
+
+- `tb.TorchModule(..., run="torch")` as users get it: the C++ torch runner,
+  and the stale-state check before each call of the `tf.function` (a
+  call-time capture of TF's that runs Python, `_runner.add_guard`);
+- the same module with that check left out (`add_guard` made a no-op while
+  the call is traced): what the runner costs without it;
+- the bare op the runners table compares against
+  (`scripted_native.NoPythonFloorModule`: the same variables read, one
+  native op whose C++ callback hands back fresh outputs, no torch compute);
+- TF's call-time capture alone: a `tf.function` adding 1 to its input with
+  a call-time capture whose closure returns a constant, against the same
+  function without it.
+
+So the runner's gap over the bare op splits into the check (the first two
+rows' difference), of which TF's capture machinery is the last two rows'
+difference, and the runner's own C++ (the second row over the bare op).
+Writes `guard_cost.json` and `guard_cost.md` to `--out`.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import torch  # noqa: E402  (before TensorFlow)
+import tensorflow as tf  # noqa: E402
+
+import torchbridge as tb  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from torchbridge._frameworks import _compat  # noqa: E402
+from torchbridge._native import _loader  # noqa: E402
+from torchbridge._state import _runner  # noqa: E402
+
+RUNNER = 'run="torch" (C++ torch runner), as users get it'
+NO_CHECK = 'run="torch", the stale-state check left out'
+BARE = "bare op, C++ callback (no torch compute)"
+CAPTURE = "tf.function with one call-time capture (x + 1)"
+PLAIN = "tf.function without it (x + 1)"
+
+
+def contenders():
+  """{name: a zero-argument call}, each traced and called once."""
+  from benchmarks import scripted_native  # pylint: disable=import-outside-toplevel
+
+  x = tf.ones([1, 4])
+
+  def module_call(check):
+    torch.manual_seed(0)
+    module = tb.TorchModule(torch.nn.Linear(4, 4), name="linear", run="torch")
+    call = tf.function(lambda v: module(v))
+    real = _runner.add_guard
+    if not check:
+      _runner.add_guard = lambda *args, **kwargs: None
+    try:
+      call(x)
+    finally:
+      _runner.add_guard = real
+    return lambda: call(x)
+
+  bare_module = scripted_native.NoPythonFloorModule(torch.nn.Linear(4, 4))
+  bare = tf.function(lambda v: bare_module(v))
+  zero = tf.constant(0)
+
+  @tf.function
+  def with_capture(v):
+    _compat.function_graph().capture_call_time_value(
+      lambda: zero, tf.TensorSpec([], tf.int32), key="guard_cost", default_value=zero
+    )
+    return v + 1.0
+
+  @tf.function
+  def plain(v):
+    return v + 1.0
+
+  calls = {
+    RUNNER: module_call(check=True),
+    NO_CHECK: module_call(check=False),
+    BARE: lambda: bare(x),
+    CAPTURE: lambda: with_capture(x),
+    PLAIN: lambda: plain(x),
+  }
+  for call in calls.values():
+    call()
+  return calls
+
+
+def measure(repeats, calls_per_timing, threads):
+  harness.configure_threads(threads)
+  timings = harness.interleaved(contenders(), repeats, calls_per_timing, warmup=50)
+  return {
+    "environment": harness.environment(threads, "cpu"),
+    "repeats": repeats,
+    "calls_per_timing": calls_per_timing,
+    "median_us": {name: t["median_us"] for name, t in timings.items()},
+    "timings": timings,
+  }
+
+
+def markdown(result):
+  m = result["median_us"]
+  commit = result["environment"]["source"]["commit"] or "an unknown commit"
+  lines = [
+    f"Measured at {commit[:10]}: one forward graph call of Linear(4, 4) on a batch of 1, "
+    f"in one process, interleaved ({result['repeats']} rounds of "
+    f"{result['calls_per_timing']} calls, medians; torch {result['environment']['torch']}, "
+    f"{result['environment']['threads']['requested']} threads).",
+    "",
+    "| call | us | over the bare op, us |",
+    "|---|---|---|",
+  ]
+  for name in (RUNNER, NO_CHECK, BARE):
+    lines.append(f"| {name} | {m[name]:.1f} | {m[name] - m[BARE]:+.1f} |")
+  lines += [
+    "",
+    "| TF's call-time capture | us |",
+    "|---|---|",
+    f"| {CAPTURE} | {m[CAPTURE]:.1f} |",
+    f"| {PLAIN} | {m[PLAIN]:.1f} |",
+    "",
+    f"The runner over the bare op: {m[RUNNER] - m[BARE]:+.1f} us; of it the stale-state "
+    f"check {m[RUNNER] - m[NO_CHECK]:+.1f} us (TF's call-time capture alone: "
+    f"{m[CAPTURE] - m[PLAIN]:+.1f} us) and the runner's own C++ "
+    f"{m[NO_CHECK] - m[BARE]:+.1f} us.",
+    "",
+  ]
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.guard_cost", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("--repeats", type=int, default=21)
+  parser.add_argument("--calls", type=int, default=500)
+  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--out", default="benchmarks/results")
+  args = parser.parse_args(argv)
+  if not _loader.has_torch_interop():
+    print(f"the C++ torch runner needs the complete native op: {_loader.status()}")
+    return 1
+  result = measure(args.repeats, args.calls, args.threads)
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "guard_cost.json").write_text(json.dumps(result, indent=1) + "\n")
+  text = markdown(result)
+  (out / "guard_cost.md").write_text(text)
+  print(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
