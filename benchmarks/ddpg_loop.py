@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -235,11 +234,7 @@ def main(argv=None):
     print(json.dumps(one(args.one, args.steps)))
     return
   data = measure(args.rounds, args.steps)
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "ddpg_loop.json").write_text(json.dumps(data, indent=1))
-  (out / "ddpg_loop.md").write_text(markdown(data))
-  print(markdown(data))
+  harness.write_results(args.out, "ddpg_loop", data, markdown(data))
 
 
 if __name__ == "__main__":

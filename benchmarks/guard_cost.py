@@ -25,9 +25,7 @@ Writes `guard_cost.json` and `guard_cost.md` to `--out`.
 """
 
 import argparse
-import json
 import os
-from pathlib import Path
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -149,12 +147,7 @@ def main(argv=None):
     print(f"the C++ torch runner needs the complete native op: {_loader.status()}")
     return 1
   result = measure(args.repeats, args.calls, args.threads)
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "guard_cost.json").write_text(json.dumps(result, indent=1) + "\n")
-  text = markdown(result)
-  (out / "guard_cost.md").write_text(text)
-  print(text)
+  harness.write_results(args.out, "guard_cost", result, markdown(result))
   return 0
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import platform
 import resource
 import subprocess
@@ -280,3 +281,14 @@ def over_processes(records, key="median_us"):
     "spread": float((values.max() - values.min()) / median),
     "processes": records,
   }
+
+
+def write_results(out_dir, stem, data, text):
+  """Writes a benchmark's committed pair, `stem.json` (its data) and
+  `stem.md` (its table, `text`), into `out_dir` (made if missing), and
+  prints the table."""
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+  (out / f"{stem}.md").write_text(text)
+  print(text)

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -336,24 +334,16 @@ def main(argv=None):
   args = parser.parse_args(argv)
   # Stopped by a signal, the busy processes go too (`busy`'s finally).
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
   if args.breakdown:
     data = measure(breakdown_jobs(), ("what", "contender", "condition", "kind"), args.rounds)
-    (out / "load_breakdown.json").write_text(json.dumps(data, indent=1))
-    (out / "load_breakdown.md").write_text(markdown_breakdown(data))
-    print(markdown_breakdown(data))
+    harness.write_results(args.out, "load_breakdown", data, markdown_breakdown(data))
     return
   if args.remedies:
     data = measure(remedy_jobs(), ("what", "contender", "condition", "remedy"), args.rounds)
-    (out / "load_torch_remedies.json").write_text(json.dumps(data, indent=1))
-    (out / "load_torch_remedies.md").write_text(markdown_remedies(data))
-    print(markdown_remedies(data))
+    harness.write_results(args.out, "load_torch_remedies", data, markdown_remedies(data))
     return
   data = measure(jobs(), ("what", "contender", "condition", "spin"), args.rounds)
-  (out / "load.json").write_text(json.dumps(data, indent=1))
-  (out / "load.md").write_text(markdown(data))
-  print(markdown(data))
+  harness.write_results(args.out, "load", data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -335,12 +335,7 @@ def main(argv=None):
     "threads": args.threads,
     "venvs": measure(pythons, args.rounds, args.threads),
   }
-  out = Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "runners.json").write_text(json.dumps(data, indent=1) + "\n")
-  text = markdown(data)
-  (out / "runners.md").write_text(text)
-  print(text)
+  harness.write_results(args.out, "runners", data, markdown(data))
   return 0
 
 

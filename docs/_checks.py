@@ -23,6 +23,7 @@ Example:
 
 from collections.abc import Callable
 import json
+from pathlib import Path
 import re
 
 _PRE = re.compile(r"<pre\b.*?</pre>|<code\b.*?</code>|<script\b.*?</script>", re.S)
@@ -114,6 +115,19 @@ def _held(figure: str, texts: list[str], numbers: list[float]) -> bool:
   # A number written in ms, us or s may be stored in another of them.
   scales = (1.0, 1e3, 1e-3, 1e6, 1e-6, 100.0)
   return any(round(n * k, decimals) == target for n in numbers for k in scales)
+
+
+def repository_reader(root: Path) -> Callable[[str], str]:
+  """`read` for `unsourced_figures`: a path under `root` to its text,
+  `FileNotFoundError` when it is missing."""
+
+  def read(path: str) -> str:
+    file = root / path
+    if not file.is_file():
+      raise FileNotFoundError(path)
+    return file.read_text()
+
+  return read
 
 
 def unsourced_figures(markdown: str, read: Callable[[str], str]) -> list[str]:

@@ -61,35 +61,30 @@ _AT_COMMIT = re.compile(
 )
 
 
+_read = _checks.repository_reader(ROOT)
+
+
 def _include(match):
-  path = ROOT / match.group(1)
-  if not path.is_file():
-    raise ValueError(f"a page includes {match.group(1)}, which does not exist")
-  return _AT_COMMIT.sub(
-    lambda m: ("I" if m.group(1) == "A" else "i") + "n one committed run", path.read_text()
-  )
-
-
-def _read(path):
-  file = ROOT / path
-  if not file.is_file():
-    raise FileNotFoundError(path)
-  return file.read_text()
+  try:
+    text = _read(match.group(1))
+  except FileNotFoundError:
+    raise ValueError(f"a page includes {match.group(1)}, which does not exist") from None
+  return _AT_COMMIT.sub(lambda m: ("I" if m.group(1) == "A" else "i") + "n one committed run", text)
 
 
 def _commit_of(results):
-  """The commit a results file says it measured, or None."""
-  if isinstance(results, dict):
-    for key in ("source", "environment"):
-      value = results.get(key)
-      if isinstance(value, dict) and isinstance(value.get("commit"), str):
-        return value["commit"]
-      if key == "environment" and isinstance(value, dict):
-        found = _commit_of(value)
-        if found:
-          return found
-    if isinstance(results.get("commit"), str):
-      return results["commit"]
+  """The commit a results file says it measured (its `source`, its
+  environment's `source`, or its own `commit`), or None."""
+  if not isinstance(results, dict):
+    return None
+  environment = results.get("environment")
+  for holder in (
+    results.get("source"),
+    environment.get("source") if isinstance(environment, dict) else None,
+    results,
+  ):
+    if isinstance(holder, dict) and isinstance(holder.get("commit"), str):
+      return holder["commit"]
   return None
 
 

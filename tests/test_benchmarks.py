@@ -18,6 +18,7 @@ import torchbridge as tb
 from torchbridge._native import _loader
 from benchmarks import bare_native
 from benchmarks import compiled_step
+from benchmarks import harness
 from benchmarks import numpy_bridge
 from benchmarks import report
 from benchmarks import td3_venvs
@@ -740,3 +741,12 @@ def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
   text = (tmp_path / "guard_cost.md").read_text()
   assert text == guard_cost.markdown(result)
   assert "of it the stale-state check" in text and "the runner's own C++" in text
+
+
+def test_write_results_writes_the_json_and_the_table(tmp_path, capsys):
+  data = {"median_us": 1.5, "rows": [1, 2]}
+  harness.write_results(tmp_path / "new", "bench", data, "| a | 1.5 |\n")
+  assert json.loads((tmp_path / "new" / "bench.json").read_text()) == data
+  assert (tmp_path / "new" / "bench.json").read_text().endswith("\n")
+  assert (tmp_path / "new" / "bench.md").read_text() == "| a | 1.5 |\n"
+  assert "| a | 1.5 |" in capsys.readouterr().out

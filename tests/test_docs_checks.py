@@ -23,11 +23,7 @@ USER_PAGES = [
 ] + [ROOT / "README.md"]
 
 
-def _read(path):
-  file = ROOT / path
-  if not file.is_file():
-    raise FileNotFoundError(path)
-  return file.read_text()
+_read = checks.repository_reader(ROOT)
 
 
 def test_a_list_run_into_a_paragraph_is_found():
