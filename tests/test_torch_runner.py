@@ -228,12 +228,31 @@ def test_a_second_order_gradient_is_an_error_that_names_the_fix():
         inner.watch(x)
         y = tf.reduce_sum(in_cpp(x))
       g = inner.gradient(y, x)
-    return outer.gradient(tf.reduce_sum(g**2), x)
+      penalty = tf.reduce_sum(g**2)
+    return outer.gradient(penalty, x)
 
   with pytest.raises(
     NotImplementedError, match="second-order gradient.*TORCHBRIDGE_TORCH_RUNNER=python"
   ):
     penalty()
+
+
+@native_cpp
+def test_a_tape_outside_the_tf_function_gets_first_order_gradients():
+  # TF traces the backward of a tf.function called under an eager tape with
+  # that tape active: the C++ runner used to refuse it as second order.
+  in_cpp, python_path = _pair(_mlp)
+  x = tf.constant(np.random.default_rng(5).standard_normal((4, 3), dtype=np.float32))
+  results = []
+  for module in (in_cpp, python_path):
+    step = tf.function(lambda v, m=module: m(v))
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      loss = tf.reduce_sum(step(x) ** 2)
+    results.append(tape.gradient(loss, [x, *module.trainable_variables]))
+  assert _programs(in_cpp) and not _programs(python_path)
+  for a, b in zip(*results):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
 
 
 @native_cpp

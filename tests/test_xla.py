@@ -188,6 +188,35 @@ def test_unknown_dimension_is_refused_naming_the_fix():
   assert "jit_compile=False" in str(info.value) and "static" in str(info.value)
 
 
+def test_a_declared_unknown_dimension_is_found_from_static_arguments():
+  # TD3's critic declares (None, 1); under XLA on a batch of 5 it is (5, 1).
+  f = tb.torch_function(
+    lambda a: a.sum(dim=1, keepdim=True) * 2.0,
+    output_signature=tf.TensorSpec([None, 1], tf.float64),
+  )
+
+  @tf.function(jit_compile=True)
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = f(x)
+      loss = tf.reduce_sum(y * y)
+    return y, tape.gradient(loss, x)
+
+  x_np = np.random.default_rng(1).standard_normal((5, 3))
+  y, gx = step(tf.constant(x_np))
+  assert y.shape == (5, 1)
+  _close(y, 2.0 * x_np.sum(axis=1, keepdims=True))
+  _close(gx, np.repeat(8.0 * x_np.sum(axis=1, keepdims=True), 3, axis=1))
+
+
+def test_a_declared_signature_the_code_does_not_fit_under_xla_names_both():
+  f = tb.torch_function(lambda a: a[:, :2], output_signature=tf.TensorSpec([None, 3], tf.float32))
+  with pytest.raises(ValueError, match="output_signature declares") as info:
+    tf.function(lambda x: f(x), jit_compile=True)(tf.ones([4, 3]))
+  assert "(4, 2)" in str(info.value) and "leave it out" in str(info.value)
+
+
 def test_copies_into_xla_buffers_are_counted(own_crossings_only):
   f = tb.torch_function(lambda a: a * 3.0)
   step = tf.function(lambda x: f(x), jit_compile=True)
@@ -355,3 +384,36 @@ def test_threads_running_one_compiled_step_lose_no_buffer_write():
   assert _xla.calls() - calls == 24  # every call ran inside XLA
   assert module.get_weights()["count"] == 25.0
   assert peak[0] == 1
+
+
+def test_records_an_outer_tape_never_asks_for_are_said_at_a_thousand(caplog, capfd):
+  # Nothing frees the record of a call an eager tape outside the compiled
+  # function recorded and never asked for (no TF tensor can own torch state
+  # inside XLA): at 1,000 waiting, both runners say why and what to do.
+  from torchbridge._call import _saved
+
+  f = tb.torch_function(torch.sin)
+  step_py = tf.function(lambda v: f(v), jit_compile=True)
+  module = tb.TorchModule(torch.nn.Linear(2, 2).double(), name="xla_waiting", run="torch")
+  step_cpp = tf.function(lambda v: module(v), jit_compile=True)
+  x = tf.constant([[0.3, 0.5]], tf.float64)
+  before = set(_saved._SAVED_BY_ID)
+  with caplog.at_level("WARNING", logger="torchbridge"):
+    for _ in range(1000):
+      with tf.GradientTape() as tape:
+        tape.watch(x)
+        step_py(x)
+        step_cpp(x)
+  waiting = set(_saved._SAVED_BY_ID) - before
+  assert len(waiting) == 1000  # the Python path's records, none freed
+  for key in waiting:  # not leaving them to the rest of the run
+    del _saved._SAVED_BY_ID[key]
+  said = [r.getMessage() for r in caplog.records if "waiting for gradients" in r.getMessage()]
+  assert said and "1000 records" in said[0] and "inside the jit-compiled function" in said[0]
+  err = capfd.readouterr().err
+  assert "1000 records of torch calls compiled with XLA" in err  # the C++ runner's
+  # And a tape that is asked frees as before: no warning at 2,000.
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = step_cpp(x)
+  _close(tape.gradient(y, x), np.sum(module.torch_module.weight.detach().numpy(), axis=0)[None])

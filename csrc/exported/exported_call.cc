@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -308,6 +309,27 @@ at::Tensor MakeHandle(Module* m, std::unique_ptr<Record> record) {
       at::TensorOptions().dtype(at::kChar));
 }
 
+// Under XLA nothing frees a record whose traced backwards do not all run
+// (an eager tape around the compiled function that is never asked): say so
+// at 1,000 records waiting, and at each tenfold, as `_saved.own_id` does for
+// the Python path.
+void WarnIfMany(int64_t waiting) {
+  if (waiting < 1000) return;
+  int64_t mark = 1000;
+  while (mark * 10 <= waiting) mark *= 10;
+  if (waiting != mark) return;
+  std::fprintf(
+      stderr,
+      "torchbridge: %lld records of torch calls compiled with XLA "
+      "(jit_compile=True) are waiting for gradients that have not run. A "
+      "tf.GradientTape outside the compiled function records each call, and "
+      "one that is never asked (or a persistent one asked fewer times than "
+      "TF traced its gradient) keeps that torch state for the life of the "
+      "process. Open the GradientTape inside the jit-compiled function, or "
+      "call it outside any tape (or under tape.stop_recording()).\n",
+      static_cast<long long>(waiting));
+}
+
 // A handle under XLA: an int64 id of `record`, which lives until
 // `backwards` (at least 1) backward calls took it.
 at::Tensor MakeIdHandle(Module* m, std::unique_ptr<Record> record, int64_t backwards) {
@@ -317,6 +339,7 @@ at::Tensor MakeIdHandle(Module* m, std::unique_ptr<Record> record, int64_t backw
   handle.data_ptr<int64_t>()[0] = id;
   m->records_by_id[id] = {std::move(record), backwards > 0 ? backwards : 1};
   ++m->records_made;
+  WarnIfMany(static_cast<int64_t>(m->records_by_id.size()));
   return handle;
 }
 

@@ -23,6 +23,7 @@ from torchbridge._call import _gradients
 from torchbridge._call import _saved
 from torchbridge._call import _signature
 from torchbridge._call._protocol import Outputs
+from torchbridge._frameworks import _compat
 
 
 @tf.autograph.experimental.do_not_convert
@@ -144,6 +145,8 @@ def call_bridged(
       if extra_signature is not None:
         layout["extra_names"] = list(extra_signature)
         out_specs = out_specs + list(extra_signature.values())
+      if _compat.in_xla_context():
+        out_specs = _static_under_xla(out_specs, flat_outputs, args_tf, name, stand_ins)
     else:
       out_specs, how = _signature.infer(
         flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf], name, stand_ins
@@ -156,6 +159,38 @@ def call_bridged(
   if layout.get("extra_names") is not None:
     return Outputs(result, dict(zip(layout["extra_names"], outs_tf[n_result:])))
   return result
+
+
+def _static_under_xla(
+  declared: list[tf.TensorSpec],
+  flat_outputs: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+  args_tf: Sequence[tf.TensorSpec],
+  name: str,
+  stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None,
+) -> list[tf.TensorSpec]:
+  """Under XLA, where every shape must be static: the declared output specs
+  with their unknown dimensions found, as without a signature, when every
+  argument's shape is static (a declared `(None, 1)` on a batch of 256
+  becomes `(256, 1)`); the declared specs otherwise (the XLA check then
+  names the fix). Raises if what the code returns does not fit them."""
+  if all(s.shape.is_fully_defined() for s in declared) or not all(
+    a.shape.is_fully_defined() for a in args_tf
+  ):
+    return declared
+  found, _ = _signature.infer(
+    flat_outputs, [tf.TensorSpec(a.shape, a.dtype) for a in args_tf], name, stand_ins
+  )
+  fits = len(found) == len(declared) and all(
+    f.dtype == d.dtype and d.shape.is_compatible_with(f.shape) for f, d in zip(found, declared)
+  )
+  if not fits:
+    raise ValueError(
+      f"{name}: its output_signature declares {declared}, but on these "
+      f"arguments (static shapes, under XLA) it returns {found}. Correct the "
+      "output_signature, or leave it out: torchbridge then finds the output "
+      "specs itself."
+    )
+  return [tf.TensorSpec(f.shape, d.dtype, d.name) for f, d in zip(found, declared)]
 
 
 def _modified_error(k: int, arg_torch: torch.Tensor, name: str) -> RuntimeError:

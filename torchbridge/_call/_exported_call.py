@@ -4,9 +4,10 @@
 The forward op returns a one-byte handle besides the outputs; the handle
 owns the forward's autograd record in C++ and is what the backward op
 takes, with the upstream gradients. Gradients reach the arguments marked
-differentiable; a tape that would record the backward itself (a
-second-order gradient) gets an error that names the fix, since the C++
-backward builds no graph of its own.
+differentiable; a second-order gradient (differentiating the backward)
+gets an error that names the fix when it is traced, since the C++ backward
+builds no graph of its own. A tape that merely could record the backward
+(one outside the tf.function) is fine.
 """
 
 from __future__ import annotations
@@ -63,27 +64,35 @@ def call_exported(
     handle_tf, outs_tf = results[0], results[1:]
 
     def grad(*dys_tf: tf.Tensor | None) -> list[tf.Tensor | None]:
-      if _compat.tape_could_record():
-        raise NotImplementedError(
-          f"{name}: a second-order gradient (a tape recording this backward) "
-          "through the C++ torch runner: its backward runs in C++ and builds "
-          "no graph to differentiate. Set TORCHBRIDGE_TORCH_RUNNER=python "
-          "before the tf.function is traced (the Python path gives every "
-          'order), or construct the module with run="auto" where it '
-          "translates (TF's own gradients)."
-        )
       dys = [tf.zeros_like(out) if dy is None else dy for dy, out in zip(dys_tf, outs_tf)]
       if xla:
         backwards[0] += 1
         set_backwards(backwards[0])
-      with tf.device("/CPU:0"):
-        grads = _op.call(
-          backward,
-          [handle_tf, *dys],
-          [a.dtype for a in args],
-          [a.shape for a in args],
-          name=op_name + "_grad",
-        )
+
+      # A tape may record this backward (one outside the tf.function makes
+      # TF trace it under a tape, in case); only a second-order gradient
+      # actually taken is refused, when it is traced. The forward's
+      # arguments are inputs too, unused, so that one reaches it (the
+      # handle is an integer: no gradient flows through it).
+      n_backward = 1 + len(dys)
+
+      @tf.custom_gradient
+      def backward_op(*inputs: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
+        with tf.device("/CPU:0"):
+          grads = _op.call(
+            backward,
+            list(inputs[:n_backward]),
+            [a.dtype for a in args],
+            [a.shape for a in args],
+            name=op_name + "_grad",
+          )
+
+        def second_order(*unused: tf.Tensor | None) -> list[tf.Tensor | None]:
+          raise NotImplementedError(_SECOND_ORDER.format(name=name))
+
+        return grads, second_order
+
+      grads = backward_op(handle_tf, *dys, *args)
       # Arguments that get no gradient: None, so TF never asks the op for
       # theirs (the kernel computes only the gradients TF consumes).
       return [g if diff else None for g, diff in zip(grads, differentiable)]
@@ -91,3 +100,13 @@ def call_exported(
     return outs_tf, grad
 
   return list(bridged(*args_tf))
+
+
+_SECOND_ORDER = (
+  "{name}: a second-order gradient (a tape recording this backward) "
+  "through the C++ torch runner: its backward runs in C++ and builds "
+  "no graph to differentiate. Set TORCHBRIDGE_TORCH_RUNNER=python "
+  "before the tf.function is traced (the Python path gives every "
+  'order), or construct the module with run="auto" where it '
+  "translates (TF's own gradients)."
+)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import cast
@@ -185,13 +186,33 @@ def own_id(saved: Saved, backwards: int = 1) -> torch.Tensor:
   `backwards` backward calls took it (`lookup`): as many as TF traced for
   this call before it ran (a persistent tape asked twice traces two; a call
   with none traced keeps no record, `_graph.call_graph`). Traces are not
-  runs: a record whose traced backwards do not all run stays, a known leak
-  of the prototype (an eager tape around the compiled function that records
-  the call and is never asked; nested or persistent eager tapes around it,
-  for which TF traces more backward functions than it runs)."""
+  runs: a record whose traced backwards do not all run stays (an eager tape
+  around the compiled function that records the call and is never asked;
+  nested or persistent eager tapes around it, for which TF traces more
+  backward functions than it runs). Nothing TF gives frees it then: no TF
+  tensor can own it inside XLA. A warning says so at 1,000 records waiting
+  and at each tenfold (`MANY_WAITING`)."""
   key = next(_ids)
   _SAVED_BY_ID[key] = [saved, max(1, backwards)]
+  waiting = len(_SAVED_BY_ID)
+  if waiting >= _MANY and str(waiting // _MANY).strip("0") == "1" and not waiting % _MANY:
+    _LOG.warning(MANY_WAITING, waiting)  # at 1,000, 10,000, ...
   return torch.tensor([key], dtype=torch.int64)
+
+
+# Records waiting under XLA at which (and at each tenfold) a warning says
+# why; csrc/exported/exported_call.cc says the same for the C++ runner.
+_MANY = 1000
+_LOG = logging.getLogger("torchbridge")
+MANY_WAITING = (
+  "torchbridge: %d records of torch calls compiled with XLA (jit_compile=True) "
+  "are waiting for gradients that have not run. A tf.GradientTape outside "
+  "the compiled function records each call, and one that is never asked (or "
+  "a persistent one asked fewer times than TF traced its gradient) keeps "
+  "that torch state for the life of the process. Open the GradientTape "
+  "inside the jit-compiled function, or call it outside any tape (or under "
+  "tape.stop_recording())."
+)
 
 
 def lookup(handle_torch: torch.Tensor) -> Saved:
