@@ -23,13 +23,15 @@ class _BuildPyWithOpSource(build_py):
 
   def run(self):
     super().run()
-    # csrc/ and csrc/exported/ (the C++ torch runner, built apart).
-    for folder in ("", "exported"):
-      target = Path(self.build_lib, "torchbridge", "csrc", folder)
-      target.mkdir(parents=True, exist_ok=True)
-      for pattern in ("*.cc", "*.h"):
-        for source in (_ROOT / "csrc" / folder).glob(pattern):
-          shutil.copy(source, target / source.name)
+    # Every .cc and .h under csrc/, its folders kept: the op's, the C++
+    # torch runner's (csrc/exported/) and the XLA custom call's (csrc/xla/),
+    # each built apart.
+    csrc = _ROOT / "csrc"
+    for source in sorted(csrc.rglob("*")):
+      if source.suffix in (".cc", ".h"):
+        target = Path(self.build_lib, "torchbridge", "csrc", source.relative_to(csrc))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, target)
 
 
 setup(cmdclass={"build_py": _BuildPyWithOpSource})

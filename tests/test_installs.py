@@ -291,7 +291,7 @@ def test_user_install_runs_the_installed_package_beside_triton():
   assert TRITON_INSTALLED
   # The op's C++ sources ship inside the package (built on first use).
   # Every .cc/.h of the checkout's csrc/ ships (the C++ torch runner's
-  # in csrc/exported/ too), and nothing else.
+  # in csrc/exported/, the XLA custom call's in csrc/xla/), and nothing else.
   csrc = Path(torchbridge.__file__).parent / "csrc"
   checkout_csrc = Path(__file__).resolve().parents[1] / "csrc"
 
@@ -301,6 +301,6 @@ def test_user_install_runs_the_installed_package_beside_triton():
     if p.is_file() and p.suffix in (".cc", ".h")
   )
   assert "torch_thread.h" in expected and "torchbridge_op.cc" in expected
-  assert "exported/exported_call.cc" in expected
+  assert "exported/exported_call.cc" in expected and "xla/xla_call.cc" in expected
   shipped = sorted(str(p.relative_to(csrc)) for p in csrc.rglob("*") if p.is_file())
   assert shipped == expected

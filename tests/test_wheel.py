@@ -65,8 +65,10 @@ def test_the_wheel_ships_the_package_its_sources_and_its_types(dist):
   shipped = sorted(
     n[len("torchbridge/csrc/") :] for n in names if n.startswith("torchbridge/csrc/")
   )
-  # The C++ torch runner too (csrc/exported/), built apart from the op.
+  # The C++ torch runner (csrc/exported/) and the XLA custom call (csrc/xla/)
+  # too, each built apart from the op.
   assert "exported/exported_call.cc" in sources
+  assert "xla/xla_call.cc" in sources  # the XLA custom call's, too
   assert shipped == sources
   assert "torchbridge/py.typed" in names
   assert "torchbridge/__init__.py" in names and "torchbridge/ray/_ray.py" in names
