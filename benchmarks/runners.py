@@ -197,6 +197,12 @@ def _call_step(contender):
     bias = tf.constant(linear.bias.detach().numpy())
     module = lambda v: tf.matmul(v, weight) + bias  # noqa: E731
   elif contender in (BARE_CPP, BARE_CPP_XLA):
+    if contender == BARE_CPP_XLA:
+      # The XLA kernel of the op, which a bridged call traced under XLA
+      # loads itself and the bare op does not.
+      from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+      _xla.load()
     module = scripted_native.NoPythonFloorModule(linear)
   else:
     module = tb.TorchModule(linear, name="linear", run="torch")
