@@ -64,11 +64,15 @@ def mode(request):
 
 @pytest.fixture
 def in_mode(mode):
-  """`in_mode(fn)` is `fn` eagerly and `tf.function(fn)` in graph mode."""
+  """`in_mode(fn)` is `fn` eagerly, `tf.function(fn)` in graph mode, and
+  `tf.function(fn, jit_compile=True)` in "xla" mode (a suite that asks for
+  it overrides `mode`)."""
 
   def wrap(fn, **kwargs):
     if mode == "eager":
       return fn
+    if mode == "xla":
+      kwargs["jit_compile"] = True
     return tf.function(fn, **kwargs)
 
   return wrap

@@ -3,6 +3,9 @@ an XLA custom call (csrc/xla/) whose host handler runs the CPU kernel's
 callback. Skipped where that library cannot be built or loaded."""
 
 import gc
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -417,3 +420,46 @@ def test_records_an_outer_tape_never_asks_for_are_said_at_a_thousand(caplog, cap
     tape.watch(x)
     y = step_cpp(x)
   _close(tape.gradient(y, x), np.sum(module.torch_module.weight.detach().numpy(), axis=0)[None])
+
+
+def test_keras_auto_jit_compile_asks_a_torch_run_layer_truthfully():
+  # Keras' default jit_compile="auto" asks every layer's supports_jit: a
+  # run="torch" TorchLayer that can run inside XLA here no longer says no.
+  # ("auto" itself turns XLA off on a machine with no accelerator, for any
+  # model; with one, this layer's custom call has no GPU lowering and says
+  # no: both are Keras' and the layer's truthful answers.)
+  import keras
+  from keras.src.trainers import trainer
+
+  from torchbridge.keras import TorchLayer
+
+  torch.manual_seed(0)
+  layer = TorchLayer(torch.nn.Linear(4, 1).double(), run="torch")
+  model = keras.Sequential([keras.Input((4,), dtype="float64"), keras.layers.Dense(4), layer])
+  plain = keras.Sequential([keras.Input((4,), dtype="float64"), keras.layers.Dense(4)])
+  assert layer.supports_jit is True
+  assert trainer.model_supports_jit(model) is True  # what "auto" asks of the layers
+  model.compile(keras.optimizers.SGD(0.1), "mse")  # jit_compile="auto"
+  plain.compile(keras.optimizers.SGD(0.1), "mse")
+  assert model.jit_compile == plain.jit_compile  # the layer changes nothing
+  # jit_compile=True itself: test_keras_layer_run_torch_fits_under_xla_as_without.
+
+
+def test_the_library_loaded_after_tf_compiled_with_xla_works():
+  # In a fresh process: TF registers its XLA JIT kernels (a compiled
+  # function runs) before torchbridge's XLA library is loaded.
+  code = textwrap.dedent(
+    """
+    import numpy as np, torch, tensorflow as tf
+    tf.function(lambda v: v * 2.0, jit_compile=True)(tf.ones([2]))
+    import torchbridge as tb
+    from torchbridge._native import _xla
+    assert _xla.loaded_from() is None
+    f = tb.torch_function(torch.cos)
+    y = tf.function(lambda v: f(v), jit_compile=True)(tf.constant([0.5], tf.float64))
+    assert _xla.calls() == 1 and abs(float(y[0]) - np.cos(0.5)) < 1e-15
+    print("ok")
+    """
+  )
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -4,7 +4,8 @@ Each case runs on every wrapper of `_conformance_wrappers.WRAPPERS`
 (`tb.TorchModule`, `tb.keras.TorchLayer`), on a small torch model with
 parameters, BatchNorm buffers (running statistics and the int64
 `num_batches_tracked`) and an int64 counter buffer that the forward writes in
-training mode. The reference is always pure torch on a `copy.deepcopy` of the
+training mode. Cases that take `in_mode` run eagerly, in a `tf.function` and in one
+compiled by XLA. The reference is always pure torch on a `copy.deepcopy` of the
 module made before wrapping (after wrapping, the original module's tensors
 are placeholders between bridged calls; the wrapper's state is read through
 its variables or `wrapper.torch_module`).
@@ -69,6 +70,21 @@ def make_net(seed):
     net.bn.num_batches_tracked.fill_(3 + 7 * seed)
     net.calls.fill_(10 * seed + 1)
   return net
+
+
+@pytest.fixture(params=["eager", "function", "xla"])
+def mode(request):
+  """Eagerly, in a `tf.function`, and in one compiled by XLA
+  (`jit_compile=True`: the default runner's TF ops compiled, the torch
+  runners' calls as torchbridge's XLA custom call); a torch runner is
+  skipped under XLA where that custom call cannot be had."""
+  factory = request.node.callspec.params.get("factory")
+  if request.param == "xla" and factory is not None and factory.runner != "default":
+    from torchbridge._native import _xla  # pylint: disable=import-outside-toplevel
+
+    if not _xla.jit_usable():
+      pytest.skip(f"torch inside XLA is unavailable here: {_xla.unavailable() or 'a GPU'}")
+  return request.param
 
 
 def wrapped(factory, seed=0):
