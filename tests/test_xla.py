@@ -463,3 +463,27 @@ def test_the_library_loaded_after_tf_compiled_with_xla_works():
   )
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_the_timeline_records_a_call_under_xla_as_in_the_plain_graph():
+  f = tb.torch_function(torch.sin)
+  x = tf.constant([0.1], tf.float64)
+  phases = {}
+  for jit in (False, True):
+    step = tf.function(lambda v: f(v), jit_compile=jit)
+    step(x)
+    with tb.timeline(annotate=False) as trace:
+      step(x)
+    phases[jit] = {(e["name"], e["source"]) for e in trace.events}
+  # The same call's phases, Python's and the kernel's (the host handler's
+  # under XLA), less the plain graph's wrapping of TF's buffers: XLA's are
+  # viewed and its results copied.
+  shared = {
+    ("torchbridge/kernel", "kernel"),
+    ("torchbridge/torch thread", "kernel"),
+    ("torchbridge/callback (GIL held)", "kernel"),
+    ("torchbridge/python call", "python"),
+    ("torchbridge/torch forward", "python"),
+  }
+  assert shared <= phases[False] and shared <= phases[True]
+  assert phases[True] <= phases[False]
