@@ -85,7 +85,8 @@ docs: $(STAMP)
 # `python -P`, so they import the installed package, not the source tree:
 # the import-order matrix, the README's code blocks, the quick-start
 # example, torch's lazily loaded native code, and the native op a user gets
-# (complete, built and reported by `python -m torchbridge`). Then what a
+# (complete, built and reported by `python -m torchbridge`), and torch
+# inside XLA from the installed sources. Then what a
 # user sees: `python -m torchbridge info`, and the README example's first
 # graph call on the torch runner timed with an empty cache (the build
 # included) and a warm one, then on the default runner (the capture).
@@ -94,7 +95,7 @@ USER_PY := $(USER_VENV)/bin/python
 USER_REQUIREMENTS ?= requirements-user.txt
 USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
 	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py \
-	test_torch_runner.py test_module_run.py test_handoff.py
+	test_torch_runner.py test_module_run.py test_handoff.py test_xla.py
 user-venv:
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
