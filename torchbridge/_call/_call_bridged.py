@@ -164,7 +164,7 @@ def call_bridged(
 def _static_under_xla(
   declared: list[tf.TensorSpec],
   flat_outputs: Callable[[list[torch.Tensor]], list[torch.Tensor]],
-  args_tf: Sequence[tf.TensorSpec],
+  args_tf: Sequence[tf.Tensor],
   name: str,
   stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None,
 ) -> list[tf.TensorSpec]:

@@ -195,9 +195,18 @@ def own_id(saved: Saved, backwards: int = 1) -> torch.Tensor:
   key = next(_ids)
   _SAVED_BY_ID[key] = [saved, max(1, backwards)]
   waiting = len(_SAVED_BY_ID)
-  if waiting >= _MANY and str(waiting // _MANY).strip("0") == "1" and not waiting % _MANY:
-    _LOG.warning(MANY_WAITING, waiting)  # at 1,000, 10,000, ...
+  if _is_mark(waiting):
+    _LOG.warning(MANY_WAITING, waiting)
   return torch.tensor([key], dtype=torch.int64)
+
+
+def _is_mark(waiting: int) -> bool:
+  """Whether `waiting` is 1,000, 10,000, ...: where the warning is said
+  (as `WarnIfMany` in csrc/exported/exported_call.cc decides it)."""
+  mark = _MANY
+  while mark < waiting:
+    mark *= 10
+  return mark == waiting
 
 
 # Records waiting under XLA at which (and at each tenfold) a warning says
