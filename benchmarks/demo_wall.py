@@ -160,8 +160,7 @@ def markdown(data):
   lines.append(
     "| other processes' load meanwhile, cores (each seed) | "
     + " | ".join(
-      " / ".join(f"{r.get('foreign_load_cores', 0.0):.2f}" for r in runs[label])
-      for label in labels
+      " / ".join(f"{r.get('foreign_load_cores', 0.0):.2f}" for r in runs[label]) for label in labels
     )
     + " |"
   )
