@@ -10,6 +10,7 @@ the TF outputs back into the result's structure.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -256,6 +257,7 @@ def _pack_result(layout: dict[str, Any], outs_tf: Sequence[tf.Tensor | None]) ->
   return tf.nest.pack_sequence_as(layout["structure"], flat)
 
 
+@functools.lru_cache(maxsize=1024)
 def _op_name(name: str) -> str:
   cleaned = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name).lstrip("_-/") or "torch"
   return cleaned

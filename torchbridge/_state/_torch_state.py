@@ -248,11 +248,18 @@ class TorchState:
       # The written buffers cross as extra outputs, to be assigned.
       return _call.Outputs(result, {n: b for n, b in buffers_torch.items() if n in known_mutated})
 
-    differentiable = (
-      [self.variables[n].trainable for n in self.param_names]
-      + [False] * len(self.buffer_names)
-      + [_call.is_differentiable(a.dtype) for a in call.args_tf]
-    )
+    eager = tf.executing_eagerly()
+    if eager and not _compat.tape_could_record():
+      # Nothing can ask for a gradient: the call records none (what
+      # `call_bridged` would narrow `differentiable` to), and the output
+      # specs are not found by a run while tracing.
+      differentiable = [False] * (n_vars + len(call.args_tf))
+    else:
+      differentiable = (
+        [self.variables[n].trainable for n in self.param_names]
+        + [False] * len(self.buffer_names)
+        + [_call.is_differentiable(a.dtype) for a in call.args_tf]
+      )
     extra_signature = None
     if output_signature is not None:
       extra_signature = {
@@ -260,7 +267,10 @@ class TorchState:
         for n in self.buffer_names
       }
     # Output specs found by a real run while tracing use the current weights.
-    stand_ins = [functools.partial(self._current_value, n) for n in names]
+    stand_ins = None
+    if not eager:
+      stand_ins = [functools.partial(self._current_value, n) for n in names]
+      stand_ins += [None] * len(call.args_tf)
     outputs = _call.call_bridged(
       run,
       vars_tf + call.args_tf,
@@ -268,7 +278,7 @@ class TorchState:
       output_signature=output_signature,
       differentiable=differentiable,
       extra_signature=extra_signature,
-      stand_ins=stand_ins + [None] * len(call.args_tf),
+      stand_ins=stand_ins,
     )
     self._mutated_buffers[mode_key] = frozenset(outputs.extra)
     for n, value_tf in outputs.extra.items():

@@ -17,6 +17,7 @@ globals, closures, class attributes and random state.
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,6 +67,49 @@ class Snapshot:
         held = d.get(table)
         if held is not None:
           self._tables.append((f"{prefix}{table}", held, self._own(held)))
+    self._fast_check()
+
+  def _fast_check(self) -> None:
+    """The same entries, laid out for `_unchanged`: a check before each
+    call of a graph (`_runner.add_guard`) that does its comparisons in C."""
+    # The tables (submodules, hooks; torchbridge's own included) and copies
+    # of them: one list comparison, dict by dict, entry by entry.
+    self._live_tables = [table for _, table, _ in self._tables]
+    self._table_copies = [dict(table) for table in self._live_tables]
+    # Plain values, grouped by the __dict__ holding them: (the dict, a getter
+    # of their attributes, their values as captured, their types).
+    groups: dict[int, tuple[dict[str, Any], list[str], list[Any]]] = {}
+    self._tensors: list[tuple[dict[str, Any], str, torch.Tensor, int]] = []
+    for _, d, attr, captured, kind in self._entries:
+      if kind == "tensor":
+        tensor, version = captured
+        self._tensors.append((d, attr, tensor, version))
+      else:
+        _, attrs, values = groups.setdefault(id(d), (d, [], []))
+        attrs.append(attr)
+        values.append(captured)
+    self._values = [
+      (d, operator.itemgetter(*attrs, attrs[0]), (*values, values[0]), tuple(map(type, values)))
+      for d, attrs, values in groups.values()
+    ]
+
+  def _unchanged(self) -> bool:
+    """True only if nothing watched changed; False where `first_change`
+    must look (it names the change, or finds none)."""
+    if self._live_tables != self._table_copies:
+      return False
+    for d, get, captured, types in self._values:
+      try:
+        now = get(d)  # a tuple, the first value repeated last (never a bare value)
+      except KeyError:
+        return False
+      # Tuples compare by identity, then by ==; the types as `_equal` does.
+      if now != captured or tuple(map(type, now[:-1])) != types:
+        return False
+    for d, attr, tensor, version in self._tensors:
+      if d.get(attr) is not tensor or tensor._version != version:
+        return False
+    return True
 
   def _own(self, table: dict[Any, Any]) -> dict[Any, Any]:
     """The table's entries less torchbridge's own hooks."""
@@ -75,6 +119,8 @@ class Snapshot:
 
   def first_change(self) -> str | None:
     """The first watched attribute that changed, as `path: old -> new`."""
+    if self._unchanged():
+      return None
     for path, table, held in self._tables:
       if table or held:
         now = self._own(table)

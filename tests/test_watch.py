@@ -1,0 +1,103 @@
+"""The stale-state watch (`_state._watch.Snapshot`): every kind of change it
+documents is seen by its check in C (`_unchanged`) and named by
+`first_change`, and nothing else is."""
+
+import math
+
+import pytest
+import torch
+
+from torchbridge._state import _watch
+
+
+class Net(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.lin = torch.nn.Linear(2, 2)
+    self.scale = 1
+    self.ratio = 0.5
+    self.flag = True
+    self.name = "net"
+    self.sizes = [1, 2]
+    self.table = {"a": (1, 2)}
+    self.nan = math.nan
+    self.offset = torch.zeros(2)  # a plain tensor attribute (no buffer)
+
+
+def _snapshot(net):
+  return _watch.Snapshot(list(net.named_modules()), watch_mode=False)
+
+
+def _changed(net, change):
+  snap = _snapshot(net)
+  assert snap._unchanged() and snap.first_change() is None
+  change(net)
+  return snap._unchanged(), snap.first_change()
+
+
+@pytest.mark.parametrize(
+  "change, named",
+  [
+    (lambda n: setattr(n, "scale", 2), "scale: 1 when captured, 2 now"),
+    (
+      lambda n: setattr(n, "scale", 1.0),
+      "scale: 1 when captured, 1.0 now",
+    ),  # equal, not the same type
+    (lambda n: setattr(n, "flag", 1), "flag: True when captured, 1 now"),
+    (lambda n: setattr(n, "ratio", 0.25), "ratio: 0.5 when captured, 0.25 now"),
+    (lambda n: setattr(n, "name", "other"), "name: 'net' when captured, 'other' now"),
+    (lambda n: n.sizes.append(3), "sizes: [1, 2] when captured, [1, 2, 3] now"),
+    (lambda n: n.table.update(b=1), "table: {'a': (1, 2)} when captured"),
+    (lambda n: setattr(n, "nan", float("nan")), "nan: nan when captured, nan now"),  # another NaN
+    (lambda n: delattr(n, "ratio"), "ratio: 0.5 when captured, deleted now"),
+    (lambda n: n.offset.add_(1.0), "offset (a tensor attribute, replaced or written in place)"),
+    (lambda n: setattr(n, "offset", torch.zeros(2)), "offset (a tensor attribute"),
+    (lambda n: setattr(n.lin, "in_features", 3), "lin.in_features: 2 when captured, 3 now"),
+    (lambda n: setattr(n, "lin", torch.nn.Linear(2, 2)), "_modules (its submodules changed)"),
+    (lambda n: n.lin.register_forward_hook(lambda *a: None), "lin._forward_hooks (its hooks"),
+    (
+      lambda n: n.register_forward_pre_hook(lambda *a: None),
+      "_forward_pre_hooks (its hooks changed)",
+    ),
+  ],
+)
+def test_each_change_is_seen_and_named(change, named):
+  unchanged, message = _changed(Net(), change)
+  assert not unchanged
+  assert message is not None and named in message
+
+
+@pytest.mark.parametrize(
+  "same",
+  [
+    lambda n: setattr(n, "scale", 1),  # the same value again
+    lambda n: setattr(n, "sizes", [1, 2]),  # an equal list, another object
+    lambda n: setattr(n, "table", {"a": (1, 2)}),
+    lambda n: setattr(n, "unwatched", object()),  # a new attribute: not read when captured
+    lambda n: n.lin.weight.data.add_(1.0),  # parameters are the variables' (not watched)
+    lambda n: n.train(False),  # modes are part of the key, not watched
+  ],
+)
+def test_what_is_not_a_change(same):
+  unchanged, message = _changed(Net(), same)
+  assert unchanged and message is None
+
+
+def test_same_nan_object_is_no_change():
+  net = Net()
+  snap = _snapshot(net)
+  net.nan = snap._entries[[e[0] for e in snap._entries].index("nan")][3]  # the captured object
+  assert snap._unchanged() and snap.first_change() is None
+
+
+def test_ignored_hooks_are_not_changes_but_others_are():
+  net = Net()
+  ours = lambda *a: None  # noqa: E731
+  net.lin.register_forward_hook(ours)
+  snap = _watch.Snapshot(list(net.named_modules()), watch_mode=False, ignored=frozenset({id(ours)}))
+  handle = next(iter(net.lin._forward_hooks))
+  del net.lin._forward_hooks[handle]  # torchbridge's own hook taken out (suspended)
+  assert not snap._unchanged()  # the check in C looks again ...
+  assert snap.first_change() is None  # ... and finds no change of the user's
+  net.lin.register_forward_hook(lambda *a: None)
+  assert "lin._forward_hooks" in snap.first_change()
