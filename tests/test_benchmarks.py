@@ -750,3 +750,100 @@ def test_write_results_writes_the_json_and_the_table(tmp_path, capsys):
   assert (tmp_path / "new" / "bench.json").read_text().endswith("\n")
   assert (tmp_path / "new" / "bench.md").read_text() == "| a | 1.5 |\n"
   assert "| a | 1.5 |" in capsys.readouterr().out
+
+
+def test_the_committed_demo_wall_and_paired_step_tables_are_written_from_their_json():
+  from benchmarks import demo_wall  # pylint: disable=import-outside-toplevel
+  from benchmarks import paired_step  # pylint: disable=import-outside-toplevel
+
+  results = Path(ROOT) / "benchmarks" / "results"
+  for module, stem in ((demo_wall, "demo_wall"), (paired_step, "paired_step")):
+    data = json.loads((results / f"{stem}.json").read_text())
+    text = module.markdown(data)
+    assert text.rstrip() == (results / f"{stem}.md").read_text().rstrip(), stem
+    assert text.startswith(f"Measured at {data['source']['commit'][:10]}"), stem
+
+
+def _demo_record(seed, wall_s, script_s, train_s, final_return):
+  return {
+    "seed": seed,
+    "wall_s": wall_s,
+    "script_s": script_s,
+    "train_s": train_s,
+    "ms_per_train_step": 1e3 * train_s / 100,
+    "final_return": final_return,
+    "foreign_load_cores": 0.0,
+  }
+
+
+def test_demo_wall_table_has_each_seed_the_ratios_and_the_split():
+  from benchmarks import demo_wall  # pylint: disable=import-outside-toplevel
+
+  runs = {
+    "torchbridge": [
+      _demo_record(0, 110.0, 104.0, 90.0, -96.0),
+      _demo_record(1, 130.0, 124.0, 100.0, -93.0),
+    ],
+    "pure torch": [
+      _demo_record(0, 100.0, 95.0, 92.0, -97.0),
+      _demo_record(1, 120.0, 115.0, 101.0, -94.0),
+    ],
+    "Keras port": [
+      _demo_record(0, 88.0, 83.0, 70.0, -95.0),
+      _demo_record(1, 99.0, 94.0, 80.0, -93.5),
+    ],
+  }
+  source = {"commit": "0123456789abcdef", "changed_since": []}
+  text = demo_wall.markdown({"backends": runs, "steps": 20000, "rounds": 2, "source": source})
+  assert "| 0 | 110.0 | 100.0 | 88.0 | 1.10x | 1.25x |" in text
+  assert "| 1 | 130.0 | 120.0 | 99.0 | 1.08x | 1.31x |" in text
+  assert "| median | 120.0 | 110.0 | 93.5 | 1.09x | 1.28x |" in text
+  # The parts: imports = wall - script; rest = script - train steps.
+  assert "| imports, Python's start and exit, s | 6.0 | 5.0 | 5.0 |" in text
+  assert "| train steps, s | 95.0 | 96.5 | 75.0 |" in text
+  assert "| the rest of the script, s | 19.0 | 8.5 | 13.5 |" in text
+  assert (
+    "| final evaluation return (each seed) | -96.0 / -93.0 | -97.0 / -94.0 | -95.0 / -93.5 |"
+    in text
+  )
+
+
+def test_demo_wall_runs_make_demos_command_in_one_process(tmp_path):
+  out = subprocess.run(
+    [sys.executable, "-m", "benchmarks.demo_wall", "--one", "torchbridge", "1", "1100"]
+    + [str(tmp_path / "run")],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  script = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert record["argv"][-1] == "--jit-compile" and "--export" not in record["argv"]
+  assert script["seed"] == 1 and script["steps"] == 1100
+  assert record["train_steps"] == script["train_steps"] == 100  # after 1,000 random steps
+  assert record["final_return"] == script["eval_returns"][-1][1]
+  assert record["train_s"] == pytest.approx(script["sec_per_train_step"] * 100)
+  assert 0 < record["train_s"] < record["script_s"]
+  # make demo's graph calls take the TF runner (each module's translation).
+  assert {r["runner"] for r in record["runners"].values()} == {"tf"}
+
+
+def test_paired_step_ratios_are_per_round_then_per_process_medians():
+  from benchmarks import paired_step  # pylint: disable=import-outside-toplevel
+
+  def blocks(scale):
+    return {
+      name: [scale[name] * (1.0 + 0.1 * r) for r in range(3)] for name in paired_step.CONTENDERS
+    }
+
+  base = {name: 1000.0 for name in paired_step.CONTENDERS}
+  first = dict(base, **{paired_step.TB_XLA: 1200.0, paired_step.TORCH: 1500.0})
+  second = dict(base, **{paired_step.TB_XLA: 1100.0, paired_step.TORCH: 1250.0})
+  result = paired_step.summarize([{"blocks_us": blocks(first)}, {"blocks_us": blocks(second)}])
+  row = result[paired_step.TB_XLA]
+  assert row["ratio_to_per_process"][paired_step.KERAS_XLA] == pytest.approx([1.2, 1.1])
+  assert row["ratio_to"][paired_step.KERAS_XLA] == pytest.approx(1.15)
+  assert row["ratio_to"][paired_step.TORCH] == pytest.approx(np.median([1200 / 1500, 1100 / 1250]))
+  assert row["median_us_per_process"] == pytest.approx([1320.0, 1210.0])

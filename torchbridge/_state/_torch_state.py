@@ -248,13 +248,9 @@ class TorchState:
       # The written buffers cross as extra outputs, to be assigned.
       return _call.Outputs(result, {n: b for n, b in buffers_torch.items() if n in known_mutated})
 
-    eager = tf.executing_eagerly()
-    if eager and not _compat.tape_could_record():
-      # Nothing can ask for a gradient: the call records none (what
-      # `call_bridged` would narrow `differentiable` to), and the output
-      # specs are not found by a run while tracing.
-      differentiable = [False] * (n_vars + len(call.args_tf))
-    else:
+    # Eagerly with no tape: no gradients (as `call_bridged` narrows), no specs to find.
+    differentiable = [False] * (n_vars + len(call.args_tf))
+    if not (eager := tf.executing_eagerly()) or _compat.tape_could_record():
       differentiable = (
         [self.variables[n].trainable for n in self.param_names]
         + [False] * len(self.buffer_names)
@@ -267,10 +263,7 @@ class TorchState:
         for n in self.buffer_names
       }
     # Output specs found by a real run while tracing use the current weights.
-    stand_ins = None
-    if not eager:
-      stand_ins = [functools.partial(self._current_value, n) for n in names]
-      stand_ins += [None] * len(call.args_tf)
+    stand_ins = None if eager else [functools.partial(self._current_value, n) for n in names]
     outputs = _call.call_bridged(
       run,
       vars_tf + call.args_tf,
@@ -278,7 +271,7 @@ class TorchState:
       output_signature=output_signature,
       differentiable=differentiable,
       extra_signature=extra_signature,
-      stand_ins=stand_ins,
+      stand_ins=None if stand_ins is None else stand_ins + [None] * len(call.args_tf),
     )
     self._mutated_buffers[mode_key] = frozenset(outputs.extra)
     for n, value_tf in outputs.extra.items():
