@@ -36,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402  (before TensorFlow)
-import tensorflow as tf  # noqa: E402
+import tensorflow  # noqa: E402,F401  (imported here: after torch)
 
 from benchmarks import harness  # noqa: E402
 from benchmarks import runners  # noqa: E402
