@@ -1,0 +1,164 @@
+"""What torch's weight layout costs a step compiled by XLA on the CPU.
+
+Usage:
+  python -m benchmarks.weight_layout [--processes 3] [--rounds 15] [--out DIR]
+  python -m benchmarks.weight_layout --one   (one process)
+
+A torch `Linear` holds its weight `(out, in)` and computes `x @ W.T`; a
+Keras `Dense` holds its kernel `(in, out)` and computes `x @ W`. The
+default runner's translation reads the torch weight where it is (the
+variable views the parameter's memory), so XLA's dots read it transposed.
+Here one TD3-critic-shaped step (4 -> 256 -> 256 -> 1, batch 256: a target
+network's forward, the online network's forward and backward, Keras Adam),
+plain TF ops under `tf.function(jit_compile=True)`, is built twice, the
+same random weights stored `(out, in)` and used with `transpose_b=True`,
+or stored `(in, out)`; they take turns in blocks of 200 steps, `--rounds`
+rounds, in each of `--processes` processes. The ratio is per round, its
+median per process, then over the processes. No torch and no bridge:
+only the layout differs. Writes weight_layout.json and weight_layout.md.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402,F401  (before TensorFlow, as everywhere here)
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+
+TORCH_LAYOUT = "(out, in), x @ W.T (torch's layout, as the translation reads it)"
+KERAS_LAYOUT = "(in, out), x @ W (Keras' layout)"
+DIMS = ((4, 256), (256, 256), (256, 1))
+BATCH, BLOCK = 256, 200
+
+
+def _step(torch_layout, seed=0):
+  rng = np.random.default_rng(seed)
+
+  def weights():
+    made = []
+    for n_in, n_out in DIMS:
+      w = rng.standard_normal((n_in, n_out)).astype(np.float32) * 0.05
+      made += [
+        tf.Variable(w.T.copy() if torch_layout else w),
+        tf.Variable(np.zeros(n_out, np.float32)),
+      ]
+    return made
+
+  online, target = weights(), weights()
+  optimizer = tf.keras.optimizers.Adam(1e-4)
+  optimizer.build(online)
+  x = tf.constant(rng.standard_normal((BATCH, DIMS[0][0])).astype(np.float32))
+  y = tf.constant(rng.standard_normal((BATCH, 1)).astype(np.float32))
+
+  def net(h, ws):
+    for k in range(len(DIMS)):
+      h = tf.nn.bias_add(tf.matmul(h, ws[2 * k], transpose_b=torch_layout), ws[2 * k + 1])
+      if k < len(DIMS) - 1:
+        h = tf.nn.relu(h)
+    return h
+
+  @tf.function(jit_compile=True)
+  def step():
+    goal = tf.stop_gradient(net(x, target))
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(net(x, online) - goal - y))
+    optimizer.apply_gradients(zip(tape.gradient(loss, online), online))
+    return loss
+
+  return step
+
+
+def one(rounds):
+  harness.configure_threads(2)
+  steps = {TORCH_LAYOUT: _step(True), KERAS_LAYOUT: _step(False)}
+  for step in steps.values():
+    for _ in range(50):
+      float(step())
+  blocks = {name: [] for name in steps}
+  names = list(steps)
+  for r in range(rounds):
+    for name in names[r % 2 :] + names[: r % 2]:
+      start = time.perf_counter()
+      for _ in range(BLOCK):
+        float(steps[name]())
+      blocks[name].append(1e6 * (time.perf_counter() - start) / BLOCK)
+  return {"blocks_us": blocks, "tensorflow": tf.__version__}
+
+
+def summarize(records):
+  per_process = [
+    float(
+      np.median(np.array(r["blocks_us"][TORCH_LAYOUT]) / np.array(r["blocks_us"][KERAS_LAYOUT]))
+    )
+    for r in records
+  ]
+  return {
+    "ratio_per_process": per_process,
+    "ratio": float(np.median(per_process)),
+    "median_us": {
+      name: float(np.median([np.median(r["blocks_us"][name]) for r in records]))
+      for name in (TORCH_LAYOUT, KERAS_LAYOUT)
+    },
+  }
+
+
+def markdown(data):
+  source, result = data["source"], data["result"]
+  changed = (
+    f", with changes to {', '.join(source['changed_since'])}" if source["changed_since"] else ""
+  )
+  lines = [
+    f"Measured at {source['commit'][:10]}{changed} (TensorFlow {data['tensorflow']}, 2 "
+    f"threads): a TD3-critic-shaped step compiled by XLA, plain TF ops, batch {BATCH}, the "
+    f"two layouts taking turns in blocks of {BLOCK} steps, {data['rounds']} rounds, in each "
+    f"of {data['processes']} processes.",
+    "",
+    "| weights stored | us a step (median over the processes) |",
+    "|---|---|",
+  ]
+  for name, value in result["median_us"].items():
+    lines.append(f"| {name} | {value:.1f} |")
+  lines += [
+    "",
+    f"Torch's layout / Keras' layout: {result['ratio']:.3f}x (each process: "
+    + " / ".join(f"{v:.3f}" for v in result["ratio_per_process"])
+    + ").",
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.weight_layout", description=__doc__)
+  parser.add_argument("--one", action="store_true")
+  parser.add_argument("--processes", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=15)
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+  args = parser.parse_args(argv)
+  if args.one:
+    print(json.dumps(one(args.rounds)))
+    return 0
+  records = [
+    harness.run_process("benchmarks.weight_layout", ["--one", "--rounds", args.rounds])
+    for _ in range(args.processes)
+  ]
+  data = {
+    "source": harness.environment(2, "cpu")["source"],
+    "processes": args.processes,
+    "rounds": args.rounds,
+    "tensorflow": records[0]["tensorflow"],
+    "result": summarize(records),
+    "records": records,
+  }
+  harness.write_results(args.out, "weight_layout", data, markdown(data))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
