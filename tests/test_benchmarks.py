@@ -847,3 +847,27 @@ def test_paired_step_ratios_are_per_round_then_per_process_medians():
   assert row["ratio_to"][paired_step.KERAS_XLA] == pytest.approx(1.15)
   assert row["ratio_to"][paired_step.TORCH] == pytest.approx(np.median([1200 / 1500, 1100 / 1250]))
   assert row["median_us_per_process"] == pytest.approx([1320.0, 1210.0])
+
+
+def test_weight_layout_table_is_written_from_its_json_and_times_both_layouts():
+  from benchmarks import weight_layout  # pylint: disable=import-outside-toplevel
+
+  results = Path(ROOT) / "benchmarks" / "results"
+  data = json.loads((results / "weight_layout.json").read_text())
+  assert (
+    weight_layout.markdown(data).rstrip() == (results / "weight_layout.md").read_text().rstrip()
+  )
+  record = weight_layout.one(rounds=2)
+  for name in (weight_layout.TORCH_LAYOUT, weight_layout.KERAS_LAYOUT):
+    assert len(record["blocks_us"][name]) == 2 and min(record["blocks_us"][name]) > 0
+  ratios = weight_layout.summarize([record, record])["ratio_per_process"]
+  assert ratios[0] == ratios[1] > 0
+
+
+def test_weight_layouts_compute_the_same_step():
+  from benchmarks import weight_layout  # pylint: disable=import-outside-toplevel
+
+  # The same weights, stored either way: the same losses, step after step.
+  torch_layout, keras_layout = weight_layout._step(True), weight_layout._step(False)  # pylint: disable=protected-access
+  for _ in range(3):
+    np.testing.assert_allclose(float(torch_layout()), float(keras_layout()), rtol=1e-5)
