@@ -101,3 +101,26 @@ def test_ignored_hooks_are_not_changes_but_others_are():
   assert snap.first_change() is None  # ... and finds no change of the user's
   net.lin.register_forward_hook(lambda *a: None)
   assert "lin._forward_hooks" in snap.first_change()
+
+
+class _Hook:
+  """A hook whose == cannot answer (as an array-like object's)."""
+
+  def __call__(self, *args):
+    return None
+
+  def __eq__(self, other):
+    raise ValueError("ambiguous")
+
+  __hash__ = object.__hash__
+
+
+def test_a_hook_whose_equality_raises_is_compared_by_identity():
+  net = Net()
+  net.lin.register_forward_hook(_Hook())
+  snap = _snapshot(net)
+  assert snap._unchanged() and snap.first_change() is None  # the same object: no == asked
+  (key,) = net.lin._forward_hooks
+  net.lin._forward_hooks[key] = _Hook()  # another hook under the same key: == raises
+  assert not snap._unchanged()
+  assert "lin._forward_hooks (its hooks changed)" in snap.first_change()

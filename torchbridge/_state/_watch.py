@@ -96,8 +96,11 @@ class Snapshot:
   def _unchanged(self) -> bool:
     """True only if nothing watched changed; False where `first_change`
     must look (it names the change, or finds none)."""
-    if self._live_tables != self._table_copies:
-      return False
+    try:
+      if self._live_tables != self._table_copies:
+        return False
+    except Exception:  # pylint: disable=broad-except
+      return False  # a hook whose == raises: compared by identity below
     for d, get, captured, types in self._values:
       try:
         now = get(d)  # a tuple, the first value repeated last (never a bare value)
