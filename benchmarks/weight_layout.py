@@ -76,7 +76,7 @@ def _step(torch_layout, seed=0):
 
 
 def one(rounds):
-  harness.configure_threads(2)
+  """One process's blocks (its threads set by `main`, before TF starts)."""
   steps = {TORCH_LAYOUT: _step(True), KERAS_LAYOUT: _step(False)}
   for step in steps.values():
     for _ in range(50):
@@ -142,6 +142,7 @@ def main(argv=None):
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
   args = parser.parse_args(argv)
   if args.one:
+    harness.configure_threads(2)
     print(json.dumps(one(args.rounds)))
     return 0
   records = [
