@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -76,20 +75,15 @@ def one(order, rounds, threads):
   """One process: the contenders built in `order`, timed in turns."""
   harness.configure_threads(threads)
   names = [CONTENDERS[int(k)] for k in order.split(",")]
-  steps = {}
-  for name in names:
-    steps[name] = _build(name)
-    for _ in range(20):  # tracing, capture, XLA's compile; warm
-      _fetch(steps[name]())
-  blocks = {name: [] for name in names}
-  for r in range(rounds):
-    turn = names[r % len(names) :] + names[: r % len(names)]
-    for name in turn:
-      step = steps[name]
-      start = time.perf_counter()
-      for _ in range(BLOCK):
-        _fetch(step())
-      blocks[name].append(1e6 * (time.perf_counter() - start) / BLOCK)
+  steps = {name: _build(name) for name in names}
+  # Warmed (tracing, capture, XLA's compile), then in turns, the order rotating.
+  timings = harness.interleaved(
+    {name: lambda step=steps[name]: _fetch(step()) for name in names},
+    repeats=rounds,
+    calls=BLOCK,
+    warmup=20,
+  )
+  blocks = {name: timings[name]["samples_us"] for name in names}
   return {"order": names, "blocks_us": blocks, "torch": torch.__version__}
 
 

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -78,17 +77,13 @@ def _step(torch_layout, seed=0):
 def one(rounds):
   """One process's blocks (its threads set by `main`, before TF starts)."""
   steps = {TORCH_LAYOUT: _step(True), KERAS_LAYOUT: _step(False)}
-  for step in steps.values():
-    for _ in range(50):
-      float(step())
-  blocks = {name: [] for name in steps}
-  names = list(steps)
-  for r in range(rounds):
-    for name in names[r % 2 :] + names[: r % 2]:
-      start = time.perf_counter()
-      for _ in range(BLOCK):
-        float(steps[name]())
-      blocks[name].append(1e6 * (time.perf_counter() - start) / BLOCK)
+  timings = harness.interleaved(
+    {name: lambda step=step: float(step()) for name, step in steps.items()},
+    repeats=rounds,
+    calls=BLOCK,
+    warmup=50,
+  )
+  blocks = {name: timings[name]["samples_us"] for name in steps}
   return {"blocks_us": blocks, "tensorflow": tf.__version__}
 
 
