@@ -356,7 +356,8 @@ def test_saved_model_runs_where_torch_cannot_be_imported(tmp_path):
   )
   assert done.returncode == 0, done.stderr[-3000:]
   lines = done.stdout.strip().splitlines()
-  np.testing.assert_allclose(np.array(json.loads(lines[-2])), want, rtol=1e-6)
+  # float32 rounding of a TF matmul against torch's (the translator's tolerance)
+  np.testing.assert_allclose(np.array(json.loads(lines[-2])), want, rtol=1e-5, atol=1e-6)
   assert lines[-1] == "False"
 
 

@@ -591,3 +591,50 @@ def test_inside_a_function_the_ops_go_in_directly():
     r"does not match its input_signature",
   ):
     tf.function(lambda y: served(y))(tf.zeros([5, 7]))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_linear_reads_the_weight_in_torchs_layout_in_the_form_each_compiler_runs_fastest(jit, rank):
+  # Under XLA `x @ W.T` is written `(W @ x.T).T` (XLA's CPU dots read the
+  # (out, in) weight in its own layout: benchmarks/weight_layout.py);
+  # without XLA it stays one MatMul with transpose_b. Either way the
+  # numbers and the gradients are torch's.
+  torch.manual_seed(0)
+  linear = torch.nn.Linear(6, 4)
+  actor = tb.TorchModule(linear, name="linear")
+  shape = [3, 6] if rank == 2 else [2, 3, 6]
+  served = translate(actor, [tf.TensorSpec(shape, tf.float32)])
+  x_np = np.random.default_rng(rank).standard_normal(shape).astype(np.float32)
+
+  @tf.function(jit_compile=jit)
+  def forward_backward(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = served(x)
+      loss = tf.reduce_sum(y * tf.range(1.0, 5.0))
+    return (y, *tape.gradient(loss, [x, *actor.trainable_variables]))
+
+  x_torch = torch.from_numpy(x_np).requires_grad_()
+  y_torch = linear(x_torch)
+  (y_torch * torch.arange(1.0, 5.0)).sum().backward()
+  want = [y_torch, x_torch.grad, linear.weight.grad, linear.bias.grad]
+  got = forward_backward(tf.constant(x_np))
+  by_name = {
+    v.name.split(":")[0].split("/")[-1]: i for i, v in enumerate(actor.trainable_variables)
+  }
+  order = [0, 1, 2 + by_name["weight"], 2 + by_name["bias"]]
+  for i, w in zip(order, want):
+    np.testing.assert_allclose(got[i].numpy(), w.detach().numpy(), rtol=1e-5, atol=1e-5)
+  graph = forward_backward.get_concrete_function(tf.constant(x_np)).graph
+  matmuls = [
+    op
+    for g in [graph, *(f.graph for f in graph._functions.values() if hasattr(f, "graph"))]
+    for op in g.get_operations()
+    if op.type == "MatMul"
+  ]
+  forward = [op for op in matmuls if op.inputs[0].shape == [4, 6] or op.inputs[1].shape == [4, 6]]
+  forward = [op for op in forward if op.get_attr("transpose_b")]
+  assert len(forward) == 1, [(op.inputs[0].shape, op.inputs[1].shape) for op in matmuls]
+  weight_first = forward[0].inputs[0].shape == [4, 6]
+  assert weight_first == jit
