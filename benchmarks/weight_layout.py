@@ -7,12 +7,14 @@ Usage:
 A torch `Linear` holds its weight `(out, in)` and computes `x @ W.T`; a
 Keras `Dense` holds its kernel `(in, out)` and computes `x @ W`. The
 default runner's translation reads the torch weight where it is (the
-variable views the parameter's memory), so XLA's dots read it transposed.
-Here one TD3-critic-shaped step (4 -> 256 -> 256 -> 1, batch 256: a target
+variable views the parameter's memory). Written `x @ W.T`
+(`matmul(transpose_b=True)`, the translation's form without XLA), XLA's
+CPU dots read it transposed; under XLA the translation writes
+`(W @ x.T).T`. Here one TD3-critic-shaped step (4 -> 256 -> 256 -> 1, batch 256: a target
 network's forward, the online network's forward and backward, Keras Adam),
-plain TF ops under `tf.function(jit_compile=True)`, is built twice, the
-same random weights stored `(out, in)` and used with `transpose_b=True`,
-or stored `(in, out)`; they take turns in blocks of 200 steps, `--rounds`
+plain TF ops under `tf.function(jit_compile=True)`, is built three times,
+the same random weights stored `(out, in)` and used in either form, or
+stored `(in, out)`; they take turns in blocks of 200 steps, `--rounds`
 rounds, in each of `--processes` processes. The ratio is per round, its
 median per process, then over the processes. No torch and no bridge:
 only the layout differs. Writes weight_layout.json and weight_layout.md.
@@ -31,13 +33,16 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks import harness  # noqa: E402
 
-TORCH_LAYOUT = "(out, in), x @ W.T (torch's layout, as the translation reads it)"
+TORCH_LAYOUT = "(out, in), x @ W.T (torch's layout, the translation's form without XLA)"
+TORCH_LAYOUT_XLA_FORM = "(out, in), (W @ x.T).T (torch's layout, the translation's form under XLA)"
 KERAS_LAYOUT = "(in, out), x @ W (Keras' layout)"
+FORMS = (TORCH_LAYOUT, TORCH_LAYOUT_XLA_FORM, KERAS_LAYOUT)
 DIMS = ((4, 256), (256, 256), (256, 1))
 BATCH, BLOCK = 256, 200
 
 
-def _step(torch_layout, seed=0):
+def _step(form, seed=0):
+  torch_layout = form != KERAS_LAYOUT
   rng = np.random.default_rng(seed)
 
   def weights():
@@ -58,7 +63,11 @@ def _step(torch_layout, seed=0):
 
   def net(h, ws):
     for k in range(len(DIMS)):
-      h = tf.nn.bias_add(tf.matmul(h, ws[2 * k], transpose_b=torch_layout), ws[2 * k + 1])
+      if form == TORCH_LAYOUT_XLA_FORM:
+        product = tf.transpose(tf.matmul(ws[2 * k], h, transpose_b=True))
+      else:
+        product = tf.matmul(h, ws[2 * k], transpose_b=torch_layout)
+      h = tf.nn.bias_add(product, ws[2 * k + 1])
       if k < len(DIMS) - 1:
         h = tf.nn.relu(h)
     return h
@@ -76,7 +85,7 @@ def _step(torch_layout, seed=0):
 
 def one(rounds):
   """One process's blocks (its threads set by `main`, before TF starts)."""
-  steps = {TORCH_LAYOUT: _step(True), KERAS_LAYOUT: _step(False)}
+  steps = {form: _step(form) for form in FORMS}
   timings = harness.interleaved(
     {name: lambda step=step: float(step()) for name, step in steps.items()},
     repeats=rounds,
@@ -88,18 +97,19 @@ def one(rounds):
 
 
 def summarize(records):
-  per_process = [
-    float(
-      np.median(np.array(r["blocks_us"][TORCH_LAYOUT]) / np.array(r["blocks_us"][KERAS_LAYOUT]))
-    )
-    for r in records
-  ]
+  """Per torch-layout form: its per-round ratio to the Keras layout's block,
+  the median per process, then over the processes."""
+  ratios = {}
+  for form in (TORCH_LAYOUT, TORCH_LAYOUT_XLA_FORM):
+    per_process = [
+      float(np.median(np.array(r["blocks_us"][form]) / np.array(r["blocks_us"][KERAS_LAYOUT])))
+      for r in records
+    ]
+    ratios[form] = {"per_process": per_process, "ratio": float(np.median(per_process))}
   return {
-    "ratio_per_process": per_process,
-    "ratio": float(np.median(per_process)),
+    "ratio_to_keras": ratios,
     "median_us": {
-      name: float(np.median([np.median(r["blocks_us"][name]) for r in records]))
-      for name in (TORCH_LAYOUT, KERAS_LAYOUT)
+      name: float(np.median([np.median(r["blocks_us"][name]) for r in records])) for name in FORMS
     },
   }
 
@@ -112,20 +122,21 @@ def markdown(data):
   lines = [
     f"Measured at {source['commit'][:10]}{changed} (TensorFlow {data['tensorflow']}, 2 "
     f"threads): a TD3-critic-shaped step compiled by XLA, plain TF ops, batch {BATCH}, the "
-    f"two layouts taking turns in blocks of {BLOCK} steps, {data['rounds']} rounds, in each "
-    f"of {data['processes']} processes.",
+    f"three forms taking turns in blocks of {BLOCK} steps, {data['rounds']} rounds, in each "
+    f"of {data['processes']} processes. The ratio: per round against the Keras layout's "
+    "block, the median per process, then over the processes (each process's after the slash).",
     "",
-    "| weights stored | us a step (median over the processes) |",
-    "|---|---|",
+    "| weights stored, product written | us a step (median over the processes) | / Keras' layout |",
+    "|---|---|---|",
   ]
   for name, value in result["median_us"].items():
-    lines.append(f"| {name} | {value:.1f} |")
-  lines += [
-    "",
-    f"Torch's layout / Keras' layout: {result['ratio']:.3f}x (each process: "
-    + " / ".join(f"{v:.3f}" for v in result["ratio_per_process"])
-    + ").",
-  ]
+    ratio = result["ratio_to_keras"].get(name)
+    cell = (
+      f"{ratio['ratio']:.3f}x (" + " / ".join(f"{v:.3f}" for v in ratio["per_process"]) + ")"
+      if ratio
+      else "1.000x"
+    )
+    lines.append(f"| {name} | {value:.1f} | {cell} |")
   return "\n".join(lines) + "\n"
 
 

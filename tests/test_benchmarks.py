@@ -858,16 +858,27 @@ def test_weight_layout_table_is_written_from_its_json_and_times_both_layouts():
     weight_layout.markdown(data).rstrip() == (results / "weight_layout.md").read_text().rstrip()
   )
   record = weight_layout.one(rounds=2)
-  for name in (weight_layout.TORCH_LAYOUT, weight_layout.KERAS_LAYOUT):
+  for name in weight_layout.FORMS:
     assert len(record["blocks_us"][name]) == 2 and min(record["blocks_us"][name]) > 0
-  ratios = weight_layout.summarize([record, record])["ratio_per_process"]
-  assert ratios[0] == ratios[1] > 0
+  for form in (weight_layout.TORCH_LAYOUT, weight_layout.TORCH_LAYOUT_XLA_FORM):
+    ratios = weight_layout.summarize([record, record])["ratio_to_keras"][form]["per_process"]
+    assert ratios[0] == ratios[1] > 0
+  blocks = record["blocks_us"]
+  halved = {name: [v / 2 for v in blocks[name]] for name in weight_layout.FORMS}
+  halved[weight_layout.KERAS_LAYOUT] = blocks[weight_layout.KERAS_LAYOUT]
+  summary = weight_layout.summarize([{"blocks_us": halved}])["ratio_to_keras"]
+  want = np.median(
+    np.array(halved[weight_layout.TORCH_LAYOUT]) / blocks[weight_layout.KERAS_LAYOUT]
+  )
+  assert summary[weight_layout.TORCH_LAYOUT]["ratio"] == pytest.approx(want)
 
 
 def test_weight_layouts_compute_the_same_step():
   from benchmarks import weight_layout  # pylint: disable=import-outside-toplevel
 
-  # The same weights, stored either way: the same losses, step after step.
-  torch_layout, keras_layout = weight_layout._step(True), weight_layout._step(False)  # pylint: disable=protected-access
+  # The same weights, stored either way, in either form: the same losses,
+  # step after step.
+  steps = [weight_layout._step(form) for form in weight_layout.FORMS]  # pylint: disable=protected-access
   for _ in range(3):
-    np.testing.assert_allclose(float(torch_layout()), float(keras_layout()), rtol=1e-5)
+    losses = [float(step()) for step in steps]
+    np.testing.assert_allclose(losses[:2], [losses[2]] * 2, rtol=1e-5)
