@@ -1,7 +1,7 @@
 """The TD3 train step of `make demo` (XLA), its contenders paired in one process.
 
 Usage:
-  python -m benchmarks.paired_step [--processes 3] [--rounds 12] [--out DIR]
+  python -m benchmarks.paired_step [--processes 5] [--rounds 12] [--out DIR]
   python -m benchmarks.paired_step --one ORDER   (one process)
 
 `benchmarks.runners` times each contender in processes of its own, as a
@@ -154,7 +154,7 @@ def markdown(data):
 def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.paired_step", description=__doc__)
   parser.add_argument("--one", metavar="ORDER")
-  parser.add_argument("--processes", type=int, default=3)
+  parser.add_argument("--processes", type=int, default=5)
   parser.add_argument("--rounds", type=int, default=12)
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
