@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# No bridged call: `make test` runs it in the native pass only.
+pytestmark = pytest.mark.one_pass
+
 ROOT = Path(__file__).parents[1]
 _spec = importlib.util.spec_from_file_location("_doc_checks", ROOT / "docs" / "_checks.py")
 checks = importlib.util.module_from_spec(_spec)

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("bridge_runner")]
 
 @pytest.mark.parametrize("name", sorted(cases.MODULES))
 def test_module_db_sample_matches_pure_torch(name):
-  results = cases.run_module(name)
+  results = cases.run_module(name, spread_to=cases.SPREAD_TO)
   if not results:
     pytest.skip(f"module_db gives no forward samples for {name}")
   failures = {
