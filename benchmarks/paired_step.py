@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -53,28 +54,26 @@ CONTENDERS = (KERAS_XLA, TB_XLA, TB_XLA_UNCHECKED, TB_XLA_TRANSPOSE_B, TORCH, TO
 BLOCK = 100
 
 
+def _variant(name):
+  """(object, attribute, replacement) patched while `name`'s step is traced:
+  the default runner's step with one piece of the translation changed."""
+  # pylint: disable=import-outside-toplevel
+  from torchbridge._state import _runner
+  from torchbridge._translate._aten import _nn
+
+  if name == TB_XLA_UNCHECKED:  # no stale-state check
+    return _runner, "add_guard", lambda *args, **kwargs: None
+  if name == TB_XLA_TRANSPOSE_B:  # the form the translation writes without XLA
+    return _nn, "_times_transposed", lambda x, w: tensorflow.matmul(x, w, transpose_b=True)
+  return None
+
+
 def _build(name):
-  if name == TB_XLA_UNCHECKED:
-    from torchbridge._state import _runner  # pylint: disable=import-outside-toplevel
-
-    add_guard = _runner.add_guard
-    _runner.add_guard = lambda *args, **kwargs: None
-    try:
+  variant = _variant(name)
+  if variant is not None:
+    with mock.patch.object(*variant):
       step = runners._td3_step(runners.XLA)  # pylint: disable=protected-access
-      step()  # traced (and captured) without the check
-    finally:
-      _runner.add_guard = add_guard
-    return step
-  if name == TB_XLA_TRANSPOSE_B:
-    from torchbridge._translate._aten import _nn  # pylint: disable=import-outside-toplevel
-
-    xla_form = _nn._times_transposed  # pylint: disable=protected-access
-    _nn._times_transposed = lambda x, w: tensorflow.matmul(x, w, transpose_b=True)
-    try:
-      step = runners._td3_step(runners.XLA)  # pylint: disable=protected-access
-      step()  # traced (and captured) with the form the translation writes without XLA
-    finally:
-      _nn._times_transposed = xla_form
+      step()  # traced (and captured) with the variant
     return step
   source = {KERAS_XLA: runners.KERAS_XLA, TB_XLA: runners.XLA}.get(name, name)
   return runners._td3_step(source)  # pylint: disable=protected-access

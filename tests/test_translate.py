@@ -596,10 +596,9 @@ def test_inside_a_function_the_ops_go_in_directly():
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("rank", [2, 3])
 def test_linear_reads_the_weight_in_torchs_layout_in_the_form_each_compiler_runs_fastest(jit, rank):
-  # Under XLA `x @ W.T` is written `(W @ x.T).T` (XLA's CPU dots read the
-  # (out, in) weight in its own layout: benchmarks/weight_layout.py);
-  # without XLA it stays one MatMul with transpose_b. Either way the
-  # numbers and the gradients are torch's.
+  # Under XLA `x @ W.T` is written `(W @ x.T).T` (faster on XLA's CPU
+  # dots: benchmarks/weight_layout.py); without XLA it stays one MatMul
+  # with transpose_b. Either way the numbers and the gradients are torch's.
   torch.manual_seed(0)
   linear = torch.nn.Linear(6, 4)
   actor = tb.TorchModule(linear, name="linear")

@@ -17,25 +17,28 @@ def _matmul_2d(x, w, transpose_w=False):
   """`x @ w` (`x @ w.T` with `transpose_w`) for x of any rank >= 2, as one
   2-D matmul (TFLite's FULLY_CONNECTED, XLA's dot)."""
   if x.shape.rank == 2:
-    return _times_transposed(x, w) if transpose_w else tf.matmul(x, w)
-  lead = tf.shape(x)[:-1]
-  # The inner size from the weight: x's last dimension may be unknown in
-  # the graph (after a reshape with -1) while the weight's never is.
-  inner = w.shape[-1 if transpose_w else 0]
-  inner = inner if inner is not None else tf.shape(x)[-1]
-  x_2d = tf.reshape(x, [-1, inner])
+    x_2d = x
+  else:
+    # The inner size from the weight: x's last dimension may be unknown in
+    # the graph (after a reshape with -1) while the weight's never is.
+    inner = w.shape[-1 if transpose_w else 0]
+    inner = inner if inner is not None else tf.shape(x)[-1]
+    x_2d = tf.reshape(x, [-1, inner])
   y = _times_transposed(x_2d, w) if transpose_w else tf.matmul(x_2d, w)
-  return tf.reshape(y, tf.concat([lead, tf.shape(y)[-1:]], 0))
+  if x.shape.rank == 2:
+    return y
+  return tf.reshape(y, tf.concat([tf.shape(x)[:-1], tf.shape(y)[-1:]], 0))
 
 
 def _times_transposed(x, w):
   """`x @ w.T` for a 2-D `x` and a torch-layout `(out, in)` weight `w`.
 
-  Under XLA it is written `(w @ x.T).T`: XLA's CPU dots then read the
-  weight in its own layout, forward and backward, and a TD3-sized step
-  runs at the speed of Keras' `(in, out)` kernels, where `x @ w.T` costs
-  8% more (`benchmarks/weight_layout.py`). Without XLA the transpose would
-  be an op of its own, so it stays `matmul(transpose_b=True)`.
+  Under XLA it is written `(w @ x.T).T`: on a TD3-critic-shaped step of
+  plain TF ops on the CPU it brought torch's layout from 1.055x to 1.020x
+  Keras' `(in, out)` kernels (`benchmarks/weight_layout.py`); in the whole
+  TD3 step the two forms measured within noise of each other
+  (`benchmarks/paired_step.py`). Without XLA the transpose would be an op
+  of its own, so it stays `matmul(transpose_b=True)`.
   """
   if _compat.in_xla_context():
     return tf.transpose(tf.matmul(w, x, transpose_b=True))
@@ -44,9 +47,10 @@ def _times_transposed(x, w):
 
 @translates("aten.linear.default")
 def _linear(out, x, weight, bias=None):
-  # transpose_b, not tf.transpose(weight): a transposed variable inside a
-  # nested function makes XLA recompile a jit-compiled training step on
-  # every call (TF 2.21), and the matmul reads the weight as it is anyway.
+  # The weight itself is never transposed (tf.transpose(weight)): a
+  # transposed variable inside a nested function makes XLA recompile a
+  # jit-compiled training step on every call (TF 2.21); the matmul reads
+  # the weight as it is.
   y = _matmul_2d(x, weight, transpose_w=True)
   if bias is None:
     return y
