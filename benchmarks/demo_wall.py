@@ -18,9 +18,11 @@ The wall time is the whole process's, as a user of `make demo` waits for it
 (Python's start and the imports included). It is split into the imports
 (the process's wall less the script's own), the train steps (the script's
 `sec_per_train_step` times its steps: the first step's tracing, capture and
-XLA compile included) and the rest of the script (the policy's call each
-environment step, the environment, the replay buffer, the evaluations,
-checkpoints and summaries). Writes demo_wall.json and demo_wall.md.
+XLA compile included), the policy's calls (each environment step's and
+the evaluations', timed by the script around `agent.policy`, the first
+call's tracing and capture included) and the rest of the script (the
+environment, the replay buffer, checkpoints and summaries). Writes
+demo_wall.json and demo_wall.md.
 """
 
 import argparse
@@ -54,6 +56,7 @@ def one(backend, seed, steps, out):
   script_s = time.perf_counter() - start
   with open(os.path.join(out, "results.json")) as f:
     results = json.load(f)
+  timing = results["timing_this_process"]
   return {
     "backend": backend,
     "seed": seed,
@@ -69,6 +72,12 @@ def one(backend, seed, steps, out):
     "eval_returns": results["eval_returns"],
     "runners": results.get("runners"),
     "versions": results["versions"],
+    # The policy's calls (exploration and evaluation), the first included;
+    # the first call and train step alone (tracing, capture, XLA compile).
+    "policy_s": timing["policy_seconds"],
+    "policy_calls": timing["policy_calls"],
+    "first_policy_call_s": timing["first_policy_call_s"],
+    "first_train_step_s": timing["first_train_step_s"],
   }
 
 
@@ -96,12 +105,24 @@ def measure(rounds, steps, log=print):
 
 
 def parts(record):
-  """A run's wall time in parts that add up to it (seconds)."""
-  return {
+  """A run's wall time in parts that add up to it (seconds); the policy's
+  calls apart where the run timed them."""
+  timed = {
     "imports, Python's start and exit": record["wall_s"] - record["script_s"],
     "train steps": record["train_s"],
-    "the rest of the script": record["script_s"] - record["train_s"],
   }
+  rest = record["script_s"] - record["train_s"]
+  if "policy_s" in record:
+    timed["the policy's calls"] = record["policy_s"]
+    rest -= record["policy_s"]
+  timed["the rest of the script"] = rest
+  return timed
+
+
+def _per_call_us(record):
+  """The policy's call, microseconds: the mean after the first."""
+  n = record["policy_calls"]
+  return 1e6 * (record["policy_s"] - record["first_policy_call_s"]) / max(n - 1, 1)
 
 
 def markdown(data):
@@ -152,6 +173,20 @@ def markdown(data):
     )
     + " |"
   )
+  if all("policy_s" in r for label in labels for r in runs[label]):
+
+    def row(title, value, digits):
+      cells = [f"{np.median([value(r) for r in runs[label]]):.{digits}f}" for label in labels]
+      lines.append(f"| {title} | " + " | ".join(cells) + " |")
+
+    calls = runs[labels[0]][0]["policy_calls"]
+    row(f"the policy's call, us (the mean of {calls:,} after the first)", _per_call_us, 0)
+    row(
+      "the first policy call, s (tracing, capture and check, XLA compile)",
+      lambda r: r["first_policy_call_s"],
+      2,
+    )
+    row("the first train step, s (the same)", lambda r: r["first_train_step_s"], 2)
   lines.append(
     "| final evaluation return (each seed) | "
     + " | ".join(" / ".join(f"{r['final_return']:.1f}" for r in runs[label]) for label in labels)

@@ -129,6 +129,15 @@ class Run:
       "train_seconds": 0.0,
       "resumed_from": None,
     }
+    # This process's time in the policy's calls (exploration and
+    # evaluation) and in the first call and train step (their tracing,
+    # captures and compiles): not checkpointed, as the wall time is not.
+    self.timing = {
+      "policy_calls": 0,
+      "policy_seconds": 0.0,
+      "first_policy_call_s": None,
+      "first_train_step_s": None,
+    }
 
   # --- checkpoints -----------------------------------------------------
   def _progress_path(self):
@@ -174,13 +183,22 @@ class Run:
     return True
 
   # --- acting ----------------------------------------------------------
+  def policy(self, obs):
+    start = time.perf_counter()
+    action = self.agent.policy(obs)
+    seconds = time.perf_counter() - start
+    timing = self.timing
+    if timing["first_policy_call_s"] is None:
+      timing["first_policy_call_s"] = seconds
+    timing["policy_calls"] += 1
+    timing["policy_seconds"] += seconds
+    return action
+
   def explore(self, obs):
     if self.progress["env_step"] < self.args.start_steps:
       return self.rng.uniform(-self.max_action, self.max_action, size=1).astype(np.float32)
     noise = self.rng.normal(0, self.max_action * self.hyper.expl_noise, size=1)
-    return np.clip(self.agent.policy(obs) + noise, -self.max_action, self.max_action).astype(
-      np.float32
-    )
+    return np.clip(self.policy(obs) + noise, -self.max_action, self.max_action).astype(np.float32)
 
   def evaluate(self):
     returns = []
@@ -189,7 +207,7 @@ class Run:
       done, total = False, 0.0
       while not done:
         obs, reward, terminated, truncated, _ = self.eval_env.step(
-          self.agent.policy(obs.astype(np.float32))
+          self.policy(obs.astype(np.float32))
         )
         total += reward
         done = terminated or truncated
@@ -229,7 +247,10 @@ def train(args):
         start = time.perf_counter()
         critic_loss, actor_loss = run.agent.train_step(*batch)
         critic_loss, actor_loss = float(critic_loss), float(actor_loss)
-        run.progress["train_seconds"] += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        run.progress["train_seconds"] += seconds
+        if run.timing["first_train_step_s"] is None:
+          run.timing["first_train_step_s"] = seconds
         run.progress["train_steps"] += 1
         if step % 100 == 0:
           tf.summary.scalar("critic_loss", critic_loss, step=step)
@@ -257,6 +278,7 @@ def train(args):
     "episodes": run.progress["episodes"],
     "resumed_from": run.progress["resumed_from"],
     "wall_seconds_this_process": time.time() - wall_start,
+    "timing_this_process": run.timing,
     "hyperparameters": vars(run.hyper) | {"start_steps": args.start_steps},
     "versions": {
       "torch": torch.__version__,

@@ -806,6 +806,25 @@ def test_demo_wall_table_has_each_seed_the_ratios_and_the_split():
     "| final evaluation return (each seed) | -96.0 / -93.0 | -97.0 / -94.0 | -95.0 / -93.5 |"
     in text
   )
+  assert "policy" not in text  # runs that did not time the policy's calls
+
+  # Runs that timed them: the policy's calls come out of the rest.
+  for label, policy_s in (("torchbridge", 8.0), ("pure torch", 2.0), ("Keras port", 7.0)):
+    for record in runs[label]:
+      record.update(
+        policy_s=policy_s,
+        policy_calls=1001,
+        first_policy_call_s=policy_s / 4,
+        first_train_step_s=1.5,
+      )
+  text = demo_wall.markdown({"backends": runs, "steps": 20000, "rounds": 2, "source": source})
+  assert "| the policy's calls, s | 8.0 | 2.0 | 7.0 |" in text
+  assert "| the rest of the script, s | 11.0 | 6.5 | 6.5 |" in text
+  # (8.0 - 2.0) s over the 1,000 calls after the first.
+  assert (
+    "| the policy's call, us (the mean of 1,001 after the first) | 6000 | 1500 | 5250 |" in text
+  )
+  assert "| the first train step, s (the same) | 1.50 | 1.50 | 1.50 |" in text
 
 
 def test_demo_wall_runs_make_demos_command_in_one_process(tmp_path):
@@ -826,6 +845,12 @@ def test_demo_wall_runs_make_demos_command_in_one_process(tmp_path):
   assert record["final_return"] == script["eval_returns"][-1][1]
   assert record["train_s"] == pytest.approx(script["sec_per_train_step"] * 100)
   assert 0 < record["train_s"] < record["script_s"]
+  # The policy's calls, timed by the script: 100 exploring (after the 1,000
+  # random steps) and the evaluation's 5 episodes of 200.
+  assert record["policy_calls"] == 100 + 5 * 200
+  assert 0 < record["first_policy_call_s"] < record["policy_s"]
+  assert record["policy_s"] + record["train_s"] < record["script_s"]
+  assert 0 < record["first_train_step_s"] < record["train_s"]
   # make demo's graph calls take the TF runner (each module's translation).
   assert {r["runner"] for r in record["runners"].values()} == {"tf"}
 
