@@ -258,6 +258,22 @@ def test_jit_compiled_graph_refuses_stale_attribute_too():
     f(tf.ones([1, 2]))
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_concrete_function_refuses_stale_attribute_too(jit_compile):
+  # The TD3 example calls its policy as a concrete function: the check
+  # runs on those calls as on the tf.function's.
+  module = tb.TorchModule(seeded(0, Scaled, Config()), name="scaled_concrete")
+  f = tf.function(lambda x: module(x), jit_compile=jit_compile)
+  concrete = f.get_concrete_function(tf.TensorSpec([1, 2], tf.float32))
+  x = tf.ones([1, 2])
+  first = concrete(x).numpy()
+  module.torch_module.scale = 4.0
+  with pytest.raises(StaleCaptureError, match=r"scale: 2\.0 when captured, 4\.0 now"):
+    concrete(x)
+  module.torch_module.scale = 2.0
+  np.testing.assert_allclose(concrete(x).numpy(), first)
+
+
 def test_unwatched_state_is_baked_in_as_documented():
   # Attributes of other objects (a config's fields) are not watched
   # (docs/guides/torch-module.md): the old graph keeps the captured value.
