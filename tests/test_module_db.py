@@ -29,7 +29,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("bridge_runner")]
 
 @pytest.mark.parametrize("name", sorted(cases.MODULES))
 def test_module_db_sample_matches_pure_torch(name):
-  results = cases.run_module(name, spread_to=cases.SPREAD_TO)
+  # A module listed as failing runs every sample: the failing ones may be
+  # few (nn.CTCLoss: some of its 40), and a spread could miss them all.
+  spread_to = None if name in cases.KNOWN_FAILURES else cases.SPREAD_TO
+  results = cases.run_module(name, spread_to=spread_to)
   if not results:
     pytest.skip(f"module_db gives no forward samples for {name}")
   failures = {
