@@ -160,27 +160,22 @@ def markdown(data):
     "| median of the rounds | " + " | ".join(labels) + " |",
     "|---|" + "---|" * len(labels),
   ]
+
+  def row(title, value, digits):
+    """A row of each backend's median of `value(record)`."""
+    cells = [f"{np.median([value(r) for r in runs[label]]):.{digits}f}" for label in labels]
+    lines.append(f"| {title} | " + " | ".join(cells) + " |")
+
   for part in parts(runs[labels[0]][0]):
-    lines.append(
-      f"| {part}, s | "
-      + " | ".join(f"{np.median([parts(r)[part] for r in runs[label]]):.1f}" for label in labels)
-      + " |"
-    )
-  lines.append(
-    "| train step, ms (the script's mean, the first step included) | "
-    + " | ".join(
-      f"{np.median([r['ms_per_train_step'] for r in runs[label]]):.2f}" for label in labels
-    )
-    + " |"
+    row(f"{part}, s", lambda r, part=part: parts(r)[part], 1)
+  row(
+    "train step, ms (the script's mean, the first step included)",
+    lambda r: r["ms_per_train_step"],
+    2,
   )
   if all("policy_s" in r for label in labels for r in runs[label]):
-
-    def row(title, value, digits):
-      cells = [f"{np.median([value(r) for r in runs[label]]):.{digits}f}" for label in labels]
-      lines.append(f"| {title} | " + " | ".join(cells) + " |")
-
     calls = runs[labels[0]][0]["policy_calls"]
-    row(f"the policy's call, us (the mean of {calls:,} after the first)", _per_call_us, 0)
+    row(f"the policy's call, us ({calls:,} calls, the mean after the first)", _per_call_us, 0)
     row(
       "the first policy call, s (tracing, capture and check, XLA compile)",
       lambda r: r["first_policy_call_s"],

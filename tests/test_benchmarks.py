@@ -822,7 +822,7 @@ def test_demo_wall_table_has_each_seed_the_ratios_and_the_split():
   assert "| the rest of the script, s | 11.0 | 6.5 | 6.5 |" in text
   # (8.0 - 2.0) s over the 1,000 calls after the first.
   assert (
-    "| the policy's call, us (the mean of 1,001 after the first) | 6000 | 1500 | 5250 |" in text
+    "| the policy's call, us (1,001 calls, the mean after the first) | 6000 | 1500 | 5250 |" in text
   )
   assert "| the first train step, s (the same) | 1.50 | 1.50 | 1.50 |" in text
 
