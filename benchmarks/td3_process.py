@@ -151,7 +151,9 @@ def run_script(
       if isinstance(self.agent, agents.TFAgent):
         act_functions.append(self.agent.act)
         if eager_policy:
-          self.agent.act = self.agent._act  # pylint: disable=protected-access
+          # The policy calls act's concrete function once it has one: give
+          # it the undecorated act instead, so no trace is ever made.
+          self.agent._act_concrete = self.agent._act  # pylint: disable=protected-access
       actor_class.append(type(self.agent.actor).__name__)
       self.agent.train_step = _timed(self.agent.train_step, durations)
       if policy_durations is not None:
