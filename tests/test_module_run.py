@@ -498,3 +498,26 @@ def test_a_translation_that_raises_falls_back(monkeypatch, caplog):
     out = tf.function(lambda x: module(x))(x)
   assert "an op's translation raised" in caplog.text and "a translation bug" in caplog.text
   np.testing.assert_allclose(out.numpy(), module(x).numpy(), rtol=1e-6)
+
+
+def test_captures_make_tf_warn_of_no_retracing(caplog):
+  # Each capture's check traces a function of its own: called as a new
+  # tf.function each time, TF warned of "frequent retracing" from the
+  # fifth capture of a process on, naming torchbridge's check.
+  modules = [
+    tb.TorchModule(seeded(k, mlp), name=f"mlp{k}", output_signature=tf.TensorSpec([None, 2]))
+    for k in range(7)
+  ]
+  x = tf.ones([4, 3])
+
+  @tf.function
+  def all_of_them(x):
+    return [m(x) for m in modules]
+
+  with caplog.at_level(logging.WARNING, logger="tensorflow"):
+    outs = all_of_them(x)
+  assert [_runners.choices()[m.name]["runner"] for m in modules] == ["tf"] * 7
+  for m, out in zip(modules, outs):
+    np.testing.assert_allclose(out.numpy(), m.torch_module(torch.ones(4, 3)).detach(), rtol=1e-5, atol=1e-6)
+  retracing = [r.getMessage() for r in caplog.records if "retracing" in r.getMessage()]
+  assert retracing == []

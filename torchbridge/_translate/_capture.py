@@ -216,8 +216,10 @@ def _check(
   leaves_tf = [a for a in args_tf if a.dtype.is_floating] + trainable
 
   # In a graph, as the call will run (TF's eager gradients of some ops, a
-  # 3-D convolution's among them, fail for want of attributes).
-  @tf.function(autograph=False)
+  # 3-D convolution's among them, fail for want of attributes). Traced by
+  # get_concrete_function, then called: one new tf.function per check,
+  # called, would make TF warn of "frequent retracing" from the fifth
+  # capture of a process on.
   def tf_side() -> tuple[list[tf.Tensor], dict[str, tf.Tensor], list[Any]]:
     with tf.GradientTape(watch_accessed_variables=False) as tape:
       tape.watch(leaves_tf)
@@ -241,7 +243,7 @@ def _check(
     )
 
   try:
-    outputs_tf, writes_tf, grads_tf = tf_side()
+    outputs_tf, writes_tf, grads_tf = tf.function(tf_side, autograph=False).get_concrete_function()()
   except _table.Refused as err:
     raise Refusal("op", str(err)) from err
   except _table.Failed as err:
