@@ -16,11 +16,17 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
   native op whose C++ callback hands back fresh outputs, no torch compute);
 - TF's call-time capture alone: a `tf.function` adding 1 to its input with
   a call-time capture whose closure returns a constant, against the same
-  function without it.
+  function without it;
+- torch's own work in that call, eagerly from Python: the exported
+  program's one node (`aten.linear`) on the same shapes, its parameters
+  requiring grad (so autograd records it, as in the runner). It includes
+  Python's call of a torch op (a microsecond or two), so it bounds torch's
+  share of the runner's C++ from above.
 
 So the runner's gap over the bare op splits into the check (the first two
-rows' difference), of which TF's capture machinery is the last two rows'
-difference, and the runner's own C++ (the second row over the bare op).
+rows' difference), of which TF's capture machinery is the capture rows'
+difference, and the runner's own C++ (the second row over the bare op),
+of which torch's own work is the last row.
 Writes `guard_cost.json` and `guard_cost.md` to `--out`.
 """
 
@@ -44,6 +50,7 @@ NO_CHECK = 'run="torch", the stale-state check left out'
 BARE = "bare op, C++ callback (no torch compute)"
 CAPTURE = "tf.function with one call-time capture (x + 1)"
 PLAIN = "tf.function without it (x + 1)"
+TORCH = "torch's own work: aten.linear on the same shapes, autograd recording, eagerly"
 
 
 def contenders():
@@ -80,12 +87,17 @@ def contenders():
   def plain(v):
     return v + 1.0
 
+  linear = torch.nn.Linear(4, 4)
+  x_torch = torch.ones(1, 4)
+  aten_linear = torch.ops.aten.linear.default
+
   calls = {
     RUNNER: module_call(check=True),
     NO_CHECK: module_call(check=False),
     BARE: lambda: bare(x),
     CAPTURE: lambda: with_capture(x),
     PLAIN: lambda: plain(x),
+    TORCH: lambda: aten_linear(x_torch, linear.weight, linear.bias),
   }
   for call in calls.values():
     call()
@@ -125,10 +137,16 @@ def markdown(result):
     f"| {CAPTURE} | {m[CAPTURE]:.1f} |",
     f"| {PLAIN} | {m[PLAIN]:.1f} |",
     "",
+    "| torch alone | us |",
+    "|---|---|",
+    f"| {TORCH} | {m[TORCH]:.1f} |",
+    "",
     f"The runner over the bare op: {m[RUNNER] - m[BARE]:+.1f} us; of it the stale-state "
     f"check {m[RUNNER] - m[NO_CHECK]:+.1f} us (TF's call-time capture alone: "
     f"{m[CAPTURE] - m[PLAIN]:+.1f} us) and the runner's own C++ "
-    f"{m[NO_CHECK] - m[BARE]:+.1f} us.",
+    f"{m[NO_CHECK] - m[BARE]:+.1f} us, of which torch's own work is at most "
+    f"{m[TORCH]:.1f} us (so the bridge's C++ is at least "
+    f"{m[NO_CHECK] - m[BARE] - m[TORCH]:+.1f} us).",
     "",
   ]
   return "\n".join(lines)
