@@ -15,8 +15,10 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
   (`scripted_native.NoPythonFloorModule`: the same variables read, one
   native op whose C++ callback hands back fresh outputs, no torch compute);
 - TF's call-time capture alone: a `tf.function` adding 1 to its input with
-  a call-time capture whose closure returns a constant, against the same
-  function without it;
+  a call-time capture whose closure returns a constant, typed as the
+  check's is (`_runner.CheckType`) and by a `tf.TensorSpec` (what TF's
+  own validation of the value costs), against the same function without
+  it;
 - torch's own work in that call, eagerly from Python: the exported
   program's one node (`aten.linear`) on the same shapes, its parameters
   requiring grad (so autograd records it, as in the runner). It includes
@@ -48,7 +50,8 @@ from torchbridge._state import _runner  # noqa: E402
 RUNNER = 'run="torch" (C++ torch runner), as users get it'
 NO_CHECK = 'run="torch", the stale-state check left out'
 BARE = "bare op, C++ callback (no torch compute)"
-CAPTURE = "tf.function with one call-time capture (x + 1)"
+CAPTURE = "tf.function with one call-time capture of the check's type (x + 1)"
+CAPTURE_SPEC = "tf.function with one call-time capture typed by a tf.TensorSpec (x + 1)"
 PLAIN = "tf.function without it (x + 1)"
 TORCH = "torch's own work: aten.linear on the same shapes, autograd recording, eagerly"
 
@@ -76,12 +79,18 @@ def contenders():
   bare = tf.function(lambda v: bare_module(v))
   zero = tf.constant(0)
 
-  @tf.function
-  def with_capture(v):
-    _compat.function_graph().capture_call_time_value(
-      lambda: zero, tf.TensorSpec([], tf.int32), key="guard_cost", default_value=zero
-    )
-    return v + 1.0
+  def with_capture(spec):
+    @tf.function
+    def add_one(v):
+      _compat.function_graph().capture_call_time_value(
+        lambda: zero, spec, key="guard_cost", default_value=zero
+      )
+      return v + 1.0
+
+    return add_one
+
+  with_check_type = with_capture(_runner.CheckType())
+  with_spec = with_capture(tf.TensorSpec([], tf.int32))
 
   @tf.function
   def plain(v):
@@ -95,7 +104,8 @@ def contenders():
     RUNNER: module_call(check=True),
     NO_CHECK: module_call(check=False),
     BARE: lambda: bare(x),
-    CAPTURE: lambda: with_capture(x),
+    CAPTURE: lambda: with_check_type(x),
+    CAPTURE_SPEC: lambda: with_spec(x),
     PLAIN: lambda: plain(x),
     TORCH: lambda: aten_linear(x_torch, linear.weight, linear.bias),
   }
@@ -135,6 +145,7 @@ def markdown(result):
     "| TF's call-time capture | us |",
     "|---|---|",
     f"| {CAPTURE} | {m[CAPTURE]:.1f} |",
+    f"| {CAPTURE_SPEC} | {m[CAPTURE_SPEC]:.1f} |",
     f"| {PLAIN} | {m[PLAIN]:.1f} |",
     "",
     "| torch alone | us |",

@@ -734,7 +734,7 @@ def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads((tmp_path / "guard_cost.json").read_text())
   names = (guard_cost.RUNNER, guard_cost.NO_CHECK, guard_cost.BARE)
-  names += (guard_cost.CAPTURE, guard_cost.PLAIN, guard_cost.TORCH)
+  names += (guard_cost.CAPTURE, guard_cost.CAPTURE_SPEC, guard_cost.PLAIN, guard_cost.TORCH)
   for name in names:
     timing = result["timings"][name]
     assert len(timing["samples_us"]) == 2 and timing["median_us"] > 0, name

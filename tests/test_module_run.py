@@ -518,6 +518,8 @@ def test_captures_make_tf_warn_of_no_retracing(caplog):
     outs = all_of_them(x)
   assert [_runners.choices()[m.name]["runner"] for m in modules] == ["tf"] * 7
   for m, out in zip(modules, outs):
-    np.testing.assert_allclose(out.numpy(), m.torch_module(torch.ones(4, 3)).detach(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      out.numpy(), m.torch_module(torch.ones(4, 3)).detach(), rtol=1e-5, atol=1e-6
+    )
   retracing = [r.getMessage() for r in caplog.records if "retracing" in r.getMessage()]
   assert retracing == []

@@ -243,7 +243,8 @@ def _check(
     )
 
   try:
-    outputs_tf, writes_tf, grads_tf = tf.function(tf_side, autograph=False).get_concrete_function()()
+    traced = tf.function(tf_side, autograph=False).get_concrete_function()
+    outputs_tf, writes_tf, grads_tf = traced()
   except _table.Refused as err:
     raise Refusal("op", str(err)) from err
   except _table.Failed as err:
