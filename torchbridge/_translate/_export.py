@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,8 @@ _KEEP_WHOLE = (
   # the wrong strides when the batch size is dynamic (GPT-2 fails).
   "scaled_dot_product_attention.default",
 )
+
+_KEEP_WHOLE_OPS = frozenset(f"aten.{name}" for name in _KEEP_WHOLE)
 
 # `mutations`: the buffers a training-mode forward writes, one per leading
 # output of the graph (their new values); `structure` indexes the outputs
@@ -173,7 +176,7 @@ def export(
       if varargs:
         shapes = (dynamic,) if any(d is not None for d in dynamic) else None
       program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
-      program = program.run_decompositions(_decompositions() if decompose else {})
+      program = _decomposed(program, _decompositions() if decompose else {})
   except Exception as err:  # torch.export's errors are many and unrelated
     raise ValueError(
       f"translate({name!r}): torch.export could not export the module with "
@@ -191,12 +194,65 @@ def _dynamic_dim(k: int, axis: int) -> Any:
 
 
 def _decompositions() -> dict[Any, Any]:
+  return dict(_decomposition_table())
+
+
+@functools.cache
+def _decomposition_table() -> dict[Any, Any]:
+  # Built once a process (~0.08 s); callers get a copy.
   table = torch.export.default_decompositions()
-  keep = {f"aten.{name}" for name in _KEEP_WHOLE}
-  for op in list(table):
-    if str(op) in keep:
-      del table[op]
-  return table
+  return {op: fn for op, fn in table.items() if str(op) not in _KEEP_WHOLE_OPS}
+
+
+def _decomposed(
+  program: torch.export.ExportedProgram, table: dict[Any, Any]
+) -> torch.export.ExportedProgram:
+  """`program.run_decompositions(table)`, or `program` itself where that
+  would leave its graph as it is: `run_decompositions` costs ~0.4 s a call
+  however small the graph (it overrides every CompositeImplicitAutograd op
+  torch has), most of a capture of a small MLP."""
+  if _in_final_form(program, table):
+    return program
+  return program.run_decompositions(table)
+
+
+def _in_final_form(program: torch.export.ExportedProgram, table: dict[Any, Any]) -> bool:
+  """True where `run_decompositions(table)` has nothing to do: no
+  mutation in the signature, and every node an ATen op of one result that
+  is functional (no mutation, no alias of an input: nothing to
+  functionalize), not in `table` and not one torch decomposes anyway
+  (nothing to decompose). tests/test_export_decompose.py checks it against
+  `run_decompositions` on torch's module_db."""
+  signature = program.graph_signature
+  if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+    return False
+  for node in program.graph.nodes:
+    if node.op != "call_function":
+      continue
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op in table:
+      return False
+    schema = op._schema
+    if schema.is_mutable or len(schema.returns) != 1:
+      return False  # (of several results, run_decompositions takes each)
+    if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
+      return False
+    if set(op.py_kernels) - {torch._C.DispatchKey.Meta}:
+      return False  # a kernel in Python (multi_margin_loss's decomposes it)
+    cia = torch._C.DispatchKey.CompositeImplicitAutograd
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), cia):
+      # Kept whole only if it is one the translation keeps and torch
+      # preserves (it decomposes some however the table says: batch_norm).
+      if str(op) not in _KEEP_WHOLE_OPS or not _preservable(op):
+        return False
+  return True
+
+
+def _preservable(op: Any) -> bool:
+  from torch._export import utils  # pylint: disable=import-outside-toplevel
+
+  is_preservable = getattr(utils, "_is_preservable_cia_op", None)  # torch's, private
+  return bool(is_preservable is not None and is_preservable(op))
 
 
 def _check_dynamic_dims(
