@@ -238,6 +238,40 @@ def function_graph() -> Any:
   return graph
 
 
+# What `ExportedProgram.run_decompositions` does to an op, for the capture's
+# skip of it (`_translate/_export.py`). Each answers "it may change the op"
+# where the API is gone: the capture then decomposes, as before.
+
+
+def op_has_python_kernel(op: Any) -> bool:
+  """Whether a torch op has a kernel registered from Python for a key
+  other than Meta (`run_decompositions` runs them: multi_margin_loss's
+  Autograd kernel decomposes it)."""
+  kernels = getattr(op, "py_kernels", None)
+  if not isinstance(kernels, dict):
+    return True
+  return bool(set(kernels) - {torch._C.DispatchKey.Meta})  # pylint: disable=protected-access
+
+
+def op_is_composite(op: Any) -> bool:
+  """Whether a torch op has a CompositeImplicitAutograd kernel (one that
+  `run_decompositions` decomposes unless it preserves the op)."""
+  has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)  # pylint: disable=protected-access
+  return has_kernel is None or bool(has_kernel(op.name(), "CompositeImplicitAutograd"))
+
+
+def export_preserves_composite(op: Any) -> bool:
+  """Whether `run_decompositions` keeps a CompositeImplicitAutograd op its
+  table leaves out (it decomposes some whatever the table says:
+  batch_norm)."""
+  try:
+    from torch._export import utils  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  is_preservable = getattr(utils, "_is_preservable_cia_op", None)
+  return bool(is_preservable is not None and is_preservable(op))
+
+
 def is_optional_type(schema_type: Any) -> bool:
   """A torch schema argument type `T?` (torch's private `torch._C` types)."""
   return isinstance(schema_type, torch._C.OptionalType)  # pylint: disable=protected-access

@@ -14,6 +14,8 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 from torch.fx.experimental import symbolic_shapes
 import tensorflow as tf
 
+from torchbridge._frameworks import _compat
+
 # Ops TF has whole: kept instead of decomposed into many small ATen ops.
 _KEEP_WHOLE = (
   "linear.default",
@@ -237,22 +239,15 @@ def _in_final_form(program: torch.export.ExportedProgram, table: dict[Any, Any])
       return False  # (of several results, run_decompositions takes each)
     if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
       return False
-    if set(op.py_kernels) - {torch._C.DispatchKey.Meta}:
-      return False  # a kernel in Python (multi_margin_loss's decomposes it)
-    cia = torch._C.DispatchKey.CompositeImplicitAutograd
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), cia):
-      # Kept whole only if it is one the translation keeps and torch
-      # preserves (it decomposes some however the table says: batch_norm).
-      if str(op) not in _KEEP_WHOLE_OPS or not _preservable(op):
-        return False
+    if _compat.op_has_python_kernel(op):
+      return False
+    # A composite op stays whole only if the translation keeps it and
+    # torch preserves it (it decomposes some whatever the table says).
+    if _compat.op_is_composite(op) and (
+      str(op) not in _KEEP_WHOLE_OPS or not _compat.export_preserves_composite(op)
+    ):
+      return False
   return True
-
-
-def _preservable(op: Any) -> bool:
-  from torch._export import utils  # pylint: disable=import-outside-toplevel
-
-  is_preservable = getattr(utils, "_is_preservable_cia_op", None)  # torch's, private
-  return bool(is_preservable is not None and is_preservable(op))
 
 
 def _check_dynamic_dims(
