@@ -99,7 +99,9 @@ docs: $(STAMP)
 # the import-order matrix, the README's code blocks, the quick-start
 # example, torch's lazily loaded native code, and the native op a user gets
 # (complete, built and reported by `python -m torchbridge`), and torch
-# inside XLA from the installed sources. Then what a
+# inside XLA from the installed sources, and the capture's skip of torch's
+# run_decompositions against torch's module_db (which needs expecttest,
+# the one test-only package added). Then what a
 # user sees: `python -m torchbridge info`, and the README example's first
 # graph call on the torch runner timed with an empty cache (the build
 # included) and a warm one, then on the default runner (the capture).
@@ -108,13 +110,15 @@ USER_PY := $(USER_VENV)/bin/python
 USER_REQUIREMENTS ?= requirements-user.txt
 USER_TESTS := test_installs.py test_readme.py test_quickstart.py \
 	test_torch_lazy_native.py test_native_cli.py test_cuda_warning.py \
-	test_torch_runner.py test_module_run.py test_handoff.py test_xla.py
+	test_torch_runner.py test_module_run.py test_handoff.py test_xla.py \
+	test_export_decompose.py
 user-venv:
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
 	$(USER_PY) -m pip install --quiet --upgrade pip
 	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet \
-	  -r $(USER_REQUIREMENTS) ".[cpu]" pytest pytest-xdist==3.8.0
+	  -r $(USER_REQUIREMENTS) ".[cpu]" pytest pytest-xdist==3.8.0 \
+	  $$(grep -E "^expecttest==" requirements-dev.txt)
 	$(USER_PY) -c "import importlib.util as u, sys; \
 	  sys.exit('triton missing: not a user install' if u.find_spec('triton') is None else 0)"
 	$(USER_PY) -m pip list 2>/dev/null | grep -E -i "^(torch|triton|tensorflow[-_a-z]*|keras|torchbridge) "

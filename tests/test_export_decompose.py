@@ -82,3 +82,38 @@ def test_a_program_in_final_form_is_what_run_decompositions_gives():
     assert "nn.MultiMarginLoss/eval" in decomposed[table_name]
     assert "nn.Linear/eval" in skipped[table_name]
     assert "nn.ReLU/train" in skipped[table_name]
+
+
+def test_a_dynamic_batch_keeps_the_rule():
+  """A dynamic batch: an MLP's graph has no symbolic size in it and skips;
+  a graph that reads one (`sym_size`, for a reshape or a new tensor) does
+  not. Where the rule skips, the graph is what run_decompositions gives."""
+  mlp = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+  class Reshaping(torch.nn.Module):
+    def forward(self, x):
+      return torch.relu(x).reshape(x.shape[0], -1).sum(1)
+
+  class Filled(torch.nn.Module):
+    def forward(self, x):
+      return x * torch.full((x.shape[0], 1), 2.0)
+
+  batch = torch.export.Dim("batch", min=2)
+  seen = []
+  cases = (
+    (mlp, torch.randn(4, 3)),
+    (Reshaping(), torch.randn(4, 2, 3)),
+    (Filled(), torch.randn(4, 3)),
+  )
+  for module, example in cases:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    for table in TABLES.values():
+      final = _export._in_final_form(program, table())
+      seen.append(final)
+      if final:
+        with warnings.catch_warnings():
+          warnings.simplefilter("ignore")
+          assert _form(program.run_decompositions(table())) == _form(program)
+  assert seen == [True, True, False, False, False, False]
