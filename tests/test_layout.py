@@ -5,10 +5,12 @@ is named in the docs' "Repository layout" (docs/contributing/layout.md);
 every file the layout and ARCHITECTURE.md name exists; no module of the
 call path (the layers a bridged call runs through) is over 300 lines, no
 other module over 400 and no C++ file over 400; the private framework APIs
-live in `_frameworks/_compat.py`. The import rules between the layers are
+live in `_frameworks/_compat.py`; a test that reads `exchange_stats()`
+holds off the garbage collector (`own_crossings_only`). The import rules between the layers are
 tests/test_layering.py's.
 """
 
+import ast
 import re
 import tokenize
 from pathlib import Path
@@ -149,3 +151,42 @@ def test_every_test_file_is_placed_in_a_layer():
   gone = [name for name in named if not (ROOT / "tests" / name).exists()]
   assert not gone, f"{LAYOUT} names test files that do not exist: {gone}"
   assert not missing, f"test files missing from {LAYOUT}'s table: {missing}"
+
+
+_COUNTERS = ("exchange_stats", "assert_stats")
+
+
+def _mentions(node, source, name):
+  segments = [ast.get_source_segment(source, d) or "" for d in node.decorator_list]
+  return any(name in s for s in segments) or name in [a.arg for a in node.args.args]
+
+
+def test_tests_that_count_crossings_hold_off_the_collector():
+  """A test that asserts `exchange_stats()` runs under `own_crossings_only`
+  (tests/conftest.py): the collector can free an earlier test's wrapper
+  mid-test, and its copy-back is counted (CI saw `copied` 10 for 2)."""
+  missing = []
+  for path in sorted((ROOT / "tests").glob("test_*.py")):
+    source = path.read_text()
+    tree = ast.parse(source)
+    marks = [
+      ast.get_source_segment(source, n) or ""
+      for n in tree.body
+      if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+    ]
+    if any("own_crossings_only" in m for m in marks):
+      continue
+    for node in ast.walk(tree):
+      if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+        continue
+      counts = any(
+        isinstance(call, ast.Call)
+        and getattr(call.func, "attr", getattr(call.func, "id", "")) in _COUNTERS
+        for call in ast.walk(node)
+      )
+      if counts and not _mentions(node, source, "own_crossings_only"):
+        missing.append(f"{path.name}::{node.name}")
+  assert not missing, (
+    "these tests read exchange_stats() without @pytest.mark.usefixtures"
+    f'("own_crossings_only"): {missing}'
+  )

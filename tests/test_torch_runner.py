@@ -714,6 +714,7 @@ def test_no_torch_jit_in_the_package_or_its_cpp():
 
 
 @native_cpp
+@pytest.mark.usefixtures("own_crossings_only")
 def test_a_result_copied_in_cpp_is_counted_as_the_python_path_counts_it():
   # The critic's gradients for `obs` and `action` are columns of its
   # concatenation's gradient (strided): each is copied once to be handed
