@@ -171,3 +171,25 @@ class NoPythonFloorModule(bare_native.BareNativeModule):
   def _bare_op(self, count, inputs_tf, dtypes, out_shapes):
     del count  # fresh tensors of the declared shapes, made in C++
     return _call_on_cpu(self._bare_callback(out_shapes), inputs_tf, dtypes, out_shapes)
+
+
+class TorchLinearFloorModule(NoPythonFloorModule):
+  """`NoPythonFloorModule` with torch's own work of its one `Linear` put
+  back: the forward op's C++ callback (`tbs_linear`) runs `at::linear` on
+  the op's input and parameters, no autograd recording, and hands the
+  result to TF. What any bridge that runs the module's torch in the call
+  pays at the least: torch's work where it runs, between TF's (its code
+  and data no longer in the core's caches, unlike torch's own loop). The
+  backward op stays the floor's (fresh tensors). A `Linear` only."""
+
+  def __init__(self, module_torch, name="torch_linear_floor"):
+    if not isinstance(module_torch, torch.nn.Linear):
+      raise TypeError(f"TorchLinearFloorModule runs a torch.nn.Linear, got {module_torch!r}")
+    super().__init__(module_torch, name)
+    address = ctypes.cast(library().tbs_linear, ctypes.c_void_p).value
+    self._linear = _callbacks.NativeCallback(address, None, owner=self)
+
+  def _bare_op(self, count, inputs_tf, dtypes, out_shapes):
+    if len(out_shapes) == 1 and count == 1:  # the forward: (zeros, x, weight, bias)
+      return _call_on_cpu(self._linear, inputs_tf, dtypes, out_shapes)
+    return super()._bare_op(count, inputs_tf, dtypes, out_shapes)

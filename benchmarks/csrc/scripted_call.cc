@@ -1,13 +1,16 @@
 // The floor of benchmarks/scripted_native.py's no-Python bridge: a C++
 // callback (csrc/native_callback.h) that hands back fresh, uncomputed
 // torch tensors of the shapes given to `tbs_bare_new`, as
-// benchmarks/bare_native.py's floor does from Python. (The bridge itself
-// runs torchbridge's own C++ call path, csrc/traced/traced_call.cc.)
+// benchmarks/bare_native.py's floor does from Python; and `tbs_linear`,
+// the same floor with torch's own work of one `Linear` put back (what any
+// bridge that runs torch in the call must run). (The bridge itself runs
+// torchbridge's own C++ call path, csrc/exported/exported_call.cc.)
 //
 // Shape lists are never freed: one per op signature, for the benchmarks.
 
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 #include <cstring>
@@ -51,6 +54,30 @@ int tbs_bare(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   for (int64_t i = 0; i < num_outputs; ++i) {
     outputs[i] = at::toDLPack(at::empty(shapes[i], at::kFloat));
   }
+  return 0;
+}
+
+// The last three inputs are a Linear's (x, weight, bias); its one output
+// is at::linear of them, computed here with no autograd recording (the
+// inputs before them, the bare op's placeholders, are dropped).
+int tbs_linear(void* context, DLManagedTensor** inputs, int64_t num_inputs,
+               const uint8_t* required, DLManagedTensor** outputs,
+               int64_t num_outputs, char* error, int64_t error_size) {
+  (void)context;
+  (void)required;
+  std::vector<at::Tensor> args;
+  for (int64_t i = 0; i < num_inputs; ++i) args.push_back(at::fromDLPack(inputs[i]));
+  if (num_inputs < 3 || num_outputs != 1) {
+    if (error_size > 0) {
+      std::strncpy(error, "tbs_linear: takes (..., x, weight, bias), gives one output",
+                   static_cast<size_t>(error_size - 1));
+      error[error_size - 1] = '\0';
+    }
+    return 1;
+  }
+  at::AutoGradMode no_grad(false);
+  outputs[0] = at::toDLPack(
+      at::linear(args[num_inputs - 3], args[num_inputs - 2], args[num_inputs - 1]));
   return 0;
 }
 
