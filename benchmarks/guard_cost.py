@@ -142,7 +142,11 @@ def callback_spans(calls, repeats, calls_per_timing):
           calls[name]()
       spans = [(e["end_ns"] - e["begin_ns"]) / 1e3 for e in trace.events if e["name"] == SPAN]
       if len(spans) != calls_per_timing:
-        raise RuntimeError(f"{name}: {len(spans)} callback spans for {calls_per_timing} calls")
+        raise RuntimeError(
+          f"{name}: {len(spans)} C++ callback spans for {calls_per_timing} calls (a call "
+          "took the Python path: unset TORCHBRIDGE_TORCH_RUNNER, and see `python -m "
+          "torchbridge info`)"
+        )
       samples[name] += spans
   return {name: float(np.median(v)) for name, v in samples.items()}
 

@@ -210,3 +210,19 @@ def test_the_no_python_floor_hands_back_fresh_tensors_of_the_shapes(scripted_nat
   ]
   # Its ops run C++ only: the kernel did not call the registered object.
   assert all(isinstance(c, _callbacks.NativeCallback) for c in floor._bare.values())
+
+
+def test_the_torch_linear_floor_computes_torchs_linear_in_cpp(scripted_native):
+  # guard_cost's floor with torch's own work put back: its forward op's
+  # C++ callback runs at::linear on the op's input and parameters.
+  torch.manual_seed(0)
+  linear_torch = torch.nn.Linear(4, 3)
+  floor = scripted_native.TorchLinearFloorModule(linear_torch)
+  x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+  y = tf.function(lambda v: floor(v))(tf.constant(x))
+  with torch.no_grad():
+    want = linear_torch(torch.from_numpy(x)).numpy()
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-6, atol=1e-6)
+  assert isinstance(floor._linear, _callbacks.NativeCallback)
+  with pytest.raises(TypeError, match="runs a torch.nn.Linear, got"):
+    scripted_native.TorchLinearFloorModule(torch.nn.ReLU())
