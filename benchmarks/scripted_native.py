@@ -180,13 +180,17 @@ class TorchLinearFloorModule(NoPythonFloorModule):
   result to TF. What any bridge that runs the module's torch in the call
   pays at the least: torch's work where it runs, between TF's (its code
   and data no longer in the core's caches, unlike torch's own loop). The
-  backward op stays the floor's (fresh tensors). A `Linear` only."""
+  backward op stays the floor's (fresh tensors). A `Linear` only.
+  `boxed=True` calls `aten::linear` through the dispatcher's boxed call
+  (`tbs_linear_boxed`: an IValue stack, as a runner interpreting an
+  exported graph node by node calls each op)."""
 
-  def __init__(self, module_torch, name="torch_linear_floor"):
+  def __init__(self, module_torch, name="torch_linear_floor", boxed=False):
     if not isinstance(module_torch, torch.nn.Linear):
       raise TypeError(f"TorchLinearFloorModule runs a torch.nn.Linear, got {module_torch!r}")
     super().__init__(module_torch, name)
-    address = ctypes.cast(library().tbs_linear, ctypes.c_void_p).value
+    callback = library().tbs_linear_boxed if boxed else library().tbs_linear
+    address = ctypes.cast(callback, ctypes.c_void_p).value
     self._linear = _callbacks.NativeCallback(address, None, owner=self)
 
   def _bare_op(self, count, inputs_tf, dtypes, out_shapes):

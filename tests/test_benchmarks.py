@@ -735,8 +735,22 @@ def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
   )
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads((tmp_path / "guard_cost.json").read_text())
-  native = (guard_cost.RUNNER, guard_cost.NO_CHECK, guard_cost.TORCH_CPP, guard_cost.BARE)
-  names = native + (guard_cost.CAPTURE, guard_cost.CAPTURE_SPEC, guard_cost.PLAIN, guard_cost.TORCH)
+  native = (
+    guard_cost.RUNNER,
+    guard_cost.NO_CHECK,
+    guard_cost.TORCH_CPP_BOXED,
+    guard_cost.TORCH_CPP,
+    guard_cost.BARE,
+  )
+  names = native + (
+    guard_cost.CAPTURE,
+    guard_cost.CAPTURE_SPEC,
+    guard_cost.PLAIN,
+    guard_cost.TORCH,
+    guard_cost.GUARD,
+    guard_cost.PRE_CAPTURE,
+    guard_cost.PRE_PLAIN,
+  )
   for name in names:
     timing = result["timings"][name]
     assert len(timing["samples_us"]) == 2 and timing["median_us"] > 0, name
@@ -748,6 +762,7 @@ def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
   assert text == guard_cost.markdown(result)
   assert "of it the stale-state check" in text and "the runner's own C++" in text
   assert "torch's own work in the call" in text and "(tb.timeline's span)" in text
+  assert "the check's own Python" in text and "TF's Python before the executor" in text
 
 
 def test_write_results_writes_the_json_and_the_table(tmp_path, capsys):

@@ -212,12 +212,14 @@ def test_the_no_python_floor_hands_back_fresh_tensors_of_the_shapes(scripted_nat
   assert all(isinstance(c, _callbacks.NativeCallback) for c in floor._bare.values())
 
 
-def test_the_torch_linear_floor_computes_torchs_linear_in_cpp(scripted_native):
-  # guard_cost's floor with torch's own work put back: its forward op's
-  # C++ callback runs at::linear on the op's input and parameters.
+@pytest.mark.parametrize("boxed", [False, True])
+def test_the_torch_linear_floor_computes_torchs_linear_in_cpp(scripted_native, boxed):
+  # guard_cost's floors with torch's own work put back: their forward op's
+  # C++ callback runs aten::linear on the op's input and parameters
+  # (directly, or through the dispatcher's boxed call).
   torch.manual_seed(0)
   linear_torch = torch.nn.Linear(4, 3)
-  floor = scripted_native.TorchLinearFloorModule(linear_torch)
+  floor = scripted_native.TorchLinearFloorModule(linear_torch, boxed=boxed)
   x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
   y = tf.function(lambda v: floor(v))(tf.constant(x))
   with torch.no_grad():

@@ -3,14 +3,19 @@
 // torch tensors of the shapes given to `tbs_bare_new`, as
 // benchmarks/bare_native.py's floor does from Python; and `tbs_linear`,
 // the same floor with torch's own work of one `Linear` put back (what any
-// bridge that runs torch in the call must run). (The bridge itself runs
-// torchbridge's own C++ call path, csrc/exported/exported_call.cc.)
+// bridge that runs torch in the call must run), and `tbs_linear_boxed`,
+// the same through the dispatcher's boxed call (an IValue stack, as a
+// runner that interprets an exported graph node by node calls each op).
+// (The bridge itself runs torchbridge's own C++ call path,
+// csrc/exported/exported_call.cc.)
 //
 // Shape lists are never freed: one per op signature, for the benchmarks.
 
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/stack.h>
 
 #include <cstdint>
 #include <cstring>
@@ -78,6 +83,34 @@ int tbs_linear(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   at::AutoGradMode no_grad(false);
   outputs[0] = at::toDLPack(
       at::linear(args[num_inputs - 3], args[num_inputs - 2], args[num_inputs - 1]));
+  return 0;
+}
+
+// `tbs_linear`, with aten::linear called through the dispatcher's boxed
+// call (its arguments and result on an IValue stack).
+int tbs_linear_boxed(void* context, DLManagedTensor** inputs, int64_t num_inputs,
+                     const uint8_t* required, DLManagedTensor** outputs,
+                     int64_t num_outputs, char* error, int64_t error_size) {
+  (void)context;
+  (void)required;
+  std::vector<at::Tensor> args;
+  for (int64_t i = 0; i < num_inputs; ++i) args.push_back(at::fromDLPack(inputs[i]));
+  if (num_inputs < 3 || num_outputs != 1) {
+    if (error_size > 0) {
+      std::strncpy(error, "tbs_linear_boxed: takes (..., x, weight, bias), gives one output",
+                   static_cast<size_t>(error_size - 1));
+      error[error_size - 1] = '\0';
+    }
+    return 1;
+  }
+  static const c10::OperatorHandle linear =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::linear", "");
+  at::AutoGradMode no_grad(false);
+  std::vector<c10::IValue> stack;
+  stack.reserve(3);
+  for (int64_t i = num_inputs - 3; i < num_inputs; ++i) stack.emplace_back(std::move(args[i]));
+  linear.callBoxed(&stack);
+  outputs[0] = at::toDLPack(stack.at(0).toTensor());
   return 0;
 }
 
