@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -26,6 +27,38 @@ namespace {
 struct Shapes {
   std::vector<std::vector<int64_t>> outputs;
 };
+
+// `tbs_linear` and `tbs_linear_boxed` (`boxed`: aten::linear through the
+// dispatcher's boxed call). Every input is adopted first, so that an error
+// still frees them.
+int Linear(const char* name, bool boxed, DLManagedTensor** inputs, int64_t num_inputs,
+           DLManagedTensor** outputs, int64_t num_outputs, char* error, int64_t error_size) {
+  std::vector<at::Tensor> args;
+  for (int64_t i = 0; i < num_inputs; ++i) args.push_back(at::fromDLPack(inputs[i]));
+  if (num_inputs < 3 || num_outputs != 1) {
+    if (error_size > 0) {
+      const std::string message =
+          std::string(name) + ": takes (..., x, weight, bias), gives one output";
+      std::strncpy(error, message.c_str(), static_cast<size_t>(error_size - 1));
+      error[error_size - 1] = '\0';
+    }
+    return 1;
+  }
+  at::AutoGradMode no_grad(false);
+  const at::Tensor& x = args[num_inputs - 3];
+  const at::Tensor& weight = args[num_inputs - 2];
+  const at::Tensor& bias = args[num_inputs - 1];
+  if (!boxed) {
+    outputs[0] = at::toDLPack(at::linear(x, weight, bias));
+    return 0;
+  }
+  static const c10::OperatorHandle linear =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::linear", "");
+  std::vector<c10::IValue> stack{x, weight, bias};
+  linear.callBoxed(&stack);
+  outputs[0] = at::toDLPack(stack.at(0).toTensor());
+  return 0;
+}
 
 }  // namespace
 
@@ -70,20 +103,8 @@ int tbs_linear(void* context, DLManagedTensor** inputs, int64_t num_inputs,
                int64_t num_outputs, char* error, int64_t error_size) {
   (void)context;
   (void)required;
-  std::vector<at::Tensor> args;
-  for (int64_t i = 0; i < num_inputs; ++i) args.push_back(at::fromDLPack(inputs[i]));
-  if (num_inputs < 3 || num_outputs != 1) {
-    if (error_size > 0) {
-      std::strncpy(error, "tbs_linear: takes (..., x, weight, bias), gives one output",
-                   static_cast<size_t>(error_size - 1));
-      error[error_size - 1] = '\0';
-    }
-    return 1;
-  }
-  at::AutoGradMode no_grad(false);
-  outputs[0] = at::toDLPack(
-      at::linear(args[num_inputs - 3], args[num_inputs - 2], args[num_inputs - 1]));
-  return 0;
+  return Linear("tbs_linear", false, inputs, num_inputs, outputs, num_outputs, error,
+                error_size);
 }
 
 // `tbs_linear`, with aten::linear called through the dispatcher's boxed
@@ -93,25 +114,8 @@ int tbs_linear_boxed(void* context, DLManagedTensor** inputs, int64_t num_inputs
                      int64_t num_outputs, char* error, int64_t error_size) {
   (void)context;
   (void)required;
-  std::vector<at::Tensor> args;
-  for (int64_t i = 0; i < num_inputs; ++i) args.push_back(at::fromDLPack(inputs[i]));
-  if (num_inputs < 3 || num_outputs != 1) {
-    if (error_size > 0) {
-      std::strncpy(error, "tbs_linear_boxed: takes (..., x, weight, bias), gives one output",
-                   static_cast<size_t>(error_size - 1));
-      error[error_size - 1] = '\0';
-    }
-    return 1;
-  }
-  static const c10::OperatorHandle linear =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::linear", "");
-  at::AutoGradMode no_grad(false);
-  std::vector<c10::IValue> stack;
-  stack.reserve(3);
-  for (int64_t i = num_inputs - 3; i < num_inputs; ++i) stack.emplace_back(std::move(args[i]));
-  linear.callBoxed(&stack);
-  outputs[0] = at::toDLPack(stack.at(0).toTensor());
-  return 0;
+  return Linear("tbs_linear_boxed", true, inputs, num_inputs, outputs, num_outputs, error,
+                error_size);
 }
 
 }  // extern "C"
