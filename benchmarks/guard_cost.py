@@ -37,15 +37,15 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
   the capture's cost on the Python path alone, free of the executor's
   round-to-round variation;
 - the check's own Python: what the runner's check runs before each call
-  (the module's `before_call` and `Snapshot.first_change`, `add_guard`'s
-  entries for the runner's graph), called from Python in a loop;
+  (`_runner.check` on the runner graph's entries: the module's
+  `before_call` and `Snapshot.first_change`), called from Python in a loop;
 - the same `aten.linear`, eagerly from Python in a loop (its parameters
   requiring grad): torch's own work as pure torch runs it, warm.
 
 So the runner's gap over the bare op splits into the check (the first two
 rows' difference), of which TF's capture machinery is the capture rows'
-difference and the rest the check's own Python, torch's own work in the call (the torch floor over the bare
-op), and the runner's own C++ beyond it (the check-free runner over the
+difference and the rest the check's own Python, torch's own work in the
+call (the torch floor over the bare op), and the runner's own C++ beyond it (the check-free runner over the
 torch floor): the only part of the C++ a bridge could remove.
 Writes `guard_cost.json` and `guard_cost.md` to `--out`.
 """
@@ -137,16 +137,15 @@ def contenders():
   aten_linear = torch.ops.aten.linear.default
 
   runner_call = module_call(check=True)
-  # What the check before each call of the runner's graph runs (add_guard's
-  # guard, less its loop): the only graph with a check here.
-  entries = [entry for checks in list(_runner._CHECKS.values()) for entry in checks.values()]
-  if len(entries) != 1:
-    raise RuntimeError(f"expected the runner's one checked module, found {len(entries)}")
-  ((snapshot, _, before_call),) = entries
+  # What the check before each call of the runner's graph runs
+  # (`_runner.check` on its entries): the only graph with a check here.
+  graphs = list(_runner._CHECKS.values())
+  if len(graphs) != 1 or len(graphs[0]) != 1:
+    raise RuntimeError(f"expected the runner's one checked module, found {graphs}")
+  entries = graphs[0].values()
 
   def guard():
-    before_call()
-    return snapshot.first_change()
+    _runner.check(entries)
 
   calls = {
     PRE_CAPTURE: before_execution(with_check_type, x),

@@ -20,6 +20,7 @@ import functools
 import logging
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
@@ -258,6 +259,17 @@ class CheckType(tf.types.experimental.TraceType):
     return "torchbridge check (int32 scalar)"
 
 
+def check(entries: Iterable[tuple[_watch.Snapshot, str, Any]]) -> None:
+  """What `add_guard`'s check runs before each call of a graph, for the
+  graph's `(snapshot, module name, before_call)` entries: each module's
+  views taken back, then a `StaleCaptureError` naming the first change."""
+  for watched, module_name, before in entries:
+    before()
+    change = watched.first_change()
+    if change is not None:
+      raise StaleCaptureError(_STALE.format(name=module_name, change=change))
+
+
 def add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
   """Makes every call of the graph being traced check, in Python, that the
   state the capture read is unchanged (a call-time capture of TF's: run
@@ -276,11 +288,7 @@ def add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
     entries = checks.values()
 
     def guard() -> tf.Tensor:
-      for watched, module_name, before in entries:
-        before()
-        change = watched.first_change()
-        if change is not None:
-          raise StaleCaptureError(_STALE.format(name=module_name, change=change))
+      check(entries)
       return _ZERO[0]
 
     with graph.as_default():
