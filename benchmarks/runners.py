@@ -100,8 +100,15 @@ def _td3_step(contender):
     if contender == RUN_TORCH_PY:
       for module in (agent.actor, agent.critic, agent.actor_target, agent.critic_target):
         _python_path(module)
+  return td3_step_on_batches(agent, as_tf=contender not in (TORCH, TORCH_ACTOR_ONLY))
+
+
+def td3_step_on_batches(agent, as_tf):
+  """A call of `agent.train_step` on the next of 8 random batches of
+  Pendulum's shapes (batch `agent.hyper.batch_size`), as TF constants if
+  `as_tf`, else as NumPy arrays (the torch agent's)."""
   rng = np.random.default_rng(0)
-  n = hyper.batch_size
+  n = agent.hyper.batch_size
   batches = [
     (
       rng.standard_normal((n, 3), dtype=np.float32),
@@ -112,7 +119,7 @@ def _td3_step(contender):
     )
     for _ in range(8)
   ]
-  if contender not in (TORCH, TORCH_ACTOR_ONLY):
+  if as_tf:
     batches = [tuple(tf.constant(a) for a in b) for b in batches]
   k = iter(range(1 << 62))
 

@@ -50,6 +50,8 @@ def library():
     ctypes.POINTER(ctypes.c_int64),
     ctypes.POINTER(ctypes.c_int64),
   ]
+  lib.tbs_bare_busy.restype = ctypes.c_int64
+  lib.tbs_bare_busy.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64]
   _library = lib
   return lib
 
@@ -150,11 +152,34 @@ class NoPythonFloorModule(bare_native.BareNativeModule):
   C++) hands back fresh, uncomputed torch tensors of the outputs' shapes
   as that one's does from Python. The step built
   on it costs what the TF program and the crossings cost, no torch compute
-  and no Python."""
+  and no Python.
+
+  `busy(ns, kind)` makes each later callback work `ns` before it returns,
+  on the torch thread as torch's work would: it spins on the clock alone
+  (`SPIN`: a long op, nothing else), writes over 4 MiB of memory
+  (`MEMORY`: a long op that evicts the caches' lines), or runs torch
+  matmuls of 128 x 128 on torch's threads (`TORCH_MATMULS`: torch's own
+  work, its OpenMP team included)."""
+
+  SPIN, MEMORY, TORCH_MATMULS = 0, 1, 2
+  MEMORY_BYTES = 4 << 20
 
   def __init__(self, module_torch, name="no_python_floor"):
     super().__init__(module_torch, name, torch_outputs=True)
     self._bare = {}  # output shapes -> NativeCallback
+    self._contexts = []  # their `tbs_bare` contexts
+    self._busy = (0, self.SPIN)
+
+  def busy(self, ns, kind=SPIN):
+    """Makes each later call's callback work `ns` nanoseconds as `kind`
+    says (0: none); returns how many callbacks have run so far."""
+    self._busy = (int(ns), int(kind))
+    return sum(self._set_busy(context) for context in self._contexts)
+
+  def _set_busy(self, context):
+    ns, kind = self._busy
+    size = self.MEMORY_BYTES if kind == self.MEMORY else 0
+    return int(library().tbs_bare_busy(context, ns, kind, size))
 
   def _bare_callback(self, shapes):
     key = tuple(tuple(int(d) for d in s) for s in shapes)
@@ -164,6 +189,8 @@ class NoPythonFloorModule(bare_native.BareNativeModule):
       dims = (ctypes.c_int64 * max(1, len(flat)))(*flat)
       lib = library()
       context = lib.tbs_bare_new(len(key), ranks, dims)
+      self._contexts.append(context)
+      self._set_busy(context)
       address = ctypes.cast(lib.tbs_bare, ctypes.c_void_p).value
       self._bare[key] = _callbacks.NativeCallback(address, context, owner=self)
     return self._bare[key]

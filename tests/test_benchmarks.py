@@ -765,6 +765,40 @@ def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
   assert "the check's own Python" in text and "TF's Python before the executor" in text
 
 
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
+def test_busy_floor_puts_the_runners_callback_time_back_into_its_floor(tmp_path):
+  from benchmarks import busy_floor  # pylint: disable=import-outside-toplevel
+
+  out = subprocess.run(
+    [sys.executable, "-m", "benchmarks.busy_floor", "--rounds", "1", "--steps", "4"]
+    + ["--out", str(tmp_path)],
+    cwd=ROOT,
+    # The C++ torch runner as users get it (not bridge_runner's Python path).
+    env={k: v for k, v in os.environ.items() if k != "TORCHBRIDGE_TORCH_RUNNER"},
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  result = json.loads((tmp_path / "busy_floor.json").read_text())
+  c = result["contenders"]
+  assert sorted(c) == sorted(busy_floor.NAMES)
+  for name in busy_floor.NAMES:
+    assert c[name]["step_ms"] > 0 and c[name]["rows_ms"][busy_floor.TF_SIDE] > 0, name
+  # The runner's calls ran on the C++ runner (their callbacks recorded),
+  # and the floors' callbacks worked the time they were given: each step
+  # runs at least the critic's four calls, each at least `busy_ns`.
+  assert result["runner_callbacks_per_step"] >= 4 and result["callbacks_per_step"] >= 4
+  at_least_ms = 4 * min(result["busy_ns"]) / 1e6
+  assert at_least_ms > 0
+  for name in (busy_floor.SPIN, busy_floor.MEMORY, busy_floor.MATMULS):
+    assert c[name]["rows_ms"][busy_floor.CALLBACKS] >= at_least_ms, name
+  assert c[busy_floor.FLOOR]["rows_ms"][busy_floor.CALLBACKS] < at_least_ms
+  text = (tmp_path / "busy_floor.md").read_text()
+  assert text == busy_floor.markdown(result)
+  assert "TF's side over the floor's: the runner's" in text
+
+
 def test_write_results_writes_the_json_and_the_table(tmp_path, capsys):
   data = {"median_us": 1.5, "rows": [1, 2]}
   harness.write_results(tmp_path / "new", "bench", data, "| a | 1.5 |\n")

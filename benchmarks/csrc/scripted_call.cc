@@ -6,6 +6,9 @@
 // bridge that runs torch in the call must run), and `tbs_linear_boxed`,
 // the same through the dispatcher's boxed call (an IValue stack, as a
 // runner that interprets an exported graph node by node calls each op).
+// `tbs_bare_busy` makes a `tbs_bare` context's calls work a given time
+// before they return (the floor with torch's time put back: spinning,
+// writing over memory, or running torch matmuls).
 // (The bridge itself runs torchbridge's own C++ call path,
 // csrc/exported/exported_call.cc.)
 //
@@ -17,6 +20,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -26,7 +30,32 @@ namespace {
 
 struct Shapes {
   std::vector<std::vector<int64_t>> outputs;
+  // `tbs_bare_busy`: each call then works this long before it returns.
+  int64_t busy_ns = 0;
+  int kind = 0;  // 0 spins, 1 writes over `buffer`, 2 runs torch matmuls
+  std::vector<char> buffer;
+  at::Tensor a, b;
+  int64_t calls = 0;
 };
+
+// Works for `shapes.busy_ns`, as `shapes.kind` says: spins on the clock
+// alone (a long op, nothing else), writes over a buffer (a long op that
+// evicts the caches' lines), or runs torch matmuls (torch's own work,
+// its OpenMP team included).
+void Busy(Shapes& shapes) {
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + std::chrono::nanoseconds(shapes.busy_ns);
+  uint64_t sum = 0;
+  while (Clock::now() < end) {
+    if (shapes.kind == 1) {
+      for (size_t i = 0; i < shapes.buffer.size(); i += 64) shapes.buffer[i] += 1;
+    } else if (shapes.kind == 2) {
+      at::AutoGradMode no_grad(false);
+      sum += static_cast<uint64_t>(at::mm(shapes.a, shapes.b).numel());
+    }
+  }
+  (void)sum;
+}
 
 // `tbs_linear` and `tbs_linear_boxed` (`boxed`: aten::linear through the
 // dispatcher's boxed call). Every input is adopted first, so that an error
@@ -92,7 +121,25 @@ int tbs_bare(void* context, DLManagedTensor** inputs, int64_t num_inputs,
   for (int64_t i = 0; i < num_outputs; ++i) {
     outputs[i] = at::toDLPack(at::empty(shapes[i], at::kFloat));
   }
+  auto& context_shapes = *static_cast<Shapes*>(context);
+  ++context_shapes.calls;
+  if (context_shapes.busy_ns > 0) Busy(context_shapes);
   return 0;
+}
+
+// Makes each later `tbs_bare` call of `context` work `busy_ns` (see
+// Busy: `kind` 0 spins, 1 writes over `bytes` of memory, 2 runs torch
+// matmuls of 128 x 128); returns how many calls it has had.
+int64_t tbs_bare_busy(void* context, int64_t busy_ns, int kind, int64_t bytes) {
+  auto& shapes = *static_cast<Shapes*>(context);
+  shapes.busy_ns = busy_ns;
+  shapes.kind = kind;
+  shapes.buffer.assign(static_cast<size_t>(kind == 1 ? bytes : 0), 0);
+  if (kind == 2 && !shapes.a.defined()) {
+    shapes.a = at::randn({128, 128});
+    shapes.b = at::randn({128, 128});
+  }
+  return shapes.calls;
 }
 
 // The last three inputs are a Linear's (x, weight, bias); its one output

@@ -1,0 +1,223 @@
+"""The C++ torch runner's TD3 step against its floor with torch's time put
+back: is what it costs beyond its floor and torch's work the bridge's?
+
+Usage: python -m benchmarks.busy_floor [--rounds N] [--steps N] [--out DIR]
+
+`benchmarks/step_breakdown.py` found the TD3 step on the C++ torch runner
+(`run="torch"`) 0.97 ms over its floor (the same TF program, each bridged
+module a bare native op, `scripted_native.NoPythonFloorModule`) plus
+torch's work in its callbacks, and found where: TF's side of the step
+(its ops, its runtime, every instant outside the bridged calls) took
+about 1 ms longer than in the floor. This asks whose that is. In one
+process, blocks of steps alternated (the order rotating each round), on
+`benchmarks.runners`' batches:
+
+- the step on the C++ torch runner, as `benchmarks.runners` times it;
+- its floor, each callback instant;
+- the floor with each callback working as long as the runner's take (the
+  mean of the runner's callbacks recorded so far in this process, set
+  before each round; the same time for each callback): spinning on the
+  clock alone (a long op in TF's graph, nothing else), writing over 4 MiB
+  of memory (a long op that evicts the caches' lines), or running torch
+  matmuls of 128 x 128 on torch's threads (torch's own work, its OpenMP
+  team included). None of them runs any of the bridge beyond the floor's
+  op.
+
+Pure torch is not among them: its blocks would give the user's thread an
+OpenMP team of its own again, beside the torch thread's, and every parallel
+region of the runner's torch would pay a wake-up for it (measured here:
+the runner's step 2.0x pure torch's; `torchbridge/_runtime/_omp_team.py`).
+The runner against pure torch is `benchmarks.runners`' (separate
+processes).
+
+Each contender's steps are timed unrecorded, and again recorded by `tb.timeline(annotate=False)` and split as step_breakdown
+splits the runner's: TF's side (every instant outside the bridge's
+spans), the callbacks, the hand-off to the torch thread. Each figure is a
+mean over the middle 80% of its steps (`step_breakdown._trimmed_mean`).
+Writes `busy_floor.json` and `busy_floor.md` to `--out`.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import torch  # noqa: E402,F401  (before TensorFlow)
+import tensorflow as tf  # noqa: E402,F401
+
+import torchbridge as tb  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from benchmarks import runners  # noqa: E402
+from benchmarks import scripted_native  # noqa: E402
+from benchmarks import step_breakdown  # noqa: E402
+from benchmarks import td3_process  # noqa: E402
+
+RUNNER = runners.RUN_TORCH
+FLOOR = "floor: bare ops, each callback instant"
+SPIN = "floor, each callback spinning as long (a long op, nothing else)"
+MEMORY = "floor, each callback writing over 4 MiB as long (a long op, the caches evicted)"
+MATMULS = "floor, each callback running torch matmuls as long (torch's work, its threads)"
+KINDS = {
+  SPIN: scripted_native.NoPythonFloorModule.SPIN,
+  MEMORY: scripted_native.NoPythonFloorModule.MEMORY,
+  MATMULS: scripted_native.NoPythonFloorModule.TORCH_MATMULS,
+}
+NAMES = (RUNNER, FLOOR, SPIN, MEMORY, MATMULS)
+# The recorded rows, as step_breakdown names them.
+TF_SIDE = step_breakdown.TF_SIDE
+CALLBACKS = step_breakdown.SCRIPTED_CALLBACK
+HAND_OFF = step_breakdown.BRIDGE["torchbridge/torch thread"]
+
+
+def _steps():
+  """{name: a train step} and the floor's modules."""
+  runner = runners._td3_step(RUNNER)  # pylint: disable=protected-access
+  agent = td3_process.bare_native_agent(kind="no-python-floor")
+  floor = runners.td3_step_on_batches(agent, as_tf=True)
+  modules = (agent.actor, agent.critic, agent.actor_target, agent.critic_target)
+  steps = {RUNNER: runner, FLOOR: floor}
+  steps.update({name: floor for name in KINDS})
+  return steps, modules
+
+
+def _busy(modules, ns, kind):
+  """Sets the floor's callbacks' work; returns how many have run."""
+  return sum(m.busy(ns, kind) for m in modules)
+
+
+def _recorded_block(step, steps, marks, events):
+  with tb.timeline(annotate=False) as trace:
+    step()  # outside every mark
+    for _ in range(steps):
+      marks.append(step_breakdown._timed(step, []))  # pylint: disable=protected-access
+  events.extend(trace.events)
+
+
+def _callback_spans(events, marks):
+  """The durations (ns) of the C++ callbacks inside the steps `marks`."""
+  spans = [e for e in events if e["name"] == "torchbridge/C++ callback"]
+  return [
+    e["end_ns"] - e["begin_ns"]
+    for e in spans
+    if any(begin <= e["begin_ns"] and e["end_ns"] <= end for begin, end in marks)
+  ]
+
+
+def _floor_callbacks_per_step(steps, modules, count):
+  steps[FLOOR]()
+  before = _busy(modules, 0, 0)
+  for _ in range(count):
+    steps[FLOOR]()
+  return (_busy(modules, 0, 0) - before) / count
+
+
+def measure(rounds, steps_per_block, threads):
+  """Each round, the floors' callbacks work the mean of the runner's
+  callbacks recorded so far (first, in a block after a warm-up one)."""
+  harness.configure_threads(threads)
+  steps, modules = _steps()
+  calls_per_step = _floor_callbacks_per_step(steps, modules, steps_per_block)
+  plain = {name: [] for name in NAMES}
+  marks = {name: [] for name in NAMES}
+  events = {name: [] for name in NAMES}
+  for _ in range(steps_per_block):
+    steps[RUNNER]()
+  _recorded_block(steps[RUNNER], steps_per_block, marks[RUNNER], events[RUNNER])
+  busy_ns = []
+  for r in range(rounds):
+    spans = _callback_spans(events[RUNNER], marks[RUNNER])
+    if not spans:
+      raise RuntimeError(
+        "no C++ callback span in the runner's steps: its calls took the Python path (unset "
+        "TORCHBRIDGE_TORCH_RUNNER, and see `python -m torchbridge info`)"
+      )
+    busy_ns.append(int(sum(spans) / len(spans)))
+    for name in NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]:
+      _busy(modules, busy_ns[-1] if name in KINDS else 0, KINDS.get(name, 0))
+      step = steps[name]
+      step()
+      for _ in range(steps_per_block):
+        step_breakdown._timed(step, plain[name])  # pylint: disable=protected-access
+      _recorded_block(step, steps_per_block, marks[name], events[name])
+  _busy(modules, 0, 0)
+  runner_calls = len(_callback_spans(events[RUNNER], marks[RUNNER])) / len(marks[RUNNER])
+  contenders = {
+    name: {
+      "step_ms": step_breakdown._trimmed_mean(plain[name]),  # pylint: disable=protected-access
+      "recorded_ms": step_breakdown._trimmed_mean(  # pylint: disable=protected-access
+        [(end - begin) / 1e6 for begin, end in marks[name]]
+      ),
+      "rows_ms": step_breakdown._scripted_rows(events[name], marks[name]),  # pylint: disable=protected-access
+    }
+    for name in NAMES
+  }
+  return {
+    "environment": harness.environment(threads, "cpu"),
+    "rounds": rounds,
+    "steps_per_block": steps_per_block,
+    "busy_ns": busy_ns,
+    "callbacks_per_step": calls_per_step,
+    "runner_callbacks_per_step": runner_calls,
+    "contenders": contenders,
+  }
+
+
+def markdown(result):
+  c = result["contenders"]
+  commit = result["environment"]["source"]["commit"] or "an unknown commit"
+  floor_tf = c[FLOOR]["rows_ms"][TF_SIDE]
+  lines = [
+    f"Measured at {commit[:10]}: the TD3 train step (batch 256, `benchmarks.runners`' "
+    f"batches), in one process, {result['rounds']} rounds of alternated blocks of "
+    f"{result['steps_per_block']} steps, means of the middle 80%; torch "
+    f"{result['environment']['torch']}, {result['environment']['threads']['requested']} "
+    f"threads. The floors' callbacks work {min(result['busy_ns']) / 1e3:.0f}-"
+    f"{max(result['busy_ns']) / 1e3:.0f} us each (each round, the runner's callbacks' "
+    f"mean so far), {result['callbacks_per_step']:.1f} callbacks a step (the runner's: "
+    f"{result['runner_callbacks_per_step']:.1f}).",
+    "",
+    "| TD3 train step | ms | recorded, ms | TF's side, ms | over the floor's, ms "
+    "| callbacks, ms | hand-off, ms |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for name in NAMES:
+    rows = c[name]["rows_ms"]
+    lines.append(
+      f"| {name} | {c[name]['step_ms']:.2f} | {c[name]['recorded_ms']:.2f} | "
+      f"{rows[TF_SIDE]:.2f} | {rows[TF_SIDE] - floor_tf:+.2f} | "
+      f"{rows.get(CALLBACKS, 0.0):.2f} | {rows.get(HAND_OFF, 0.0):.2f} |"
+    )
+  over = {name: c[name]["rows_ms"][TF_SIDE] - floor_tf for name in (RUNNER, SPIN, MEMORY, MATMULS)}
+  lines += [
+    "",
+    f"TF's side over the floor's: the runner's {over[RUNNER]:+.2f} ms a step; with the "
+    f"callbacks' time put back and no torch in them, spinning {over[SPIN]:+.2f} ms and "
+    f"writing over memory {over[MEMORY]:+.2f} ms; with torch's matmuls in them "
+    f"{over[MATMULS]:+.2f} ms. The runner's step less the floor with torch's matmuls put "
+    f"back: {c[RUNNER]['step_ms'] - c[MATMULS]['step_ms']:+.2f} ms.",
+    "",
+  ]
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+    prog="python -m benchmarks.busy_floor", description=__doc__.split("\n\n")[0]
+  )
+  parser.add_argument("--rounds", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=20, help="steps a block")
+  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--out", default="benchmarks/results")
+  args = parser.parse_args(argv)
+  why = scripted_native.unavailable()
+  if why:
+    print(f"the C++ torch runner's floor cannot run here: {why}")
+    return 1
+  result = measure(args.rounds, args.steps, args.threads)
+  harness.write_results(args.out, "busy_floor", result, markdown(result))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
