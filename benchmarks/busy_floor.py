@@ -12,7 +12,9 @@ about 1 ms longer than in the floor. This asks whose that is. In one
 process, blocks of steps alternated (the order rotating each round), on
 `benchmarks.runners`' batches:
 
-- the step on the C++ torch runner, as `benchmarks.runners` times it;
+- the step on the C++ torch runner, as `benchmarks.runners` times it, and
+  on the torch runner's Python path (the same modules, the C++ runner
+  turned off);
 - its floor, each callback instant;
 - the floor with each callback working as long as the runner's take (the
   mean of the runner's callbacks recorded so far in this process, set
@@ -21,29 +23,39 @@ process, blocks of steps alternated (the order rotating each round), on
   of memory (a long op that evicts the caches' lines), or running torch
   matmuls of 128 x 128 on torch's threads (torch's own work, its OpenMP
   team included). None of them runs any of the bridge beyond the floor's
-  op.
+  op;
+- pure torch with the actor's loss differentiated for the actor's
+  parameters only (`benchmarks.runners`' reference for this step), on the
+  same batches as NumPy arrays; and the same with its optimizers' steps
+  and its target networks' updates left out: its forwards and backwards,
+  the torch work the runner's callbacks run (and the few torch ops of the
+  losses, which the bridged step runs as TF ops).
 
-Pure torch is not among them: its blocks would give the user's thread an
-OpenMP team of its own again, beside the torch thread's, and every parallel
-region of the runner's torch would pay a wake-up for it (measured here:
-the runner's step 2.0x pure torch's; `torchbridge/_runtime/_omp_team.py`).
-The runner against pure torch is `benchmarks.runners`' (separate
-processes).
+Two OpenMP teams alive at once slow every parallel region of both
+(`torchbridge/_runtime/_omp_team.py`): pure torch's team is the user's
+thread's, the others' the torch thread's. So each block begins after
+`IDLE_S` without work (the torch thread releases its team after 5 ms
+idle), and the user's thread releases its team after pure torch's block,
+as the bridge does when it traces. (Without that release the runner's
+step measured 2.0x pure torch's here.)
 
-Each contender's steps are timed unrecorded, and again recorded by `tb.timeline(annotate=False)` and split as step_breakdown
+Each contender's steps are timed unrecorded, and (but the Python path's
+and pure torch's) again recorded by `tb.timeline(annotate=False)` and split as step_breakdown
 splits the runner's: TF's side (every instant outside the bridge's
 spans), the callbacks, the hand-off to the torch thread. Each figure is a
 mean over the middle 80% of its steps (`step_breakdown._trimmed_mean`).
-Writes `busy_floor.json` and `busy_floor.md` to `--out`.
+Writes `busy_floor_torchVERSION.json` and `.md` to `--out` (one for each
+torch, as the venvs have).
 """
 
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import torch  # noqa: E402,F401  (before TensorFlow)
+import torch  # noqa: E402  (before TensorFlow)
 import tensorflow as tf  # noqa: E402,F401
 
 import torchbridge as tb  # noqa: E402
@@ -52,8 +64,13 @@ from benchmarks import runners  # noqa: E402
 from benchmarks import scripted_native  # noqa: E402
 from benchmarks import step_breakdown  # noqa: E402
 from benchmarks import td3_process  # noqa: E402
+from torchbridge._runtime import _omp_team  # noqa: E402
+
+sys.path.insert(0, os.path.join(harness.ROOT, "examples"))
+from td3 import agents  # noqa: E402  pylint: disable=wrong-import-position
 
 RUNNER = runners.RUN_TORCH
+PYTHON_PATH = runners.RUN_TORCH_PY
 FLOOR = "floor: bare ops, each callback instant"
 SPIN = "floor, each callback spinning as long (a long op, nothing else)"
 MEMORY = "floor, each callback writing over 4 MiB as long (a long op, the caches evicted)"
@@ -63,7 +80,12 @@ KINDS = {
   MEMORY: scripted_native.NoPythonFloorModule.MEMORY,
   MATMULS: scripted_native.NoPythonFloorModule.TORCH_MATMULS,
 }
-NAMES = (RUNNER, FLOOR, SPIN, MEMORY, MATMULS)
+TORCH = runners.TORCH_ACTOR_ONLY
+TORCH_COMPUTE = "the same, its forwards and backwards only (no optimizer, no target update)"
+NAMES = (RUNNER, FLOOR, SPIN, MEMORY, MATMULS, PYTHON_PATH, TORCH, TORCH_COMPUTE)
+RECORDED = NAMES[:5]
+# Idle before each block: the torch thread's OpenMP team released.
+IDLE_S = 0.02
 # The recorded rows, as step_breakdown names them.
 TF_SIDE = step_breakdown.TF_SIDE
 CALLBACKS = step_breakdown.SCRIPTED_CALLBACK
@@ -76,7 +98,15 @@ def _steps():
   agent = td3_process.bare_native_agent(kind="no-python-floor")
   floor = runners.td3_step_on_batches(agent, as_tf=True)
   modules = (agent.actor, agent.critic, agent.actor_target, agent.critic_target)
-  steps = {RUNNER: runner, FLOOR: floor}
+  steps = {
+    RUNNER: runner,
+    FLOOR: floor,
+    PYTHON_PATH: runners._td3_step(PYTHON_PATH),  # pylint: disable=protected-access
+    TORCH: runners._td3_step(TORCH),  # pylint: disable=protected-access
+  }
+  compute = agents.TorchAgent(3, 1, 2.0, 0, agents.Hyper())
+  runners._actor_only(compute, updates=False)  # pylint: disable=protected-access
+  steps[TORCH_COMPUTE] = runners.td3_step_on_batches(compute, as_tf=False)
   steps.update({name: floor for name in KINDS})
   return steps, modules
 
@@ -119,8 +149,8 @@ def measure(rounds, steps_per_block, threads):
   steps, modules = _steps()
   calls_per_step = _floor_callbacks_per_step(steps, modules, steps_per_block)
   plain = {name: [] for name in NAMES}
-  marks = {name: [] for name in NAMES}
-  events = {name: [] for name in NAMES}
+  marks = {name: [] for name in RECORDED}
+  events = {name: [] for name in RECORDED}
   for _ in range(steps_per_block):
     steps[RUNNER]()
   _recorded_block(steps[RUNNER], steps_per_block, marks[RUNNER], events[RUNNER])
@@ -136,22 +166,29 @@ def measure(rounds, steps_per_block, threads):
     for name in NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]:
       _busy(modules, busy_ns[-1] if name in KINDS else 0, KINDS.get(name, 0))
       step = steps[name]
+      time.sleep(IDLE_S)
       step()
       for _ in range(steps_per_block):
         step_breakdown._timed(step, plain[name])  # pylint: disable=protected-access
-      _recorded_block(step, steps_per_block, marks[name], events[name])
+      if name not in RECORDED:
+        _omp_team.release_this_threads_team()
+      else:
+        _recorded_block(step, steps_per_block, marks[name], events[name])
   _busy(modules, 0, 0)
   runner_calls = len(_callback_spans(events[RUNNER], marks[RUNNER])) / len(marks[RUNNER])
   contenders = {
-    name: {
+    name: {"step_ms": step_breakdown._trimmed_mean(plain[name])}  # pylint: disable=protected-access
+    for name in NAMES
+    if name not in RECORDED
+  }
+  for name in RECORDED:
+    contenders[name] = {
       "step_ms": step_breakdown._trimmed_mean(plain[name]),  # pylint: disable=protected-access
       "recorded_ms": step_breakdown._trimmed_mean(  # pylint: disable=protected-access
         [(end - begin) / 1e6 for begin, end in marks[name]]
       ),
       "rows_ms": step_breakdown._scripted_rows(events[name], marks[name]),  # pylint: disable=protected-access
     }
-    for name in NAMES
-  }
   return {
     "environment": harness.environment(threads, "cpu"),
     "rounds": rounds,
@@ -177,16 +214,22 @@ def markdown(result):
     f"mean so far), {result['callbacks_per_step']:.1f} callbacks a step (the runner's: "
     f"{result['runner_callbacks_per_step']:.1f}).",
     "",
-    "| TD3 train step | ms | recorded, ms | TF's side, ms | over the floor's, ms "
-    "| callbacks, ms | hand-off, ms |",
-    "|---|---|---|---|---|---|---|",
+    f"| TD3 train step | ms | / {TORCH} | recorded, ms | TF's side, ms "
+    "| over the floor's, ms | callbacks, ms | hand-off, ms |",
+    "|---|---|---|---|---|---|---|---|",
   ]
+  reference = c[TORCH]["step_ms"]
   for name in NAMES:
+    step = c[name]["step_ms"]
+    row = f"| {name} | {step:.2f} | {step / reference:.2f}x |"
+    if name not in RECORDED:
+      lines.append(row + " | | | | |")
+      continue
     rows = c[name]["rows_ms"]
     lines.append(
-      f"| {name} | {c[name]['step_ms']:.2f} | {c[name]['recorded_ms']:.2f} | "
-      f"{rows[TF_SIDE]:.2f} | {rows[TF_SIDE] - floor_tf:+.2f} | "
-      f"{rows.get(CALLBACKS, 0.0):.2f} | {rows.get(HAND_OFF, 0.0):.2f} |"
+      row + f" {c[name]['recorded_ms']:.2f} | {rows[TF_SIDE]:.2f} | "
+      f"{rows[TF_SIDE] - floor_tf:+.2f} | {rows.get(CALLBACKS, 0.0):.2f} | "
+      f"{rows.get(HAND_OFF, 0.0):.2f} |"
     )
   over = {name: c[name]["rows_ms"][TF_SIDE] - floor_tf for name in (RUNNER, SPIN, MEMORY, MATMULS)}
   lines += [
@@ -195,10 +238,18 @@ def markdown(result):
     f"callbacks' time put back and no torch in them, spinning {over[SPIN]:+.2f} ms and "
     f"writing over memory {over[MEMORY]:+.2f} ms; with torch's matmuls in them "
     f"{over[MATMULS]:+.2f} ms. The runner's step less the floor with torch's matmuls put "
-    f"back: {c[RUNNER]['step_ms'] - c[MATMULS]['step_ms']:+.2f} ms.",
+    f"back: {c[RUNNER]['step_ms'] - c[MATMULS]['step_ms']:+.2f} ms. The runner's callbacks "
+    f"(torch's work in the call, DLPack in and out) against pure torch's forwards and "
+    f"backwards: {c[RUNNER]['rows_ms'][CALLBACKS]:.2f} ms against "
+    f"{c[TORCH_COMPUTE]['step_ms']:.2f} ms a step.",
     "",
   ]
   return "\n".join(lines)
+
+
+def stem():
+  """The results' file name: one for each torch (the two venvs)."""
+  return f"busy_floor_torch{torch.__version__.split('+')[0]}"
 
 
 def main(argv=None):
@@ -215,7 +266,7 @@ def main(argv=None):
     print(f"the C++ torch runner's floor cannot run here: {why}")
     return 1
   result = measure(args.rounds, args.steps, args.threads)
-  harness.write_results(args.out, "busy_floor", result, markdown(result))
+  harness.write_results(args.out, stem(), result, markdown(result))
   return 0
 
 

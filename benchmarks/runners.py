@@ -129,11 +129,15 @@ def td3_step_on_batches(agent, as_tf):
   return step
 
 
-def _actor_only(agent):
+def _actor_only(agent, updates=True):
   """The torch agent's actor update differentiating the actor's loss for
-  the actor's parameters only (`torch.autograd.grad`), not the critic's."""
+  the actor's parameters only (`torch.autograd.grad`), not the critic's.
+  Without `updates`, the optimizers' steps and the target networks'
+  updates are left out: the step's forwards and backwards alone."""
   h = agent.hyper
   critic_update = type(agent).train_step
+  if not updates:
+    agent.critic_opt.step = agent.actor_opt.step = lambda: None
 
   def train_step(obs, action, reward, next_obs, not_done):
     policy_freq, h.policy_freq = h.policy_freq, 1 << 62  # the critic's part only
@@ -148,6 +152,8 @@ def _actor_only(agent):
       for p, g in zip(params, torch.autograd.grad(loss, params)):
         p.grad = g
       agent.actor_opt.step()
+      if not updates:
+        return critic_loss
       with torch.no_grad():
         for online, target in (
           (agent.actor, agent.actor_target),

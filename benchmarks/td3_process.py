@@ -72,7 +72,6 @@ from benchmarks import harness  # noqa: E402
 
 EXAMPLES = os.path.join(harness.ROOT, "examples")
 sys.path.insert(0, EXAMPLES)
-import td3_pendulum  # noqa: E402
 from td3 import agents  # noqa: E402
 
 WARM_STEPS = 10
@@ -137,6 +136,10 @@ def run_script(
   Returns the train steps' durations, the script's mean, the agent's
   actor's class name and how many times a TF agent's `act` was traced
   (None for pure torch)."""
+  # The script (and Gymnasium, which the user venv lacks) only here: the
+  # agents built below need neither.
+  import td3_pendulum  # pylint: disable=import-outside-toplevel
+
   durations, actor_class, act_functions = [], [], []
   script_run = td3_pendulum.Run
 
