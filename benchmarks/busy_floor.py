@@ -1,7 +1,10 @@
 """The C++ torch runner's TD3 step against its floor with torch's time put
 back: is what it costs beyond its floor and torch's work the bridge's?
 
-Usage: python -m benchmarks.busy_floor [--rounds N] [--steps N] [--out DIR]
+Usage:
+  python -m benchmarks.busy_floor [--python PY [--python PY2]] [--processes 3]
+      [--rounds 12] [--steps 20] [--out DIR]
+  python -m benchmarks.busy_floor --one ...   (one process; prints its JSON)
 
 `benchmarks/step_breakdown.py` found the TD3 step on the C++ torch runner
 (`run="torch"`) 0.97 ms over its floor (the same TF program, each bridged
@@ -44,17 +47,20 @@ and pure torch's) again recorded by `tb.timeline(annotate=False)` and split as s
 splits the runner's: TF's side (every instant outside the bridge's
 spans), the callbacks, the hand-off to the torch thread. Each figure is a
 mean over the middle 80% of its steps (`step_breakdown._trimmed_mean`).
-Writes `busy_floor_torchVERSION.json` and `.md` to `--out` (one for each
-torch, as the venvs have).
+`--processes` processes a venv, the venvs alternated; each figure is the
+median over a venv's processes. Writes `busy_floor.json` and
+`busy_floor.md` to `--out`.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402  (before TensorFlow)
 import tensorflow as tf  # noqa: E402,F401
 
@@ -142,9 +148,11 @@ def _floor_callbacks_per_step(steps, modules, count):
   return (_busy(modules, 0, 0) - before) / count
 
 
-def measure(rounds, steps_per_block, threads):
-  """Each round, the floors' callbacks work the mean of the runner's
-  callbacks recorded so far (first, in a block after a warm-up one)."""
+def one_process(rounds, steps_per_block, threads):
+  """This process's record: every contender's step (and the recorded ones'
+  rows), `rounds` rounds of alternated blocks. Each round, the floors'
+  callbacks work the mean of the runner's callbacks recorded so far (first,
+  in a block after a warm-up one)."""
   harness.configure_threads(threads)
   steps, modules = _steps()
   calls_per_step = _floor_callbacks_per_step(steps, modules, steps_per_block)
@@ -191,6 +199,7 @@ def measure(rounds, steps_per_block, threads):
     }
   return {
     "environment": harness.environment(threads, "cpu"),
+    "torch": torch.__version__,
     "rounds": rounds,
     "steps_per_block": steps_per_block,
     "busy_ns": busy_ns,
@@ -200,20 +209,70 @@ def measure(rounds, steps_per_block, threads):
   }
 
 
-def markdown(result):
-  c = result["contenders"]
-  commit = result["environment"]["source"]["commit"] or "an unknown commit"
-  floor_tf = c[FLOOR]["rows_ms"][TF_SIDE]
+def combine(records):
+  """One venv's processes: each figure the median over them."""
+
+  def median(values):
+    return float(np.median(values))
+
+  contenders = {}
+  for name in NAMES:
+    runs = [r["contenders"][name] for r in records]
+    contenders[name] = {"step_ms": median([run["step_ms"] for run in runs])}
+    if name in RECORDED:
+      contenders[name]["recorded_ms"] = median([run["recorded_ms"] for run in runs])
+      rows = sorted({row for run in runs for row in run["rows_ms"]})
+      contenders[name]["rows_ms"] = {
+        row: median([run["rows_ms"].get(row, 0.0) for run in runs]) for row in rows
+      }
+  return {
+    "torch": records[0]["torch"],
+    "busy_ns": [ns for r in records for ns in r["busy_ns"]],
+    "callbacks_per_step": median([r["callbacks_per_step"] for r in records]),
+    "runner_callbacks_per_step": median([r["runner_callbacks_per_step"] for r in records]),
+    "contenders": contenders,
+    "processes": records,
+  }
+
+
+def measure(pythons, processes, rounds, steps_per_block, threads, log=print):
+  """{python: combine() of its processes}: `processes` rounds, each
+  starting one process of each venv, the order rotating."""
+  with harness.benchmarks_only_path() as path:
+
+    def job(python):
+      args = ["--one", "--rounds", rounds, "--steps", steps_per_block, "--threads", threads]
+      return lambda: harness.run_process("benchmarks.busy_floor", args, python=python, path=path)
+
+    runs = harness.alternated(
+      {python: job(python) for python in pythons},
+      rounds=processes,
+      log=lambda m: log(f"  busy_floor {m}"),
+    )
+  return {python: combine(records) for python, records in runs.items()}
+
+
+def markdown(data):
+  """The committed tables: one for each venv."""
   lines = [
-    f"Measured at {commit[:10]}: the TD3 train step (batch 256, `benchmarks.runners`' "
-    f"batches), in one process, {result['rounds']} rounds of alternated blocks of "
-    f"{result['steps_per_block']} steps, means of the middle 80%; torch "
-    f"{result['environment']['torch']}, {result['environment']['threads']['requested']} "
-    f"threads. The floors' callbacks work {min(result['busy_ns']) / 1e3:.0f}-"
-    f"{max(result['busy_ns']) / 1e3:.0f} us each (each round, the runner's callbacks' "
-    f"mean so far), {result['callbacks_per_step']:.1f} callbacks a step (the runner's: "
-    f"{result['runner_callbacks_per_step']:.1f}).",
+    f"Measured at {data['source']['commit'][:10]}: the TD3 train step (batch 256, "
+    f"`benchmarks.runners`' batches); {data['processes']} processes a venv, alternated, each "
+    f"{data['rounds']} rounds of alternated blocks of {data['steps_per_block']} steps (the "
+    f"order rotating); each figure a process's mean of the middle 80% of its steps, the "
+    f"median over the processes; {data['threads']} threads.",
     "",
+  ]
+  for python, result in data["venvs"].items():
+    lines += [f"**{runners.venv_name(python)}** (torch {result['torch']}):", ""]
+    lines += _venv_table(result)
+  return "\n".join(lines)
+
+
+def _venv_table(result):
+  c = result["contenders"]
+  floor_tf = c[FLOOR]["rows_ms"][TF_SIDE]
+  busy = result["busy_ns"]
+  lines = [
     f"| TD3 train step | ms | / {TORCH} | recorded, ms | TF's side, ms "
     "| over the floor's, ms | callbacks, ms | hand-off, ms |",
     "|---|---|---|---|---|---|---|---|",
@@ -234,39 +293,51 @@ def markdown(result):
   over = {name: c[name]["rows_ms"][TF_SIDE] - floor_tf for name in (RUNNER, SPIN, MEMORY, MATMULS)}
   lines += [
     "",
-    f"TF's side over the floor's: the runner's {over[RUNNER]:+.2f} ms a step; with the "
-    f"callbacks' time put back and no torch in them, spinning {over[SPIN]:+.2f} ms and "
-    f"writing over memory {over[MEMORY]:+.2f} ms; with torch's matmuls in them "
-    f"{over[MATMULS]:+.2f} ms. The runner's step less the floor with torch's matmuls put "
-    f"back: {c[RUNNER]['step_ms'] - c[MATMULS]['step_ms']:+.2f} ms. The runner's callbacks "
-    f"(torch's work in the call, DLPack in and out) against pure torch's forwards and "
-    f"backwards: {c[RUNNER]['rows_ms'][CALLBACKS]:.2f} ms against "
+    f"The floors' callbacks worked {min(busy) / 1e3:.0f}-{max(busy) / 1e3:.0f} us each (each "
+    f"round, the runner's callbacks' mean so far in its process), "
+    f"{result['callbacks_per_step']:.1f} callbacks a step (the runner's: "
+    f"{result['runner_callbacks_per_step']:.1f}). TF's side over the floor's: the runner's "
+    f"{over[RUNNER]:+.2f} ms a step; with the callbacks' time put back and no torch in them, "
+    f"spinning {over[SPIN]:+.2f} ms and writing over memory {over[MEMORY]:+.2f} ms; with "
+    f"torch's matmuls in them {over[MATMULS]:+.2f} ms. The runner's step less the floor with "
+    f"torch's matmuls put back: {c[RUNNER]['step_ms'] - c[MATMULS]['step_ms']:+.2f} ms. The "
+    f"runner's callbacks (torch's work in the call, DLPack in and out) against pure torch's "
+    f"forwards and backwards: {c[RUNNER]['rows_ms'][CALLBACKS]:.2f} ms against "
     f"{c[TORCH_COMPUTE]['step_ms']:.2f} ms a step.",
     "",
   ]
-  return "\n".join(lines)
-
-
-def stem():
-  """The results' file name: one for each torch (the two venvs)."""
-  return f"busy_floor_torch{torch.__version__.split('+')[0]}"
+  return lines
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(
     prog="python -m benchmarks.busy_floor", description=__doc__.split("\n\n")[0]
   )
-  parser.add_argument("--rounds", type=int, default=10)
+  parser.add_argument("--python", action="append", help="a venv's python (repeatable)")
+  parser.add_argument("--processes", type=int, default=3, help="processes a venv")
+  parser.add_argument("--rounds", type=int, default=12, help="rounds a process")
   parser.add_argument("--steps", type=int, default=20, help="steps a block")
   parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--one", action="store_true", help="this process only; prints its JSON")
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args(argv)
-  why = scripted_native.unavailable()
-  if why:
-    print(f"the C++ torch runner's floor cannot run here: {why}")
-    return 1
-  result = measure(args.rounds, args.steps, args.threads)
-  harness.write_results(args.out, stem(), result, markdown(result))
+  if args.one:
+    why = scripted_native.unavailable()
+    if why:
+      print(f"the C++ torch runner's floor cannot run here: {why}", file=sys.stderr)
+      return 1
+    print(json.dumps(one_process(args.rounds, args.steps, args.threads)))
+    return 0
+  pythons = [os.path.abspath(p) for p in (args.python or [sys.executable])]
+  data = {
+    "source": harness.environment(args.threads, "cpu")["source"],
+    "processes": args.processes,
+    "rounds": args.rounds,
+    "steps_per_block": args.steps,
+    "threads": args.threads,
+    "venvs": measure(pythons, args.processes, args.rounds, args.steps, args.threads),
+  }
+  harness.write_results(args.out, "busy_floor", data, markdown(data))
   return 0
 
 

@@ -1,5 +1,6 @@
 """Timing: contenders interleaved in one process, or one process each, alternated."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -241,6 +242,17 @@ def run_process(
     attempts=attempt + 1,
   )
   return record
+
+
+@contextlib.contextmanager
+def benchmarks_only_path():
+  """A directory holding only links to benchmarks/ and examples/: on
+  PYTHONPATH (`run_process(..., python=, path=)`), a venv's process
+  imports these from the checkout and torchbridge from its own venv."""
+  with tempfile.TemporaryDirectory(prefix="benchmarks_path_") as path:
+    for name in ("benchmarks", "examples"):
+      os.symlink(os.path.join(ROOT, name), os.path.join(path, name))
+    yield path
 
 
 def alternated(jobs, rounds, log=None):

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -250,12 +249,8 @@ def one(model, contender, threads):
 
 def measure(pythons, rounds, threads, log=print):
   """{python: {model: {contender: {"median_us", "first_call_s", "processes"}}}}."""
-  with tempfile.TemporaryDirectory(prefix="runners_") as tmp:
-    path = os.path.join(tmp, "path")
-    os.mkdir(path)
-    # Only benchmarks/ and examples/ on the path: torchbridge is the venv's.
-    for name in ("benchmarks", "examples"):
-      os.symlink(os.path.join(harness.ROOT, name), os.path.join(path, name))
+  # Only benchmarks/ and examples/ on the path: torchbridge is the venv's.
+  with harness.benchmarks_only_path() as path:
 
     def job(python, model, contender):
       args = ["--one", model, contender, "--threads", threads]
@@ -295,7 +290,7 @@ def markdown(data):
   ]
   for python, models_ in data["venvs"].items():
     torch_version = next(iter(next(iter(models_.values())).values()))["torch"]
-    lines += [f"**{_venv_name(python)}** (torch {torch_version}):", ""]
+    lines += [f"**{venv_name(python)}** (torch {torch_version}):", ""]
     for model, rows in models_.items():
       if model == "call":
         # Under XLA, over the bare op under XLA (where it was measured).
@@ -332,7 +327,7 @@ def markdown(data):
   return "\n".join(lines)
 
 
-def _venv_name(python):
+def venv_name(python):
   return "user-install venv" if ".venv-user" in python else "development venv"
 
 

@@ -770,8 +770,7 @@ def test_busy_floor_puts_the_runners_callback_time_back_into_its_floor(tmp_path)
   from benchmarks import busy_floor  # pylint: disable=import-outside-toplevel
 
   out = subprocess.run(
-    [sys.executable, "-m", "benchmarks.busy_floor", "--rounds", "1", "--steps", "4"]
-    + ["--out", str(tmp_path)],
+    [sys.executable, "-m", "benchmarks.busy_floor", "--one", "--rounds", "1", "--steps", "4"],
     cwd=ROOT,
     # The C++ torch runner as users get it (not bridge_runner's Python path).
     env={k: v for k, v in os.environ.items() if k != "TORCHBRIDGE_TORCH_RUNNER"},
@@ -780,8 +779,8 @@ def test_busy_floor_puts_the_runners_callback_time_back_into_its_floor(tmp_path)
     timeout=600,
   )
   assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads((tmp_path / f"{busy_floor.stem()}.json").read_text())
-  c = result["contenders"]
+  record = json.loads(out.stdout.strip().splitlines()[-1])
+  c = record["contenders"]
   assert sorted(c) == sorted(busy_floor.NAMES)
   for name in (busy_floor.PYTHON_PATH, busy_floor.TORCH, busy_floor.TORCH_COMPUTE):
     assert c[name]["step_ms"] > 0 and "rows_ms" not in c[name], name
@@ -790,14 +789,31 @@ def test_busy_floor_puts_the_runners_callback_time_back_into_its_floor(tmp_path)
   # The runner's calls ran on the C++ runner (their callbacks recorded),
   # and the floors' callbacks worked the time they were given: each step
   # runs at least the critic's four calls, each at least `busy_ns`.
-  assert result["runner_callbacks_per_step"] >= 4 and result["callbacks_per_step"] >= 4
-  at_least_ms = 4 * min(result["busy_ns"]) / 1e6
+  assert record["runner_callbacks_per_step"] >= 4 and record["callbacks_per_step"] >= 4
+  at_least_ms = 4 * min(record["busy_ns"]) / 1e6
   assert at_least_ms > 0
   for name in (busy_floor.SPIN, busy_floor.MEMORY, busy_floor.MATMULS):
     assert c[name]["rows_ms"][busy_floor.CALLBACKS] >= at_least_ms, name
   assert c[busy_floor.FLOOR]["rows_ms"][busy_floor.CALLBACKS] < at_least_ms
-  text = (tmp_path / f"{busy_floor.stem()}.md").read_text()
-  assert text == busy_floor.markdown(result)
+
+  # Processes combine figure by figure, each the median over them.
+  slower = json.loads(json.dumps(record))
+  for name in busy_floor.NAMES:
+    slower["contenders"][name]["step_ms"] *= 3
+  combined = busy_floor.combine([record, slower, slower])
+  step = combined["contenders"][busy_floor.RUNNER]["step_ms"]
+  assert step == pytest.approx(3 * c[busy_floor.RUNNER]["step_ms"])
+  assert combined["busy_ns"] == record["busy_ns"] + 2 * slower["busy_ns"]
+  data = {
+    "source": record["environment"]["source"],
+    "processes": 3,
+    "rounds": 1,
+    "steps_per_block": 4,
+    "threads": 2,
+    "venvs": {sys.executable: combined},
+  }
+  text = busy_floor.markdown(data)
+  assert f"| {busy_floor.RUNNER} | {step:.2f} | " in text
   assert "TF's side over the floor's: the runner's" in text
 
 
