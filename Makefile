@@ -205,11 +205,14 @@ bench-user: $(STAMP)
 # Graph calls' runners side by side (issue 40): TD3 and the small MLP with
 # the default TorchModule (TF runner), XLA, run="torch", the Keras port with
 # and without XLA and pure torch, in both venvs, alternated
-# (benchmarks/results/runners.{json,md}, included by the docs).
+# (benchmarks/results/runners.{json,md}, included by the docs); then the C++
+# torch runner's TD3 step against its floor with its callback time put back
+# (benchmarks/results/busy_floor.{json,md}).
 bench-runners: $(STAMP)
 	test -x $(USER_PY) || $(MAKE) user-venv
 	PIP_CONSTRAINT=/dev/null $(USER_PY) -m pip install --quiet gymnasium
 	$(PY) -m benchmarks.runners --python $(PY) --python $(USER_PY)
+	$(PY) -m benchmarks.busy_floor --python $(PY) --python $(USER_PY)
 
 # On a busy machine (issue 42): the same step for Keras, each runner and pure
 # torch, quiet and beside busy processes (same nice, nice 19), the hand-off's
