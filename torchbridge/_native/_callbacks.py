@@ -4,12 +4,20 @@ dispatch it calls, and the DLPack form of a torch callback.
 Callables are registered under integer ids that the op carries as an
 attribute. A graph's registrations are dropped when the graph is garbage
 collected (as `tf.py_function` does for its functions).
+
+Each process counts its ids from a random start in [2**61, 2**62): a graph
+serialized in one process (`tf.saved_model.save` writes the op and its id)
+and run in another then finds no callback under its id and fails, saying
+why, instead of running whichever callback that process registered under
+the same small number (the same code run again registers the same ones,
+with other weights).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -29,7 +37,7 @@ registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
 # Reentrant: a graph collected while `register` holds it runs `release`
 # (its finalizer) on the same thread.
 _registry_lock = threading.RLock()
-_next_id = itertools.count(1)
+_next_id = itertools.count((1 << 61) + secrets.randbelow(1 << 60))
 # graph -> the ids registered for it (weakly: the graph owns them).
 _ids_of_graph: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
@@ -141,7 +149,10 @@ def dispatch(
       f"torchbridge native callback {callback_id} is not registered: the "
       "graph that built this TorchbridgeCall op was garbage collected, or "
       "the op was loaded from a serialized graph (e.g. a SavedModel), which "
-      "cannot carry Python callables."
+      "cannot carry torch: a graph call that runs torch (run='torch', or "
+      "run='auto' where the translation could not hold) runs only in the "
+      "process that traced it. Save a module whose calls run its TF "
+      "translation (run='auto' or run='tf') instead."
     )
   args = (capsules, unused_outputs) if torch_tensors else (capsules,)
   outer_unused = getattr(_op_call, "unused", None)
