@@ -495,6 +495,19 @@ def test_a_capture_torch_refuses_takes_the_python_path_with_one_warning(caplog):
 
 
 @native_cpp
+def test_the_cpp_runner_says_once_at_info_that_it_runs_a_modules_calls(caplog):
+  m = tb.TorchModule(_mlp(), name="said_cpp", run="torch")
+  with caplog.at_level(logging.INFO, logger="torchbridge"):
+    tf.function(lambda x: m(x))(tf.ones([2, 3]))
+    tf.function(lambda x: m(x))(tf.ones([4, 3]))  # a second signature: not said again
+  said = [r for r in caplog.records if "said_cpp" in r.getMessage()]
+  assert len(said) == 1 and said[0].levelno == logging.INFO, [r.getMessage() for r in said]
+  assert "graph calls run torch from C++" in said[0].getMessage()
+  assert "run='torch'" in said[0].getMessage()
+  assert _path("said_cpp") == "C++"
+
+
+@native_cpp
 def test_nested_and_named_results_keep_their_structure():
   Pair = collections.namedtuple("Pair", "a b")
 

@@ -24,9 +24,11 @@ if TYPE_CHECKING:  # at run time, imported on first use (see __getattr__)
   from torchbridge._translate._translated import Translated
   from torchbridge._translate._translated import UntranslatedOpsError
   from torchbridge._translate._translated import translate
+  from torchbridge._state._runner import StaleCaptureError
 
 __all__ = [
   "ParityError",
+  "StaleCaptureError",
   "TorchModule",
   "Translated",
   "UntranslatedOpsError",
@@ -55,4 +57,6 @@ def __getattr__(name: str) -> Any:
     return importlib.import_module(f"torchbridge.{name}")
   if name in _TRANSLATE_NAMES:
     return getattr(importlib.import_module("torchbridge._translate._translated"), name)
+  if name == "StaleCaptureError":  # raised by a graph call whose capture went stale
+    return importlib.import_module("torchbridge._state._runner").StaleCaptureError
   raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")

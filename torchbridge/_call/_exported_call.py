@@ -92,14 +92,14 @@ def call_exported(
 
         return grads, second_order
 
-      grads = backward_op(handle_tf, *dys, *args)
+      grads = _compat.gradient_dies_with_graph(list(backward_op(handle_tf, *dys, *args)))
       # Arguments that get no gradient: None, so TF never asks the op for
       # theirs (the kernel computes only the gradients TF consumes).
       return [g if diff else None for g, diff in zip(grads, differentiable)]
 
     return outs_tf, grad
 
-  return list(bridged(*args_tf))
+  return _compat.gradient_dies_with_graph(list(bridged(*args_tf)))
 
 
 _SECOND_ORDER = (

@@ -25,6 +25,7 @@ from torchbridge._call import _saved
 from torchbridge._call import _signature
 from torchbridge._crossing import _exchange
 from torchbridge._frameworks import _compat
+from torchbridge._native import _callbacks
 from torchbridge._native import _loader
 from torchbridge._native import _op
 from torchbridge._runtime import _placement
@@ -178,7 +179,7 @@ def call_graph(
 
     return outs_tf, grad
 
-  return list(bridged(*grad_args_tf))
+  return _compat.gradient_dies_with_graph(list(bridged(*grad_args_tf)))
 
 
 def _stateful_op(
@@ -221,7 +222,10 @@ def _stateful_op(
         _exchange.tensor_to_tf(o) for o in results_torch
       ]
 
-  outs_tf = tf.py_function(body, inputs_tf, Tout=out_dtypes, name=name)
+  # TF holds a graph's py_function bodies for the process: the graph, this one.
+  graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+  function = body if graph is None else _callbacks.held_by_graph(body, graph)
+  outs_tf = tf.py_function(function, inputs_tf, Tout=out_dtypes, name=name)
   for out_tf, shape in zip(outs_tf, out_shapes):
     out_tf.set_shape(shape)
   return outs_tf

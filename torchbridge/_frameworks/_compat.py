@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -223,6 +224,63 @@ def in_saved_model_trace() -> bool:
   from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
 
   return save_context.in_save_context()
+
+
+_GRADIENT_FUNCTIONS = "torchbridge_gradient_functions"
+
+
+@functools.cache
+def _gradient_registry() -> dict[str, Any]:
+  registry = _attribute("tensorflow.python.framework.ops", "_gradient_registry", "TensorFlow")
+  table = getattr(registry, "_registry", None)
+  if not isinstance(table, dict):
+    raise _missing("ops._gradient_registry._registry (a dict)", "TensorFlow")
+  return table
+
+
+def gradient_dies_with_graph(outputs_tf: list[Any]) -> list[Any]:
+  """Lets a graph-mode `tf.custom_gradient` call's gradient function die
+  with its graph; returns the call's `outputs_tf`.
+
+  In a graph, `tf.custom_gradient` registers its gradient function in TF's
+  process-wide gradient registry under a fresh name ("CustomGradient-N",
+  the `_gradient_op_type` of the IdentityN op its outputs come from), and
+  nothing ever removes it. The function's closure holds the outputs, so
+  their graph and all the graph holds (its captures, the bridged module's
+  state, the callbacks registered for the graph) would live as long as the
+  process. Here the graph holds the function and the registry only a weak
+  reference to it, removed with it: TF looks it up only to differentiate
+  an op of that graph, while the graph is alive.
+  """
+  if tf.executing_eagerly() or not outputs_tf:
+    return outputs_tf
+  op = outputs_tf[0].op
+  try:
+    name = op.get_attr("_gradient_op_type").decode()
+  except (ValueError, AttributeError):
+    return outputs_tf  # not a custom gradient's outputs
+  table = _gradient_registry()
+  entry = table.get(name)
+  if not isinstance(entry, dict) or getattr(entry.get("type"), "_torchbridge_weak", False):
+    return outputs_tf
+  grad_fn = entry["type"]
+  # Held by the graph (a collection of its own: graphs take no attributes).
+  op.graph.add_to_collection(_GRADIENT_FUNCTIONS, grad_fn)
+
+  def drop(_: Any, table: dict[str, Any] = table, name: str = name) -> None:
+    table.pop(name, None)
+
+  ref = weakref.ref(grad_fn, drop)
+
+  def weak_grad_fn(op: Any, *grads: Any) -> Any:
+    fn = ref()
+    if fn is None:
+      raise LookupError(f"the gradient function {name} died with its graph")
+    return fn(op, *grads)
+
+  weak_grad_fn._torchbridge_weak = True  # type: ignore[attr-defined]
+  entry["type"] = weak_grad_fn
+  return outputs_tf
 
 
 def function_graph() -> Any:

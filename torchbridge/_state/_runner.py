@@ -50,7 +50,7 @@ which runs the forward's Python on every call."""
 
 
 class StaleCaptureError(RuntimeError):
-  """A Python attribute a captured forward read has changed since."""
+  """`tb.StaleCaptureError`: a Python attribute a captured forward read changed since."""
 
 
 def check_run(run: Any, owner: str) -> str:

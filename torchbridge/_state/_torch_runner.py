@@ -153,6 +153,7 @@ class TorchRunner:
         self._say_python(mismatch)
         return None
     _runners.record(state.name, "torch", self._why_torch(), captured.seconds, path="C++")
+    self._say_cpp()
     _runner.add_guard(snapshot, state.name, state.take_views_back)
     # Traced into a graph, its calls run on the torch thread: the user's
     # thread's idle OpenMP team is released, as the Python path's tracing
@@ -262,6 +263,19 @@ class TorchRunner:
     if self._state.runner is None:
       return "run='torch'"
     return str(_runners.choices().get(self._state.name, {}).get("reason", ""))
+
+  def _say_cpp(self) -> None:
+    """Says once, at INFO, that this module's graph calls run on the C++
+    torch runner, for run="torch" (run="auto" says it when it falls back)."""
+    if "C++" in self._said or self._state.runner is not None:
+      return
+    self._said.add("C++")
+    _LOG.info(
+      "torchbridge: %s: graph calls run torch from C++ (the C++ torch runner: a "
+      "torch.export capture per signature, no Python per call; %s).",
+      self._state.name,
+      self._why_torch(),
+    )
 
   def _say_python(self, reason: str, level: int = logging.WARNING) -> None:
     _runners.record(self._state.name, "torch", self._why_torch(), path="Python", path_reason=reason)
