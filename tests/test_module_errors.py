@@ -261,6 +261,18 @@ def test_xla_compilation_is_refused_with_the_alternative(monkeypatch):
   assert re.search(r"tb\.translate\(module,\s+input_signature\)", str(info.value))
 
 
+def test_a_non_tensor_where_a_tensor_is_expected_names_no_parameter_as_an_argument():
+  actor = tb.TorchModule(torch.nn.Linear(3, 5), name="actor")
+  with pytest.raises(TypeError) as info:
+    tf.function(lambda: actor(object()))()
+  message = str(info.value)
+  assert re.search(
+    r"tensor arguments of shapes and dtypes\s+\(none\) \(and the module's 2", message
+  )
+  assert "must be Tensor, not object" in message  # torch's own words kept
+  np.testing.assert_array_equal(actor(tf.zeros([2, 3])).shape, [2, 5])  # still usable
+
+
 def test_wrong_shape_found_while_tracing_keeps_torch_error_type_and_names_inputs():
   # An input error shows while tracing (on meta tensors): the message is the
   # user's error, not advice about output_signature, which would not help.
@@ -270,7 +282,12 @@ def test_wrong_shape_found_while_tracing_keeps_torch_error_type_and_names_inputs
     call(tf.zeros([4, 7]))
   message = str(info.value)
   assert "actor failed while tf.function traced it" in message
-  assert "(4, 7) float32" in message
+  # The caller's tensor arguments, and the module's parameters apart (they
+  # are op inputs too, but not what the caller passed).
+  assert re.search(
+    r"tensor arguments of shapes and dtypes\s+\(4, 7\) float32 \(and the module's 2", message
+  )
+  assert "(5, 3) float32" not in message and "(5,) float32" not in message
   assert "Declare the outputs" not in message  # no output_signature advice
   assert "[4, 7] X [3, 5]" in message  # torch's own message is kept
   np.testing.assert_array_equal(actor(tf.zeros([2, 3])).shape, [2, 5])

@@ -52,8 +52,8 @@ returns and None for unknown dimensions, e.g.
 
 _TRACE_FAILED = """\
 {name} failed while tf.function traced it (torchbridge runs the torch code
-{how} to learn its output shapes), on arguments of shapes and dtypes
-{inputs}:
+{how} to learn its output shapes), on tensor arguments of shapes and dtypes
+{inputs}{parameters}:
   {error_type}: {error}"""
 
 
@@ -128,7 +128,7 @@ def infer(
     except Exception as real_err:  # pylint: disable=broad-except
       if not _is_meta_limitation(meta_err):
         # The inputs' own error (a wrong shape or dtype), in its own type.
-        raise _trace_error(meta_err, name, args_specs, META) from meta_err
+        raise _trace_error(meta_err, name, args_specs, META, stand_ins) from meta_err
       raise RuntimeError(
         _BOTH_FAILED.format(
           name=name,
@@ -204,10 +204,18 @@ def stand_in_args(
 
 
 def _trace_error(
-  err: BaseException, name: str, args_specs: Sequence[tf.TensorSpec], how: str
+  err: BaseException,
+  name: str,
+  args_specs: Sequence[tf.TensorSpec],
+  how: str,
+  stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None,
 ) -> BaseException:
   # An error the inputs would cause on real tensors too (a wrong shape or
   # dtype): the user's error, in its own type, said to come from tracing.
+  # The module's parameters and buffers (those with a stand-in) are op
+  # inputs too, but not the caller's arguments: they are counted apart.
+  own = [s for i, s in enumerate(args_specs) if not (stand_ins and stand_ins[i] is not None)]
+  held = len(args_specs) - len(own)
   return _same_type(
     err,
     _TRACE_FAILED.format(
@@ -215,7 +223,8 @@ def _trace_error(
       how=how,
       error_type=type(err).__name__,
       error=err,
-      inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in args_specs),
+      inputs=", ".join(f"{tuple(s.shape)} {s.dtype.name}" for s in own) or "(none)",
+      parameters=f" (and the module's {held} parameters and buffers)" if held else "",
     ),
   )
 
