@@ -103,8 +103,9 @@ def infer(
     raise ValueError(
       f"{name} got an argument of unknown rank inside tf.function "
       f"({unknown_rank[0]}), so torchbridge cannot find its output shapes. "
-      "Give the tf.function an input_signature with known ranks, or pass "
-      "output_signature= to tb.torch_function."
+      "Give the tf.function an input_signature with known ranks, or declare "
+      "the outputs: tb.TorchModule(..., output_signature=...) or "
+      "tb.torch_function(..., output_signature=...)."
     )
   probes = probe_sizes(args_specs)
   try:
