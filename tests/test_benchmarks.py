@@ -719,21 +719,28 @@ def test_runners_xla_contenders_run_and_the_table_shows_them(monkeypatch):
   assert f"| {runners.RUN_TORCH_XLA} | " in text and f" | {ratio:.2f}x | " in text
 
 
-@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
-def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
-  from benchmarks import guard_cost  # pylint: disable=import-outside-toplevel
-
+def _run_on_the_cpp_runner(module, *args):
+  """`python -m module *args`, its graph calls on the C++ torch runner as
+  users get it (not bridge_runner's Python path); the finished process."""
   out = subprocess.run(
-    [sys.executable, "-m", "benchmarks.guard_cost", "--repeats", "2", "--calls", "5"]
-    + ["--out", str(tmp_path)],
+    [sys.executable, "-m", module, *args],
     cwd=ROOT,
-    # The C++ torch runner as users get it (not bridge_runner's Python path).
     env={k: v for k, v in os.environ.items() if k != "TORCHBRIDGE_TORCH_RUNNER"},
     capture_output=True,
     text=True,
     timeout=600,
   )
   assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="needs the complete native op")
+def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
+  from benchmarks import guard_cost  # pylint: disable=import-outside-toplevel
+
+  _run_on_the_cpp_runner(
+    "benchmarks.guard_cost", "--repeats", "2", "--calls", "5", "--out", str(tmp_path)
+  )
   result = json.loads((tmp_path / "guard_cost.json").read_text())
   native = (
     guard_cost.RUNNER,
@@ -769,16 +776,7 @@ def test_guard_cost_splits_the_runners_per_call_cost(tmp_path):
 def test_busy_floor_puts_the_runners_callback_time_back_into_its_floor(tmp_path):
   from benchmarks import busy_floor  # pylint: disable=import-outside-toplevel
 
-  out = subprocess.run(
-    [sys.executable, "-m", "benchmarks.busy_floor", "--one", "--rounds", "1", "--steps", "4"],
-    cwd=ROOT,
-    # The C++ torch runner as users get it (not bridge_runner's Python path).
-    env={k: v for k, v in os.environ.items() if k != "TORCHBRIDGE_TORCH_RUNNER"},
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
+  out = _run_on_the_cpp_runner("benchmarks.busy_floor", "--one", "--rounds", "1", "--steps", "4")
   record = json.loads(out.stdout.strip().splitlines()[-1])
   c = record["contenders"]
   assert sorted(c) == sorted(busy_floor.NAMES)

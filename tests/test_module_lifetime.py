@@ -9,24 +9,16 @@ child process: a module, a `tf.function` that calls it (and differentiates
 it), both deleted, then `gc.collect()`; the torch module must be gone.
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from torchbridge._native import _loader
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_native_loader import _run_subprocess
 
+# After _run_subprocess's prologue (json, torch, tf, _callbacks imported).
 _CHILD = """
-import gc, json, weakref
-import torch
-import tensorflow as tf
+import gc, weakref
 import torchbridge as tb
-from torchbridge._native import _callbacks
 
 
 class Net(torch.nn.Module):
@@ -80,23 +72,14 @@ print(json.dumps({{
 def test_a_module_and_its_capture_die_with_the_last_reference(case, runner):
   if runner != "py_function" and not _loader.available():
     pytest.skip("needs the native op")
-  env = dict(os.environ)
-  for name in ("TORCHBRIDGE_TORCH_RUNNER", _loader.DISABLE_ENV):
-    env.pop(name, None)
-  if runner == "python":
-    env["TORCHBRIDGE_TORCH_RUNNER"] = "python"
-  if runner == "py_function":  # no native op: graph calls through tf.py_function
-    env[_loader.DISABLE_ENV] = "1"
-  out = subprocess.run(
-    [sys.executable, "-c", textwrap.dedent(_CHILD.format(case=case))],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
+  result = _run_subprocess(
+    _CHILD.format(case=case),
+    {
+      "TORCHBRIDGE_TORCH_RUNNER": "python" if runner == "python" else None,
+      # No native op: graph calls through tf.py_function.
+      _loader.DISABLE_ENV: "1" if runner == "py_function" else None,
+    },
   )
-  assert out.returncode == 0, out.stderr[-3000:]
-  result = json.loads(out.stdout.strip().splitlines()[-1])
   if runner != "py_function":
     assert result["registered_during"] > 0, result  # the calls went through the native op
   assert result["freed"], result

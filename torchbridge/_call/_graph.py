@@ -25,7 +25,6 @@ from torchbridge._call import _saved
 from torchbridge._call import _signature
 from torchbridge._crossing import _exchange
 from torchbridge._frameworks import _compat
-from torchbridge._native import _callbacks
 from torchbridge._native import _loader
 from torchbridge._native import _op
 from torchbridge._runtime import _placement
@@ -224,7 +223,7 @@ def _stateful_op(
 
   # TF holds a graph's py_function bodies for the process: the graph, this one.
   graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-  function = body if graph is None else _callbacks.held_by_graph(body, graph)
+  function = body if graph is None else _compat.held_by_graph(body, graph)
   outs_tf = tf.py_function(function, inputs_tf, Tout=out_dtypes, name=name)
   for out_tf, shape in zip(outs_tf, out_shapes):
     out_tf.set_shape(shape)

@@ -226,7 +226,35 @@ def in_saved_model_trace() -> bool:
   return save_context.in_save_context()
 
 
-_GRADIENT_FUNCTIONS = "torchbridge_gradient_functions"
+# The graph collection that holds what a graph holds (`held_by_graph`).
+_HELD = "torchbridge_held"
+
+
+def held_by_graph(
+  function: Callable[..., Any], graph: Any, on_death: Callable[[Any], None] | None = None
+) -> Callable[..., Any]:
+  """`graph` holds `function`; returns a callable that runs it while it
+  lives and holds it only weakly (TypeError where it cannot be weakly
+  referenced). `on_death(ref)` runs when it dies, with its graph.
+
+  For what a process-wide table holds for a graph: TF's gradient registry
+  (`gradient_dies_with_graph`), TF's table of `tf.py_function` bodies
+  (pinned to the outermost graph, in TF 2 the process's) and the native
+  op's callback registry. A function whose closure reaches the graph's
+  tensors (a bridged call's bound arguments, a custom gradient's outputs)
+  would otherwise keep its graph, and with it the bridged module, alive for
+  the process. The graph, its functions and what they hold die together.
+  """
+  ref = weakref.ref(function, on_death)
+  graph.add_to_collection(_HELD, function)  # graphs take no attributes
+
+  def call(*args: Any) -> Any:
+    target = ref()
+    if target is None:  # its graph is gone
+      raise RuntimeError("the graph that held this torchbridge function was collected")
+    return target(*args)
+
+  return call
 
 
 @functools.cache
@@ -248,9 +276,9 @@ def gradient_dies_with_graph(outputs_tf: list[Any]) -> list[Any]:
   nothing ever removes it. The function's closure holds the outputs, so
   their graph and all the graph holds (its captures, the bridged module's
   state, the callbacks registered for the graph) would live as long as the
-  process. Here the graph holds the function and the registry only a weak
-  reference to it, removed with it: TF looks it up only to differentiate
-  an op of that graph, while the graph is alive.
+  process. Here the graph holds the function (`held_by_graph`) and the
+  registry's entry, removed with it, only a weak reference: TF looks it up
+  only to differentiate an op of that graph, while the graph is alive.
   """
   if tf.executing_eagerly() or not outputs_tf:
     return outputs_tf
@@ -263,21 +291,11 @@ def gradient_dies_with_graph(outputs_tf: list[Any]) -> list[Any]:
   entry = table.get(name)
   if not isinstance(entry, dict) or getattr(entry.get("type"), "_torchbridge_weak", False):
     return outputs_tf
-  grad_fn = entry["type"]
-  # Held by the graph (a collection of its own: graphs take no attributes).
-  op.graph.add_to_collection(_GRADIENT_FUNCTIONS, grad_fn)
 
   def drop(_: Any, table: dict[str, Any] = table, name: str = name) -> None:
     table.pop(name, None)
 
-  ref = weakref.ref(grad_fn, drop)
-
-  def weak_grad_fn(op: Any, *grads: Any) -> Any:
-    fn = ref()
-    if fn is None:
-      raise LookupError(f"the gradient function {name} died with its graph")
-    return fn(op, *grads)
-
+  weak_grad_fn = held_by_graph(entry["type"], op.graph, drop)
   weak_grad_fn._torchbridge_weak = True  # type: ignore[attr-defined]
   entry["type"] = weak_grad_fn
   return outputs_tf

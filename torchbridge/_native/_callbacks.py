@@ -80,51 +80,22 @@ def connect_native(set_native: Callable[[int, int | None, int | None], None]) ->
   _set_native = set_native
 
 
-# The graph collection that holds a graph's callbacks (see `held_by_graph`).
-_GRAPH_CALLBACKS = "torchbridge_callbacks"
-
-
-def held_by_graph(callback: Callable[..., Any], graph: Any) -> Callable[..., Any]:
-  """`graph` holds `callback`; returns a callable that runs it while it
-  lives and holds it only weakly (TypeError where it cannot be weakly
-  referenced).
-
-  For what a process-wide table holds for a graph (the callback registry
-  here; TF's own for `tf.py_function` bodies, which pins them to the
-  outermost graph, in TF 2 the process's): a callback whose closure
-  reaches the graph's tensors (a bridged call's bound arguments do) would
-  otherwise keep its graph, and with it the bridged module, alive for the
-  process. The graph, its callbacks and what they hold then die together.
-  """
-  ref = weakref.ref(callback)
-  graph.add_to_collection(_GRAPH_CALLBACKS, callback)
-
-  def call(*args: Any) -> Any:
-    target = ref()
-    if target is None:  # its graph is gone
-      raise RuntimeError("the graph that made this torchbridge callback was collected")
-    return target(*args)
-
-  return call
-
-
 def register(callback: Callable[..., Any], graph: tf.Graph | None) -> int:
   """Registers `callback`; with a graph, until that graph is collected.
 
   A graph's callbacks are held by the graph and only weakly by the
-  registry (`held_by_graph`).
+  registry (`_compat.held_by_graph`).
   A `NativeCallback` is registered with the library too (its C function
   then runs in place of Python).
   """
-  native = isinstance(callback, NativeCallback)
-  if native and _set_native is None:
+  if isinstance(callback, NativeCallback) and _set_native is None:
     raise RuntimeError("a C++ callback needs the native op loaded (_loader.load())")
   with _registry_lock:
     callback_id = next(_next_id)
     registry[callback_id] = callback
     if graph is not None:
       try:
-        registry[callback_id] = held_by_graph(callback, graph)
+        registry[callback_id] = _compat.held_by_graph(callback, graph)
       except TypeError:
         pass  # not weakly referable: the registry holds it until `release`
     if isinstance(callback, NativeCallback) and _set_native is not None:
