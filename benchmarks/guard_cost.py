@@ -8,7 +8,7 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
 
 - `tb.TorchModule(..., run="torch")` as users get it: the C++ torch runner,
   and the stale-state check before each call of the `tf.function` (a
-  call-time capture of TF's that runs Python, `_runner.add_guard`);
+  call-time capture of TF's that runs Python, `_guard.add_guard`);
 - the same module with that check left out (`add_guard` made a no-op while
   the call is traced): what the runner costs without it;
 - the bare op the runners table compares against
@@ -26,7 +26,7 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
 - TF's call-time capture alone: a `tf.function` multiplying its input by
   a captured variable (as the module's call reads its variables) with a
   call-time capture whose closure returns a constant, typed as the check's
-  is (`_runner.CheckType`) and by a `tf.TensorSpec` (what TF's own
+  is (`_guard.CheckType`) and by a `tf.TensorSpec` (what TF's own
   validation of the value costs), against the same function without it:
   TF's mechanism for running Python before each call, what a check
   through it pays whatever the check does;
@@ -37,7 +37,7 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
   the capture's cost on the Python path alone, free of the executor's
   round-to-round variation;
 - the check's own Python: what the runner's check runs before each call
-  (`_runner.check` on the runner graph's entries: the module's
+  (`_guard.check` on the runner graph's entries: the module's
   `before_call` and `Snapshot.first_change`), called from Python in a loop;
 - the same `aten.linear`, eagerly from Python in a loop (its parameters
   requiring grad): torch's own work as pure torch runs it, warm.
@@ -64,7 +64,7 @@ import torchbridge as tb  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from torchbridge._frameworks import _compat  # noqa: E402
 from torchbridge._native import _loader  # noqa: E402
-from torchbridge._state import _runner  # noqa: E402
+from torchbridge._state import _guard  # noqa: E402
 
 RUNNER = 'run="torch" (C++ torch runner), as users get it'
 NO_CHECK = 'run="torch", the stale-state check left out'
@@ -95,13 +95,13 @@ def contenders():
     torch.manual_seed(0)
     module = tb.TorchModule(torch.nn.Linear(4, 4), name="linear", run="torch")
     call = tf.function(lambda v: module(v))
-    real = _runner.add_guard
+    real = _guard.add_guard
     if not check:
-      _runner.add_guard = lambda *args, **kwargs: None
+      _guard.add_guard = lambda *args, **kwargs: None
     try:
       call(x)
     finally:
-      _runner.add_guard = real
+      _guard.add_guard = real
     return lambda: call(x)
 
   bare_module = scripted_native.NoPythonFloorModule(torch.nn.Linear(4, 4))
@@ -125,7 +125,7 @@ def contenders():
 
     return times_scale
 
-  with_check_type = with_capture(_runner.CheckType())
+  with_check_type = with_capture(_guard.CheckType())
   with_spec = with_capture(tf.TensorSpec([], tf.int32))
 
   @tf.function
@@ -138,14 +138,14 @@ def contenders():
 
   runner_call = module_call(check=True)
   # What the check before each call of the runner's graph runs
-  # (`_runner.check` on its entries): the only graph with a check here.
-  graphs = list(_runner._CHECKS.values())
+  # (`_guard.check` on its entries): the only graph with a check here.
+  graphs = list(_guard._CHECKS.values())
   if len(graphs) != 1 or len(graphs[0]) != 1:
     raise RuntimeError(f"expected the runner's one checked module, found {graphs}")
   entries = graphs[0].values()
 
   def guard():
-    _runner.check(entries)
+    _guard.check(entries)
 
   calls = {
     PRE_CAPTURE: before_execution(with_check_type, x),

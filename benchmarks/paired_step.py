@@ -20,7 +20,7 @@ Contenders (examples/td3/agents.py, random batches of Pendulum's shapes,
 batch 256, as `benchmarks.runners` feeds them): the Keras port compiled
 by XLA; the default `tb.TorchModule`s compiled by XLA (`make demo`'s
 `--jit-compile`: each module's exact TF translation); the same with the
-stale-state check left out (`_runner.add_guard` made a no-op while it is
+stale-state check left out (`_guard.add_guard` made a no-op while it is
 traced: what the check costs); the same with each `Linear` written
 `x @ W.T` (`matmul(transpose_b=True)`, the translation's form without XLA)
 instead of the `(W @ x.T).T` it writes under XLA (what that form gains in
@@ -58,11 +58,11 @@ def _variant(name):
   """(object, attribute, replacement) patched while `name`'s step is traced:
   the default runner's step with one piece of the translation changed."""
   # pylint: disable=import-outside-toplevel
-  from torchbridge._state import _runner
+  from torchbridge._state import _guard
   from torchbridge._translate._aten import _nn
 
   if name == TB_XLA_UNCHECKED:  # no stale-state check
-    return _runner, "add_guard", lambda *args, **kwargs: None
+    return _guard, "add_guard", lambda *args, **kwargs: None
   if name == TB_XLA_TRANSPOSE_B:  # the form the translation writes without XLA
     return _nn, "_times_transposed", lambda x, w: tensorflow.matmul(x, w, transpose_b=True)
   return None

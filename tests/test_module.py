@@ -411,10 +411,11 @@ def test_training_none_follows_torch_mode_changes_between_eager_calls():
 
 
 @pytest.mark.parametrize("traced_in", ["train", "eval"])
-def test_training_none_in_tf_function_keeps_the_traced_mode(traced_in):
+def test_training_none_in_tf_function_refuses_a_flipped_mode(traced_in):
   """A tf.function traced with training=None runs in the modes it was traced
-  in, even when torch's mode changes afterwards (as all Python state in a
-  tf.function), and never writes to the variables behind TF's back."""
+  in: once torch's mode changes it refuses (naming the switch) rather than
+  compute in the old mode, and writes nothing to the variables
+  (tests/test_train_eval.py runs this on every runner and wrapper)."""
   net = seeded(0, BNNet)
   net.train(traced_in == "train")
   actor = tb.TorchModule(net, name="bn")
@@ -423,20 +424,12 @@ def test_training_none_in_tf_function_keeps_the_traced_mode(traced_in):
   call(x)
   after_trace = actor.get_weights()
   net.train(traced_in != "train")  # switch torch's mode after tracing
-  out = call(x)
+  with pytest.raises(tb.StaleCaptureError, match="train/eval mode changed"):
+    call(x)
   assert [m.training for m in net.modules()] == [traced_in != "train"] * 4
   weights = actor.get_weights()
-  if traced_in == "train":
-    assert weights["bn.num_batches_tracked"] == 2
-    assert not np.array_equal(weights["bn.running_mean"], after_trace["bn.running_mean"])
-  else:
-    for k in weights:
-      np.testing.assert_array_equal(weights[k], after_trace[k])
-    net_ref = copy.deepcopy(net).eval()
-    net_ref.load_state_dict({k: torch.from_numpy(a) for k, a in weights.items()})
-    np.testing.assert_allclose(
-      out.numpy(), net_ref(torch.from_numpy(x.numpy())).detach().numpy(), rtol=1e-6
-    )
+  for k in weights:
+    np.testing.assert_array_equal(weights[k], after_trace[k])
 
 
 # --------------------------------------------------------------- BatchNorm

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import torchbridge as tb
 from torchbridge._runtime import _runners
-from torchbridge._state._runner import StaleCaptureError
+from torchbridge._state._guard import StaleCaptureError
 from torchbridge._translate._aten import _table
 
 

@@ -21,7 +21,6 @@ import tensorflow as tf
 import torchbridge as tb
 from torchbridge._native import _loader
 from torchbridge._runtime import _runners
-from torchbridge._state import _runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -365,7 +364,7 @@ def test_an_attribute_changed_after_capture_is_captured_again_or_refused_by_name
   np.testing.assert_allclose(tf.function(lambda v: m(v))(x).numpy(), 5 * base, rtol=1e-6)
   # ...and the graph traced before refuses, naming it.
   with pytest.raises(
-    _runner.StaleCaptureError,
+    tb.StaleCaptureError,
     match=r"(?s)exploring: t: 1.0 when captured, 5.0 now.*TORCHBRIDGE_TORCH_RUNNER=python",
   ):
     old(x)

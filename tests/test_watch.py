@@ -25,7 +25,7 @@ class Net(torch.nn.Module):
 
 
 def _snapshot(net):
-  return _watch.Snapshot(list(net.named_modules()), watch_mode=False)
+  return _watch.Snapshot(list(net.named_modules()))
 
 
 def _changed(net, change):
@@ -75,7 +75,7 @@ def test_each_change_is_seen_and_named(change, named):
     lambda n: setattr(n, "table", {"a": (1, 2)}),
     lambda n: setattr(n, "unwatched", object()),  # a new attribute: not read when captured
     lambda n: n.lin.weight.data.add_(1.0),  # parameters are the variables' (not watched)
-    lambda n: n.train(False),  # modes are part of the key, not watched
+    lambda n: n.train(False),  # modes: part of the key, held by `Modes` instead
   ],
 )
 def test_what_is_not_a_change(same):
@@ -94,7 +94,7 @@ def test_ignored_hooks_are_not_changes_but_others_are():
   net = Net()
   ours = lambda *a: None  # noqa: E731
   net.lin.register_forward_hook(ours)
-  snap = _watch.Snapshot(list(net.named_modules()), watch_mode=False, ignored=frozenset({id(ours)}))
+  snap = _watch.Snapshot(list(net.named_modules()), ignored=frozenset({id(ours)}))
   handle = next(iter(net.lin._forward_hooks))
   del net.lin._forward_hooks[handle]  # torchbridge's own hook taken out (suspended)
   assert not snap._unchanged()  # the check in C looks again ...
@@ -124,3 +124,35 @@ def test_a_hook_whose_equality_raises_is_compared_by_identity():
   net.lin._forward_hooks[key] = _Hook()  # another hook under the same key: == raises
   assert not snap._unchanged()
   assert "lin._forward_hooks (its hooks changed)" in snap.first_change()
+
+
+# ------------------------------------------ the modes a training=None graph took
+
+
+def test_modes_name_the_switch_in_both_directions():
+  net = Net().train()
+  modes = _watch.Modes(list(net.named_modules()))
+  assert modes.first_change() is None
+  net.eval()
+  assert modes.first_change() == "training was True when traced, False now"
+  net.train()
+  assert modes.first_change() is None  # back as traced: runs again
+  evaluated = Net().eval()
+  modes = _watch.Modes(list(evaluated.named_modules()))
+  evaluated.train()
+  assert modes.first_change() == "training was False when traced, True now"
+
+
+def test_modes_name_the_submodules_when_only_some_flip():
+  net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.BatchNorm1d(2))
+  modes = _watch.Modes(list(net.named_modules()))
+  net[1].eval()
+  assert modes.first_change() == "training was True when traced, False now (submodule '1')"
+  net[2].eval()
+  assert modes.first_change() == (
+    "training was True when traced, False now (submodule '1', submodule '2')"
+  )
+  net[1].train()
+  net[2].train()
+  net.training = False  # the container alone
+  assert modes.first_change() == ("training was True when traced, False now (the module itself)")

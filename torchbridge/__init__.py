@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # at run time, imported on first use (see __getattr__)
   from torchbridge._translate._translated import Translated
   from torchbridge._translate._translated import UntranslatedOpsError
   from torchbridge._translate._translated import translate
-  from torchbridge._state._runner import StaleCaptureError
+  from torchbridge._state._guard import StaleCaptureError
 
 __all__ = [
   "ParityError",
@@ -58,5 +58,5 @@ def __getattr__(name: str) -> Any:
   if name in _TRANSLATE_NAMES:
     return getattr(importlib.import_module("torchbridge._translate._translated"), name)
   if name == "StaleCaptureError":  # raised by a graph call whose capture went stale
-    return importlib.import_module("torchbridge._state._runner").StaleCaptureError
+    return importlib.import_module("torchbridge._state._guard").StaleCaptureError
   raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")

@@ -88,7 +88,6 @@ class Capturing:
     state = self._state
     return _watch.Snapshot(
       list(state.module.named_modules()),
-      watch_mode=False,
       ignored=frozenset(state._views.hook_ids()),  # pylint: disable=protected-access
     )
 

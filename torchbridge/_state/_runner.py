@@ -10,8 +10,7 @@ run torch.
 A capture is keyed on the call's signature (shapes, dtypes, the non-tensor
 arguments and the torch modes) and bakes in the module's plain Python
 attributes (`_watch.py`): a later trace re-captures if one changed, and a
-graph traced before the change refuses to run, naming it (a check made in
-Python on every call of the user's `tf.function`).
+graph traced before the change refuses to run, naming it (`_guard.py`).
 """
 
 from __future__ import annotations
@@ -19,38 +18,20 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import weakref
-from collections.abc import Iterable
 from typing import Any
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
-from torchbridge._frameworks import _compat
 from torchbridge._runtime import _runners
 from torchbridge._state import _capturing
 from torchbridge._state import _distribute
-from torchbridge._state import _watch
+from torchbridge._state import _guard
 
 logger = logging.getLogger("torchbridge")
 
 RUNS = ("auto", "tf", "torch")
 TORCH = object()  # `Runner.call`'s answer: this call runs torch
-
-_STALE = """\
-{name}: {change}.
-A graph traced before that change runs this module from a capture (its TF
-translation, or torch from C++) with the old value baked in, so it refuses
-to run rather than compute with a stale value. Trace again to capture the
-new value (a new tf.function, or new input shapes); for a value that
-changes during training, pass it as a tensor argument or keep it in a
-buffer (register_buffer), which graph calls read at run time; or set
-TORCHBRIDGE_TORCH_RUNNER=python and construct the module with run="torch",
-which runs the forward's Python on every call."""
-
-
-class StaleCaptureError(RuntimeError):
-  """`tb.StaleCaptureError`: a Python attribute a captured forward read changed since."""
 
 
 def check_run(run: Any, owner: str) -> str:
@@ -131,7 +112,7 @@ class Runner:
       "",
       captured.seconds,
     )
-    add_guard(snapshot, self._state.name, self._state.take_views_back)
+    _guard.add_guard(snapshot, self._state.name, self._state.take_views_back)
     result, writes = captured.run(call.args_tf)
     _capturing.assign_writes(self._state, writes, mutated_buffers, mode_key, after_writes)
     return result
@@ -202,99 +183,3 @@ def _in_graph(error_type: type[Exception]) -> type[Exception]:
 def _plain_variable(variable: Any) -> tf.Variable:
   # keras.Variable (TorchLayer) holds a tf.Variable: the translation reads that.
   return variable if isinstance(variable, tf.Variable) else variable.value
-
-
-_ZERO: list[tf.Tensor] = []
-
-
-# graph -> {id(snapshot): (snapshot, module name, before_call)}: the
-# captures its one check covers.
-_CHECKS: weakref.WeakKeyDictionary[Any, dict[int, tuple[Any, str, Any]]] = (
-  weakref.WeakKeyDictionary()
-)
-
-
-class CheckType(tf.types.experimental.TraceType):
-  """The check's call-time capture's type: an int32 scalar whose TraceType
-  methods do nothing they need not.
-
-  TF runs a call-time capture's type on every call of the function (its
-  `cast` and `to_tensors`, and its hash and comparisons in the lookup of
-  the traced function): a `tf.TensorSpec`'s are Python that validates the
-  value, 84 of the 217 Python calls the capture adds to a call (counted
-  by cProfile; in wall time within this machine's noise,
-  benchmarks/guard_cost.py). The check always returns the same eager
-  int32 scalar (`_ZERO`), so there is nothing to validate."""
-
-  _SPEC = tf.TensorSpec([], tf.int32)
-
-  def is_subtype_of(self, other: Any) -> bool:
-    return isinstance(other, CheckType)
-
-  def most_specific_common_supertype(self, others: Any) -> Any:
-    return self if all(isinstance(o, CheckType) for o in others) else None
-
-  def placeholder_value(self, placeholder_context: Any) -> Any:
-    return self._SPEC.placeholder_value(placeholder_context)
-
-  def to_tensors(self, value: Any) -> list[Any]:
-    return [value]
-
-  def from_tensors(self, tensors: Any) -> Any:
-    return next(tensors)
-
-  def flatten(self) -> list[Any]:
-    return [self._SPEC]
-
-  def cast(self, value: Any, casting_context: Any) -> Any:
-    return value
-
-  def __eq__(self, other: Any) -> bool:
-    return isinstance(other, CheckType)
-
-  def __hash__(self) -> int:
-    return hash(CheckType)
-
-  def __repr__(self) -> str:
-    return "torchbridge check (int32 scalar)"
-
-
-def check(entries: Iterable[tuple[_watch.Snapshot, str, Any]]) -> None:
-  """What `add_guard`'s check runs before each call of a graph, for the
-  graph's `(snapshot, module name, before_call)` entries: each module's
-  views taken back, then a `StaleCaptureError` naming the first change."""
-  for watched, module_name, before in entries:
-    before()
-    change = watched.first_change()
-    if change is not None:
-      raise StaleCaptureError(_STALE.format(name=module_name, change=change))
-
-
-def add_guard(snapshot: _watch.Snapshot, name: str, before_call: Any) -> None:
-  """Makes every call of the graph being traced check, in Python, that the
-  state the capture read is unchanged (a call-time capture of TF's: run
-  before each call of the outermost `tf.function`, XLA's included), and
-  run `before_call()` (taking the torch module's views back, as a bridged
-  call does). One such capture per graph checks all its captures."""
-  if _compat.in_saved_model_trace():
-    return  # a SavedModel runs without the Python objects
-  if not _ZERO:
-    with tf.init_scope():
-      _ZERO.append(tf.constant(0))
-  graph = _compat.function_graph()
-  checks = _CHECKS.get(graph)
-  if checks is None:
-    checks = _CHECKS[graph] = {}
-    entries = checks.values()
-
-    def guard() -> tf.Tensor:
-      check(entries)
-      return _ZERO[0]
-
-    with graph.as_default():
-      # default_value: what `tf.saved_model.save` feeds a function traced
-      # before it (a SavedModel runs without the Python objects).
-      graph.capture_call_time_value(
-        guard, CheckType(), key="torchbridge check", default_value=_ZERO[0]
-      )
-  checks[id(snapshot)] = (snapshot, name, before_call)

@@ -38,7 +38,7 @@ from torchbridge._runtime import _placement
 from torchbridge._runtime import _runners
 from torchbridge._state import _capturing
 from torchbridge._state import _distribute
-from torchbridge._state import _runner
+from torchbridge._state import _guard
 from torchbridge._state import _torch_check
 
 _LOG = logging.getLogger("torchbridge")
@@ -154,7 +154,7 @@ class TorchRunner:
         return None
     _runners.record(state.name, "torch", self._why_torch(), captured.seconds, path="C++")
     self._say_cpp()
-    _runner.add_guard(snapshot, state.name, state.take_views_back)
+    _guard.add_guard(snapshot, state.name, state.take_views_back)
     # Traced into a graph, its calls run on the torch thread: the user's
     # thread's idle OpenMP team is released, as the Python path's tracing
     # does (two teams on these cores slow every parallel region).

@@ -20,6 +20,7 @@ from torchbridge._frameworks import _compat
 from torchbridge._frameworks import _compiled
 from torchbridge._state import _distribute
 from torchbridge._state import _exclusive
+from torchbridge._state import _guard
 from torchbridge._crossing import _exchange
 from torchbridge import _call
 from torchbridge._state import _module_checks
@@ -125,9 +126,7 @@ class TorchState:
     if tf.executing_eagerly():
       with self._lock:
         return self._call(args, kwargs, training, output_signature)
-    # No tf.CriticalSection under XLA (no MutexLock kernel there): TF's
-    # launch of the compiled program holds its variables' locks for the
-    # run, which orders the runs that read and write them (tests/test_xla.py).
+    # No CriticalSection under XLA: TF's launch holds the variables' locks.
     if self._may_write_buffers(training) and not _compat.in_xla_context():
       return self._exclusive.run(
         lambda after_writes: self._call(args, kwargs, training, output_signature, after_writes)
@@ -153,7 +152,8 @@ class TorchState:
     if training is not None:
       training = _module_checks.as_python_bool(training, self.name)
     elif not tf.executing_eagerly():
-      # A traced graph depends on the modes: it keeps those it was traced with.
+      # A graph keeps the modes it was traced with (refused once they change).
+      _guard.hold_to_modes(self.module, self.name, self.take_views_back)
       training = [m.training for m in self._modules]
     call = _call.bind_arguments(self.name, (args, kwargs))
     _distribute.check_call_context(self.name, self.variables.values())

@@ -7,9 +7,9 @@ every submodule: each public instance attribute holding a bool, int,
 float, complex, str, bytes, None, or a tuple, list, dict or set of those
 (compared by value); each plain tensor attribute that is neither a
 parameter nor a buffer (by identity and in-place version); the submodules
-themselves (by identity); the forward hooks and pre-hooks registered on it. Not
-its train/eval flag: the modes are part of a capture's key, and a graph
-keeps the modes it was traced with.
+themselves (by identity); the forward hooks and pre-hooks registered on it.
+Their train/eval flags are part of a capture's key instead; a graph that
+took them from the module (`training=None`) is held to them by `Modes`.
 Not watched: attributes of other objects (a config object's fields),
 globals, closures, class attributes and random state.
 """
@@ -43,7 +43,6 @@ class Snapshot:
   def __init__(
     self,
     named_modules: Sequence[tuple[str, torch.nn.Module]],
-    watch_mode: bool,
     ignored: frozenset[int] = frozenset(),
   ) -> None:
     self._ignored = ignored  # ids of torchbridge's own hooks
@@ -55,9 +54,9 @@ class Snapshot:
       d = m.__dict__
       prefix = f"{path}." if path else ""
       for attr, value in d.items():
-        if attr.startswith("_") or (attr == "training" and not watch_mode):
-          # The modes are part of the capture's key; a graph keeps the
-          # modes it was traced with (TorchModule's documented rule).
+        if attr.startswith("_") or attr == "training":
+          # The modes are part of the capture's key (and `Modes` holds a
+          # graph traced with training=None to them).
           continue
         if isinstance(value, torch.Tensor):
           self._entries.append((prefix + attr, d, attr, (value, value._version), "tensor"))
@@ -71,7 +70,7 @@ class Snapshot:
 
   def _fast_check(self) -> None:
     """The same entries, laid out for `_unchanged`: a check before each
-    call of a graph (`_runner.add_guard`) that does its comparisons in C."""
+    call of a graph (`_guard.add_guard`) that does its comparisons in C."""
     # The tables (submodules, hooks; torchbridge's own included) and copies
     # of them: one list comparison, dict by dict, entry by entry.
     self._live_tables = [table for _, table, _ in self._tables]
@@ -149,3 +148,34 @@ def _equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
   except Exception:  # pylint: disable=broad-except
     return False
+
+
+class Modes:
+  """Torch's train/eval flags of a module's submodules, as a graph traced
+  with `training=None` took them: `first_change` names the first one
+  flipped since (`module.eval()`, `module.train()`, a submodule's own).
+
+  Such a graph runs every runner (the TF translation, torch from C++, the
+  forward's Python) in the modes it was traced with, so a check before each
+  call (`_guard.add_guard`) refuses it once they changed."""
+
+  def __init__(self, named_modules: Sequence[tuple[str, torch.nn.Module]]) -> None:
+    self._named = list(named_modules)
+    self._modules = [m for _, m in self._named]
+    self.captured = [m.training for m in self._modules]
+
+  def first_change(self) -> str | None:
+    """`training was True when traced, False now`, naming the submodules
+    when not all of them flipped; None while every flag is as traced."""
+    if [m.training for m in self._modules] == self.captured:
+      return None
+    flipped = [
+      (path, was) for (path, m), was in zip(self._named, self.captured) if m.training != was
+    ]
+    _, was = flipped[0]
+    where = ""
+    if len(flipped) < len(self._named):
+      shown = ", ".join(f"submodule {p!r}" if p else "the module itself" for p, _ in flipped[:3])
+      more = f" and {len(flipped) - 3} more" if len(flipped) > 3 else ""
+      where = f" ({shown}{more})"
+    return f"training was {was} when traced, {not was} now{where}"

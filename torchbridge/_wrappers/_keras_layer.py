@@ -53,7 +53,9 @@ class TorchLayer(keras.layers.Layer):
   models, with `fit` / `evaluate` / `predict` (compiled or `run_eagerly`).
 
   `training` follows Keras: `True` in `fit`, `False` in `evaluate` and
-  `predict`; a direct call without `training` leaves torch's own mode.
+  `predict`; a direct call without `training` leaves torch's own mode
+  (inside a `tf.function`, the mode it had when traced: a graph whose
+  module was switched since raises `tb.StaleCaptureError`).
 
   Graph calls (`fit`, `predict`, a `tf.function`) take the runner `run=`
   chooses, as in `tb.TorchModule`: by default the module's exact TF

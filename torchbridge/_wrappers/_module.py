@@ -37,7 +37,8 @@ class TorchModule(tf.Module):
   `training=True/False` puts the torch module (and every submodule) in
   train or eval mode for that call only; `training=None` leaves torch's own
   mode as it is (inside `tf.function`: the modes the submodules had when the
-  function was traced, since the traced graph depends on them).
+  function was traced; once one is switched, that graph raises
+  `StaleCaptureError` naming the switch rather than run the old mode).
 
   Inside `tf.function`, the output shapes are found while tracing: on meta
   tensors (nothing computed), else by running the forward on stand-in
@@ -187,8 +188,7 @@ class TorchModule(tf.Module):
       *args: positional inputs: TF tensors or nests of them, and static
         values passed to torch as they are.
       training: None, True or False: the torch mode for this call. With
-        None, torch's own modes; inside `tf.function`, the modes the
-        submodules had when the function was traced.
+        None, torch's own modes (inside `tf.function`: as traced, see above).
       **kwargs: keyword inputs, as `args`.
 
     Returns:

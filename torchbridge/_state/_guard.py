@@ -1,0 +1,158 @@
+"""The check before each call of a graph that holds captured or traced
+Python state: `StaleCaptureError` once what it read has changed.
+
+A capture (the TF translation, torch from C++) bakes in the module's plain
+Python attributes (`_watch.Snapshot`), and a graph traced with
+`training=None` the train/eval flag of every submodule (`_watch.Modes`).
+`add_guard` makes every call of such a graph (its outermost `tf.function`,
+XLA's included) compare them with what is there now, in Python, before the
+graph runs: a change raises `StaleCaptureError` naming it, so no runner
+ever computes with a stale value.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
+import tensorflow as tf
+
+from torchbridge._frameworks import _compat
+from torchbridge._state import _watch
+
+_STALE = """\
+{name}: {change}.
+A graph traced before that change runs this module from a capture (its TF
+translation, or torch from C++) with the old value baked in, so it refuses
+to run rather than compute with a stale value. Trace again to capture the
+new value (a new tf.function, or new input shapes); for a value that
+changes during training, pass it as a tensor argument or keep it in a
+buffer (register_buffer), which graph calls read at run time; or set
+TORCHBRIDGE_TORCH_RUNNER=python and construct the module with run="torch",
+which runs the forward's Python on every call."""
+
+
+_MODES = """\
+{name}: torch's train/eval mode changed since this graph was traced: {change}.
+The graph called the module with training=None, so it runs the module in
+the modes it had then; it refuses rather than compute in the old mode
+(dropout, BatchNorm's statistics). Pass the mode explicitly,
+`{name}(x, training=training)` with a Python bool (as an argument of your
+tf.function it traces one graph per mode, as Keras does), or trace again
+after switching (a new tf.function)."""
+
+
+class StaleCaptureError(RuntimeError):
+  """`tb.StaleCaptureError`: a Python attribute a captured forward read changed since."""
+
+
+_ZERO: list[tf.Tensor] = []
+
+
+# graph -> {key: (snapshot, module name, before_call)}: the
+# captures its one check covers.
+_CHECKS: weakref.WeakKeyDictionary[Any, dict[Any, tuple[Any, str, Any]]] = (
+  weakref.WeakKeyDictionary()
+)
+
+
+class CheckType(tf.types.experimental.TraceType):
+  """The check's call-time capture's type: an int32 scalar whose TraceType
+  methods do nothing they need not.
+
+  TF runs a call-time capture's type on every call of the function (its
+  `cast` and `to_tensors`, and its hash and comparisons in the lookup of
+  the traced function): a `tf.TensorSpec`'s are Python that validates the
+  value, 84 of the 217 Python calls the capture adds to a call (counted
+  by cProfile; in wall time within this machine's noise,
+  benchmarks/guard_cost.py). The check always returns the same eager
+  int32 scalar (`_ZERO`), so there is nothing to validate."""
+
+  _SPEC = tf.TensorSpec([], tf.int32)
+
+  def is_subtype_of(self, other: Any) -> bool:
+    return isinstance(other, CheckType)
+
+  def most_specific_common_supertype(self, others: Any) -> Any:
+    return self if all(isinstance(o, CheckType) for o in others) else None
+
+  def placeholder_value(self, placeholder_context: Any) -> Any:
+    return self._SPEC.placeholder_value(placeholder_context)
+
+  def to_tensors(self, value: Any) -> list[Any]:
+    return [value]
+
+  def from_tensors(self, tensors: Any) -> Any:
+    return next(tensors)
+
+  def flatten(self) -> list[Any]:
+    return [self._SPEC]
+
+  def cast(self, value: Any, casting_context: Any) -> Any:
+    return value
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, CheckType)
+
+  def __hash__(self) -> int:
+    return hash(CheckType)
+
+  def __repr__(self) -> str:
+    return "torchbridge check (int32 scalar)"
+
+
+def check(entries: Iterable[tuple[_watch.Snapshot | _watch.Modes, str, Any]]) -> None:
+  """What `add_guard`'s check runs before each call of a graph, for the
+  graph's `(snapshot, module name, before_call)` entries: each module's
+  views taken back, then a `StaleCaptureError` naming the first change."""
+  for watched, module_name, before in entries:
+    before()
+    change = watched.first_change()
+    if change is not None:
+      template = _MODES if isinstance(watched, _watch.Modes) else _STALE
+      raise StaleCaptureError(template.format(name=module_name, change=change))
+
+
+def add_guard(
+  snapshot: _watch.Snapshot | _watch.Modes, name: str, before_call: Any, key: Any = None
+) -> None:
+  """Makes every call of the graph being traced check, in Python, that the
+  state the capture read (or the modes a `training=None` call took) is
+  unchanged (a call-time capture of TF's: run before each call of the
+  outermost `tf.function`, XLA's included), and run `before_call()`
+  (taking the torch module's views back, as a bridged call does). One such
+  capture per graph checks all its captures; `key` (default: the
+  snapshot) makes one check of several calls."""
+  if _compat.in_saved_model_trace():
+    return  # a SavedModel runs without the Python objects
+  if not _ZERO:
+    with tf.init_scope():
+      _ZERO.append(tf.constant(0))
+  graph = _compat.function_graph()
+  checks = _CHECKS.get(graph)
+  if checks is None:
+    checks = _CHECKS[graph] = {}
+    entries = checks.values()
+
+    def guard() -> tf.Tensor:
+      check(entries)
+      return _ZERO[0]
+
+    with graph.as_default():
+      # default_value: what `tf.saved_model.save` feeds a function traced
+      # before it (a SavedModel runs without the Python objects).
+      graph.capture_call_time_value(
+        guard, CheckType(), key="torchbridge check", default_value=_ZERO[0]
+      )
+  checks[id(snapshot) if key is None else key] = (snapshot, name, before_call)
+
+
+def hold_to_modes(module: torch.nn.Module, name: str, before_call: Any) -> None:
+  """Makes every call of the graph being traced (a `training=None` call of
+  `module`, which takes its modes as they are now) refuse, naming the
+  switch, once a train/eval flag of it or a submodule differs; one check
+  per module and modes a graph."""
+  modes = _watch.Modes(list(module.named_modules()))
+  add_guard(modes, name, before_call, key=("modes", id(module), tuple(modes.captured)))
