@@ -5,6 +5,12 @@
 // XLA's input buffers (lent for the call: what torch keeps beyond it gets a
 // copy of its own), and copies each output into XLA's result buffer. Every
 // copy is counted in exchange_stats().
+//
+// And the shapes XLA compiles for: an op traced with unknown dimensions
+// (Keras traces with an unknown batch) declares partial output shapes; XLA
+// compiles it per concrete input shape, and its kernel asks
+// torchbridge_host_output_shapes for the outputs' shapes at those, which
+// Python finds (torchbridge/_native/_callbacks.py's output_shapes).
 
 #include <Python.h>  // first, as Python asks
 
@@ -32,6 +38,10 @@ using ::tensorflow::errors::InvalidArgument;
 // XLA's buffers, and inputs copied out of them.
 std::atomic<int64_t> g_host_copies{0};
 std::atomic<int64_t> g_host_bytes{0};
+
+// _callbacks.output_shapes (a strong reference; set by the loader, with the
+// GIL, through torchbridge_set_output_shapes_hook; read with the GIL).
+PyObject* g_output_shapes_hook = nullptr;
 
 // The TF dtype of a DLPack dtype (the ones adopt_rules.h lets cross).
 bool FromDLDataType(const DLDataType& dl, DataType* out) {
@@ -189,6 +199,88 @@ absl::Status HostCall(const std::string& name, int64_t callback_id,
   return status;
 }
 
+// A tuple of `n` Python ints; an empty PyRef (a Python error set) on failure.
+PyRef IntTuple(const int64_t* values, int64_t n) {
+  PyRef tuple(PyTuple_New(static_cast<Py_ssize_t>(n)));
+  for (int64_t k = 0; tuple && k < n; ++k) {
+    PyObject* item = PyLong_FromLongLong(values[k]);
+    if (item == nullptr) return PyRef();
+    PyTuple_SET_ITEM(tuple.get(), k, item);  // steals the reference
+  }
+  return tuple;
+}
+
+// The output shapes of callback `callback_id`'s op at concrete input shapes
+// (see torchbridge_host_output_shapes): Python's
+// output_shapes(id, input shapes, input dtypes, declared shapes) returns
+// one list of ints per output. Needs the GIL.
+absl::Status OutputShapes(const std::string& where, int64_t callback_id,
+                          int64_t num_inputs, const int32_t* input_dtypes,
+                          const int32_t* input_ranks, const int64_t* input_dims,
+                          int64_t num_outputs, const int32_t* output_ranks,
+                          int64_t* output_dims) {
+  if (g_output_shapes_hook == nullptr) {
+    return tensorflow::errors::FailedPrecondition(
+        where, ": the op library has no Python function to find output "
+        "shapes with (the loader connects it: load torchbridge's XLA library "
+        "through torchbridge)");
+  }
+  PyRef shapes(PyList_New(static_cast<Py_ssize_t>(num_inputs)));
+  PyRef dtypes(PyList_New(static_cast<Py_ssize_t>(num_inputs)));
+  PyRef declared(PyList_New(static_cast<Py_ssize_t>(num_outputs)));
+  PyRef id(PyLong_FromLongLong(callback_id));
+  if (!shapes || !dtypes || !declared || !id) return PythonErrorToStatus(where);
+  const int64_t* dims = input_dims;
+  for (int64_t i = 0; i < num_inputs; ++i) {
+    PyRef shape = IntTuple(dims, input_ranks[i]);
+    PyRef dtype(PyLong_FromLong(input_dtypes[i]));
+    if (!shape || !dtype) return PythonErrorToStatus(where);
+    PyList_SET_ITEM(shapes.get(), i, shape.release());
+    PyList_SET_ITEM(dtypes.get(), i, dtype.release());
+    dims += input_ranks[i];
+  }
+  dims = output_dims;
+  for (int64_t i = 0; i < num_outputs; ++i) {
+    PyRef shape = IntTuple(dims, output_ranks[i]);  // -1: unknown
+    if (!shape) return PythonErrorToStatus(where);
+    PyList_SET_ITEM(declared.get(), i, shape.release());
+    dims += output_ranks[i];
+  }
+  PyRef result(PyObject_CallFunctionObjArgs(g_output_shapes_hook, id.get(),
+                                            shapes.get(), dtypes.get(),
+                                            declared.get(), nullptr));
+  if (!result) return PythonErrorToStatus(where);
+  PyRef outer(PySequence_Fast(result.get(), "output shapes: not a sequence"));
+  if (!outer) return PythonErrorToStatus(where);
+  if (PySequence_Fast_GET_SIZE(outer.get()) != num_outputs) {
+    return InvalidArgument(where, ": found ",
+                           PySequence_Fast_GET_SIZE(outer.get()),
+                           " output shapes for ", num_outputs, " outputs");
+  }
+  int64_t* out = output_dims;
+  for (int64_t i = 0; i < num_outputs; ++i) {
+    PyRef shape(PySequence_Fast(PySequence_Fast_GET_ITEM(outer.get(), i),
+                                "an output shape: not a sequence"));
+    if (!shape) return PythonErrorToStatus(where);
+    if (PySequence_Fast_GET_SIZE(shape.get()) != output_ranks[i]) {
+      return InvalidArgument(where, ": output ", i, " was found of rank ",
+                             PySequence_Fast_GET_SIZE(shape.get()),
+                             ", declared of rank ", output_ranks[i]);
+    }
+    for (int32_t d = 0; d < output_ranks[i]; ++d) {
+      const long long size =
+          PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape.get(), d));
+      if (size == -1 && PyErr_Occurred()) return PythonErrorToStatus(where);
+      if (size < 0) {
+        return InvalidArgument(where, ": output ", i,
+                               " was found with an unknown dimension");
+      }
+      *out++ = size;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 extern "C" {
@@ -237,6 +329,61 @@ int torchbridge_host_call(const char* name, int64_t callback_id,
     std::snprintf(error, static_cast<size_t>(error_size), "%s", text.c_str());
   }
   return static_cast<int>(status.code());
+}
+
+// The entry point of the XLA kernel (csrc/xla/, which gets its address from
+// the loader) for an op whose declared output shapes are not all known: the
+// outputs' shapes when its `num_inputs` inputs have `input_dtypes` (TF's
+// DataType codes) and the shapes `input_ranks` and `input_dims` (each
+// input's dimensions, one after the other). `output_dims` holds each
+// output's declared dimensions (-1 where unknown; `output_ranks` theirs) and
+// gets the ones found, all known. Runs Python on the torch thread, as the
+// host calls do. Returns 0, or a TF error code with the message in `error`
+// (NUL-terminated).
+int torchbridge_host_output_shapes(const char* name, int64_t callback_id,
+                                   int64_t num_inputs,
+                                   const int32_t* input_dtypes,
+                                   const int32_t* input_ranks,
+                                   const int64_t* input_dims,
+                                   int64_t num_outputs,
+                                   const int32_t* output_ranks,
+                                   int64_t* output_dims, char* error,
+                                   int64_t error_size) {
+  const std::string where = std::string("TorchbridgeCall '") +
+                            (name ? name : "?") +
+                            "' under XLA (finding its output shapes)";
+  absl::Status status;
+  if (!Py_IsInitialized()) {
+    status = tensorflow::errors::FailedPrecondition(
+        "TorchbridgeCall needs a running Python interpreter");
+  } else {
+    auto run = [&] {
+      GilLock gil;
+      status = OutputShapes(where, callback_id, num_inputs, input_dtypes,
+                            input_ranks, input_dims, num_outputs,
+                            output_ranks, output_dims);
+    };
+    TorchThread& thread = TorchThread::Get();
+    if (!thread.enabled() || thread.OnThisThread()) {
+      run();
+    } else {
+      thread.Run(run);
+    }
+  }
+  if (status.ok()) return 0;
+  if (error && error_size > 0) {
+    std::string text(status.message());
+    std::snprintf(error, static_cast<size_t>(error_size), "%s", text.c_str());
+  }
+  return static_cast<int>(status.code());
+}
+
+// The loader's (ctypes.PyDLL, so with the GIL): the Python function
+// torchbridge_host_output_shapes calls. Keeps a reference. Returns 0.
+int torchbridge_set_output_shapes_hook(PyObject* hook) {
+  Py_XINCREF(hook);
+  Py_XSETREF(g_output_shapes_hook, hook);
+  return 0;
 }
 
 // Copies host calls made: {results and inputs copied, bytes}.

@@ -4,6 +4,8 @@ torch is imported before tensorflow, the recommended order (README, "Installs
 and import order"; tests/test_installs.py checks the others).
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -145,3 +147,21 @@ def checkpoint_probe(actor, opt):
   for n, w in actor.get_weights().items():
     result[f"after/{n}"] = w
   return result
+
+
+def lines_before_progress(log):
+  """What an example printed before its first progress bar line, less
+  TensorFlow's own C++ log lines (absl's notice, `I0000 ...` lines and
+  the CPU-feature notice): what torchbridge and torch add to a user's
+  terminal on the way to the first step."""
+  kept = []
+  for line in log.splitlines():
+    if line.startswith("[#") or line.startswith("[."):
+      break
+    if re.match(r"^[IWEF]\d{4} ", line) or line.startswith(
+      ("WARNING: All log messages before absl", "To enable the following instructions")
+    ):
+      continue
+    if line.strip():
+      kept.append(line)
+  return kept

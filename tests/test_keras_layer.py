@@ -291,6 +291,32 @@ def test_xla_compiled_step_raises_naming_jit_compile(monkeypatch):
     step(x)
 
 
+def test_evaluate_and_predict_under_xla_match_without():
+  # Keras traces evaluate's and predict's steps with an unknown batch too
+  # (47 samples in batches of 16: the last has 15); the layer's output
+  # shapes are found when XLA compiles each batch size (the Python path
+  # here, the C++ runner in test_xla.py).
+  from torchbridge._native import _xla
+
+  reason = _xla.unavailable()  # builds it on first use
+  if reason is not None:
+    pytest.skip(f"the XLA custom call is unavailable: {reason}")
+  x, y = regression_data(n=47)
+  results = []
+  for jit in (False, True):
+    layer = TorchLayer(mlp([4, 8, 1], act=nn.ReLU), run="torch")
+    model = keras.Sequential([keras.Input((4,)), layer])
+    model.compile("sgd", "mse", jit_compile=jit)
+    calls = _xla.calls()
+    loss = model.evaluate(x, y, batch_size=16, verbose=0)
+    y_predicted = model.predict(x, batch_size=16, verbose=0)
+    assert (_xla.calls() - calls) == (6 if jit else 0)  # 3 batches, twice
+    results.append((loss, y_predicted))
+  np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+  assert results[1][1].shape == (47, 1)
+  np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------- the Keras Dense twin
 
 

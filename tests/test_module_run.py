@@ -422,7 +422,10 @@ def test_timeline_and_info_say_which_runner_each_module_took():
   modules = _report.report(load_native=False)["runners"]["modules"]
   assert modules["said_tf"] == "tf"
   # From C++ where the native op has torch's side, else on the Python path.
-  assert re.match(r"torch from (C\+\+|Python) \(aten\._fft_r2c", modules["said_torch"]), modules
+  assert re.match(
+    r"torch from (C\+\+|Python) \(an op has no TF translation: aten\._fft_r2c",
+    modules["said_torch"],
+  ), modules
 
 
 def test_capture_cost_is_said():
@@ -523,3 +526,41 @@ def test_captures_make_tf_warn_of_no_retracing(caplog):
     )
   retracing = [r.getMessage() for r in caplog.records if "retracing" in r.getMessage()]
   assert retracing == []
+
+
+def test_translated_ops_carry_the_module_name_in_the_graph_and_tf_profiler(tmp_path):
+  """A translated module's ops sit under its name scope, as a Keras layer's
+  do: TensorBoard's graph and TF's profiler name `actor/...`, `critic/...`."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+
+  actor = tb.TorchModule(seeded(0, mlp), name="actor")
+  critic = tb.TorchModule(seeded(1, mlp), name="critic")
+  opt = tf.keras.optimizers.Adam(1e-3)
+
+  @tf.function
+  def step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(critic(x)) + tf.reduce_mean(actor(x) ** 2)
+    variables = actor.trainable_variables + critic.trainable_variables
+    opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    return loss
+
+  x = tf.random.normal([8, 3])
+  graph = step.get_concrete_function(x).graph
+  matmuls = [op.name for op in graph.get_operations() if op.type == "MatMul"]
+  forward = [n for n in matmuls if not n.startswith("gradient_tape/")]
+  assert {n.split("/")[0] for n in forward} == {"actor", "critic"}
+  # Their gradients too, under the tape's scope.
+  assert all(
+    n.split("/")[int(n.startswith("gradient_tape/"))] in ("actor", "critic") for n in matmuls
+  )
+  step(x)
+  tf.profiler.experimental.start(str(tmp_path))
+  try:
+    step(x)
+  finally:
+    tf.profiler.experimental.stop()
+  paths = glob.glob(str(tmp_path / "**" / "*.xplane.pb"), recursive=True)
+  data = b"".join(pathlib.Path(p).read_bytes() for p in paths)
+  assert re.search(rb"actor/MatMul", data) and re.search(rb"critic/MatMul", data)

@@ -18,6 +18,7 @@ SCRIPT = os.path.join(EXAMPLES, "td3_pendulum.py")
 sys.path.insert(0, EXAMPLES)
 
 from td3 import agents  # noqa: E402
+from _module_helpers import lines_before_progress  # noqa: E402
 
 # A slow suite: `make test` and CI run it, `make check` does not.
 pytestmark = pytest.mark.slow
@@ -134,8 +135,10 @@ def test_short_run_as_make_demo_runs_it(tmp_path):
   # make demo's flags: --export only; graph calls on the default runner
   # (the modules' TF translations): nothing crosses to torch in a train
   # step, so nothing is copied; the policy's eager calls run torch.
-  results, _ = _exported_short_run(tmp_path / "demo", ("--export",))
+  results, log = _exported_short_run(tmp_path / "demo", ("--export",))
   assert results["exchange_stats"]["copied"] == 0
+  # Nothing before the progress bar but what the script itself says.
+  assert lines_before_progress(log) == [], log[:3000]
 
 
 def _exported_short_run(out, extra):

@@ -2,6 +2,8 @@
 an XLA custom call (csrc/xla/) whose host handler runs the CPU kernel's
 callback. Skipped where that library cannot be built or loaded."""
 
+import copy
+import functools
 import gc
 import subprocess
 import sys
@@ -179,16 +181,136 @@ def test_a_call_placed_on_a_gpu_under_xla_is_refused_naming_the_fix(monkeypatch)
     _close(tf.function(lambda v: f(v), jit_compile=True)(x), np.sin(x.numpy()))
 
 
-def test_unknown_dimension_is_refused_naming_the_fix():
+def _torch_name(variable):
+  return variable.name.split("/", 1)[1].split(":")[0]
+
+
+@pytest.mark.parametrize("path", ["C++", "Python"])
+def test_a_module_traced_with_an_unknown_batch_runs_every_batch_under_xla(path, monkeypatch):
+  # One trace with (None, 3); XLA compiles it for each batch it meets, and
+  # the op's output shapes (forward and gradients) are found then.
+  if path == "Python":
+    monkeypatch.setenv("TORCHBRIDGE_TORCH_RUNNER", "python")  # read when traced
+  torch.manual_seed(0)
+  net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+  reference = copy.deepcopy(net)
+  name = f"unknown_batch_{path[0].lower()}"
+  module = tb.TorchModule(net, name=name, run="torch")
+
+  @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+  def step(x_tf):
+    with tf.GradientTape() as tape:
+      tape.watch(x_tf)
+      y_tf = module(x_tf)
+      loss_tf = tf.reduce_sum(y_tf * y_tf)
+    return y_tf, tape.gradient(loss_tf, [x_tf] + list(module.trainable_variables))
+
+  rng = np.random.default_rng(4)
+  for batch in (5, 2, 5):
+    x_np = rng.standard_normal((batch, 3)).astype(np.float32)
+    calls = _xla.calls()
+    y_tf, grads_tf = step(tf.constant(x_np))
+    assert _xla.calls() == calls + 2  # the forward and its backward, in XLA
+    assert y_tf.shape == (batch, 2)
+    x_torch = torch.tensor(x_np, requires_grad=True)
+    reference.zero_grad()
+    y_torch = reference(x_torch)
+    (y_torch * y_torch).sum().backward()
+    _close(y_tf, y_torch.detach(), 1e-5)
+    _close(grads_tf[0], x_torch.grad, 1e-5)
+    by_name = dict(reference.named_parameters())
+    for variable, grad_tf in zip(module.trainable_variables, grads_tf[1:]):
+      _close(grad_tf, by_name[_torch_name(variable)].grad, 1e-5)
+  assert step.experimental_get_tracing_count() == 1
+  from torchbridge._runtime import _runners
+
+  assert _runners.choices()[name]["path"] == path
+
+
+def test_a_function_traced_with_unknown_dimensions_differentiates_twice_under_xla():
+  f = tb.torch_function(lambda a, b: torch.sin(a) * b)
+  spec = tf.TensorSpec([None, None], tf.float64)
+
+  @tf.function(jit_compile=True, input_signature=[spec, spec])
+  def second(x_tf, y_tf):
+    with tf.GradientTape() as outer:
+      outer.watch(x_tf)
+      with tf.GradientTape() as inner:
+        inner.watch([x_tf, y_tf])
+        z_tf = f(x_tf, y_tf)
+      dx_tf, dy_tf = inner.gradient(z_tf, [x_tf, y_tf])
+    return z_tf, dx_tf, dy_tf, outer.gradient(dx_tf, x_tf)
+
+  rng = np.random.default_rng(5)
+  for shape in ((2, 3), (4, 1)):
+    x_np, y_np = rng.standard_normal((2, *shape))
+    z, dx, dy, ddx = second(tf.constant(x_np), tf.constant(y_np))
+    _close(z, np.sin(x_np) * y_np)
+    _close(dx, np.cos(x_np) * y_np)
+    _close(dy, np.sin(x_np))
+    _close(ddx, -np.sin(x_np) * y_np)
+
+
+def test_a_declared_signature_with_unknown_dimensions_is_completed_when_xla_compiles():
+  f = tb.torch_function(
+    lambda a: a.sum(dim=1, keepdim=True), output_signature=tf.TensorSpec([None, 1], tf.float64)
+  )
+  step = tf.function(
+    lambda x: f(x), jit_compile=True, input_signature=[tf.TensorSpec([None, 3], tf.float64)]
+  )
+  for batch in (4, 1):
+    x_np = np.arange(batch * 3.0).reshape(batch, 3)
+    _close(step(tf.constant(x_np)), x_np.sum(axis=1, keepdims=True))
+  wrong = tb.torch_function(
+    lambda a: a[:, :2], output_signature=tf.TensorSpec([None, 3], tf.float64)
+  )
+  step = tf.function(
+    lambda x: wrong(x), jit_compile=True, input_signature=[tf.TensorSpec([None, 3], tf.float64)]
+  )
+  with pytest.raises(tf.errors.InvalidArgumentError, match="declared") as info:
+    step(tf.ones([4, 3], tf.float64))
+  assert "[None, 3]" in str(info.value) and "[4, 2]" in str(info.value)
+  assert "leave it out" in str(info.value)
+
+
+class _PositivePart(torch.nn.Module):
+  def forward(self, x):
+    return x[x > 0]
+
+
+@pytest.mark.parametrize("kind", ["function", "module"])
+def test_an_output_whose_size_depends_on_values_is_refused_naming_the_fix(kind):
+  if kind == "function":
+    bridged = tb.torch_function(lambda a: a[a > 0], name="positive_part_f")
+    name = "positive_part_f"
+  else:  # the C++ runner's exported graph, on meta tensors
+    bridged = tb.TorchModule(_PositivePart(), name="positive_part_m", run="torch")
+    name = "positive_part_m"
+  step = tf.function(
+    lambda x: bridged(x), jit_compile=True, input_signature=[tf.TensorSpec([None], tf.float32)]
+  )
+  with pytest.raises(tf.errors.InvalidArgumentError, match="torch cannot say") as info:
+    step(tf.constant([1.0, -1.0, 2.0]))
+  message = str(info.value)
+  assert f"{name}: under XLA" in message and "x[x > 0]" in message
+  assert "jit_compile=False" in message and "[3]" in message
+
+
+def test_an_unknown_rank_is_refused_naming_the_fix():
   f = tb.torch_function(lambda a: a + 1.0)
   step = tf.function(
-    lambda x: f(x),
-    jit_compile=True,
-    input_signature=[tf.TensorSpec([None, 3], tf.float32)],
+    lambda x: f(x), jit_compile=True, input_signature=[tf.TensorSpec(None, tf.float32)]
   )
-  with pytest.raises(ValueError, match="input_signature") as info:
+  with pytest.raises(ValueError, match="unknown rank") as info:
     step(tf.ones([2, 3]))
-  assert "jit_compile=False" in str(info.value) and "static" in str(info.value)
+  assert "input_signature with known ranks" in str(info.value)
+  g = tb.torch_function(lambda a: a + 1.0, output_signature=tf.TensorSpec(None, tf.float32))
+  step = tf.function(
+    lambda x: g(x), jit_compile=True, input_signature=[tf.TensorSpec([None, 3], tf.float32)]
+  )
+  with pytest.raises(ValueError, match="output 0 has an unknown rank") as info:
+    step(tf.ones([2, 3]))
+  assert "jit_compile=False" in str(info.value) and "output_signature" in str(info.value)
 
 
 def test_a_declared_unknown_dimension_is_found_from_static_arguments():
@@ -261,30 +383,51 @@ def test_an_input_torch_keeps_gets_its_own_copy(own_crossings_only):
   assert stats["zero_copy"] == 0, stats
 
 
-def test_keras_layer_run_torch_fits_under_xla_as_without():
+def _keep_weights(model, kept, epoch, logs):
+  kept.append([w.numpy() for w in model.weights])
+
+
+@pytest.mark.parametrize("path", ["C++", "Python"])
+def test_keras_layer_run_torch_fits_under_xla_as_without(path, monkeypatch):
+  # Keras traces its step with an unknown batch and feeds a smaller last
+  # one (30 samples in batches of 8): XLA compiles each batch size it meets.
   import keras
 
   from torchbridge.keras import TorchLayer
 
+  if path == "Python":
+    monkeypatch.setenv("TORCHBRIDGE_TORCH_RUNNER", "python")  # read when traced
   rng = np.random.default_rng(2)
-  x, y = rng.standard_normal((32, 4)), rng.standard_normal((32, 1))
+  x_np = rng.standard_normal((30, 3)).astype(np.float32)
+  y_np = rng.standard_normal((30, 1)).astype(np.float32)
   histories, weights = [], []
   for jit in (False, True):
     torch.manual_seed(0)
-    layer = TorchLayer(torch.nn.Linear(4, 1).double(), run="torch")
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    layer = TorchLayer(net, run="torch")
     assert layer.supports_jit is True  # CPU only, the XLA unit builds here
-    model = keras.Sequential([keras.Input((4,), dtype="float64"), layer])
-    model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=jit)
+    model = keras.Sequential([keras.Input((3,)), layer])
+    model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=jit)
     assert model.jit_compile is jit
+    after_epochs = []
+    snapshot = keras.callbacks.LambdaCallback(
+      on_epoch_end=functools.partial(_keep_weights, model, after_epochs)
+    )
     calls = _xla.calls()
-    history = model.fit(x, y, epochs=3, batch_size=8, verbose=0, shuffle=False)
-    assert (_xla.calls() > calls) is jit
+    history = model.fit(
+      x_np, y_np, epochs=2, batch_size=8, verbose=0, shuffle=False, callbacks=[snapshot]
+    )
+    # Four batches an epoch, each a forward and a backward inside XLA.
+    assert _xla.calls() - calls == (16 if jit else 0)
     histories.append(history.history["loss"])
-    weights.append([w.numpy() for w in model.weights])
-  # Keras' loss tracker is float32, and XLA orders its reductions its own way.
-  np.testing.assert_allclose(histories[0], histories[1], rtol=1e-6)
-  for a, b in zip(*weights):
-    np.testing.assert_allclose(a, b, rtol=1e-10)
+    weights.append(after_epochs)
+  np.testing.assert_allclose(histories[0], histories[1], rtol=1e-5)
+  for epoch_plain, epoch_xla in zip(*weights):
+    for w_plain, w_xla in zip(epoch_plain, epoch_xla):
+      np.testing.assert_allclose(w_plain, w_xla, rtol=1e-5, atol=1e-6)
+  from torchbridge._runtime import _runners
+
+  assert _runners.choices()[layer.name]["path"] == path
 
 
 def test_second_order_and_a_persistent_tape_asked_twice_under_xla():

@@ -651,8 +651,13 @@ int BackwardImpl(Module* m, bool by_id, DLManagedTensor** inputs,
                      : "no forward record for this handle");
       return 1;
     }
+    // Under XLA, with dimensions unknown when it was traced, the op passes
+    // after those one empty tensor per forward argument, whose shape tells
+    // XLA's compiler that of the argument's gradient (not read here).
+    const int64_t carriers =
+        num_inputs - static_cast<int64_t>(rec->outs.size()) - 1;
     if (num_outputs != static_cast<int64_t>(rec->args.size()) ||
-        num_inputs != static_cast<int64_t>(rec->outs.size()) + 1) {
+        (carriers != 0 && carriers != num_outputs)) {
       SetError(error, error_size,
                "the op's inputs (the handle, one gradient per output) or "
                "outputs (one per forward argument) do not match its forward");

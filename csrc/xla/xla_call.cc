@@ -8,8 +8,12 @@
 //     JIT kernels) emits one xla::CustomCall, "torchbridge_call", with the
 //     typed FFI (API_VERSION_TYPED_FFI), the op's callback id and name as
 //     attributes, and default (row-major) layouts for its operands and
-//     results. Every shape must be static: an unknown one is refused at
-//     compile time with an error that names the fix.
+//     results. XLA compiles it per concrete input shape: an output whose
+//     shape was not fully known when the graph was traced (Keras traces
+//     with an unknown batch) gets its shape then, from the op library's
+//     torchbridge_host_output_shapes (set by the loader through
+//     torchbridge_xla_set_output_shapes), which asks Python for the
+//     outputs' shapes at those input shapes (torch on meta tensors).
 //   - Its host handler (XLA_FFI_REGISTER_HANDLER on "Host") hands the call to
 //     the op library's torchbridge_host_call (its address is set by the
 //     loader through torchbridge_xla_set_host_call), which runs the same
@@ -67,6 +71,15 @@ using HostCall = int (*)(const char* name, int64_t callback_id,
 std::atomic<HostCall> g_host_call{nullptr};
 std::atomic<int64_t> g_calls{0};
 
+// csrc/host_call.cc's torchbridge_host_output_shapes.
+using OutputShapes = int (*)(const char* name, int64_t callback_id,
+                             int64_t num_inputs, const int32_t* input_dtypes,
+                             const int32_t* input_ranks,
+                             const int64_t* input_dims, int64_t num_outputs,
+                             const int32_t* output_ranks, int64_t* output_dims,
+                             char* error, int64_t error_size);
+std::atomic<OutputShapes> g_output_shapes{nullptr};
+
 // ---------------------------------------------------------------------------
 // The XLA kernel
 
@@ -100,18 +113,20 @@ class TorchbridgeCallXlaOp : public tensorflow::XlaOpKernel {
       operand_shapes.push_back(xla::ShapeUtil::MakeShapeWithDescendingLayout(
           shape->element_type(), shape->dimensions()));
     }
+    std::vector<tensorflow::PartialTensorShape> out_shapes = out_shapes_;
+    bool all_known = true;
+    for (const auto& shape : out_shapes) all_known &= shape.IsFullyDefined();
+    if (!all_known) {
+      OP_REQUIRES_OK(ctx, FindOutputShapes(ctx, where, operand_shapes,
+                                           &out_shapes));
+    }
     std::vector<xla::Shape> result_shapes;
     for (size_t i = 0; i < out_types_.size(); ++i) {
-      OP_REQUIRES(ctx, out_shapes_[i].IsFullyDefined(),
-                  tensorflow::errors::InvalidArgument(
-                      where, ": output ", i, " has shape ",
-                      out_shapes_[i].DebugString(),
-                      ", not fully known when the graph was traced. ", kFix));
       xla::PrimitiveType type;
       OP_REQUIRES_OK(ctx,
                      tensorflow::DataTypeToPrimitiveType(out_types_[i], &type));
       result_shapes.push_back(xla::ShapeUtil::MakeShapeWithDescendingLayout(
-          type, out_shapes_[i].dim_sizes()));
+          type, out_shapes[i].dim_sizes()));
     }
     // The typed FFI's attributes, as an MLIR dictionary. Op names hold
     // [A-Za-z0-9_.\-/] only: no quoting needed.
@@ -131,10 +146,72 @@ class TorchbridgeCallXlaOp : public tensorflow::XlaOpKernel {
 
  private:
   static constexpr char kFix[] =
-      "A torch call under XLA (jit_compile=True) needs static shapes: give "
-      "the tf.function an input_signature with every dimension known, or "
-      "none at all (TF then traces each shape it meets), or compile without "
-      "XLA (jit_compile=False).";
+      "A torch call under XLA (jit_compile=True) needs static shapes when "
+      "XLA compiles it (XLA's bounded dynamic shapes are not supported): "
+      "compile without XLA (jit_compile=False).";
+
+  // Fills the dimensions of `shapes` (the declared ones, each of known
+  // rank) that were unknown when the graph was traced: the op library asks
+  // Python for the outputs' shapes at the concrete `operand_shapes`; each
+  // must agree with the declared one.
+  absl::Status FindOutputShapes(
+      tensorflow::XlaOpKernelContext* ctx, const std::string& where,
+      const std::vector<xla::Shape>& operand_shapes,
+      std::vector<tensorflow::PartialTensorShape>* shapes) const {
+    OutputShapes find = g_output_shapes.load(std::memory_order_acquire);
+    if (find == nullptr) {
+      return tensorflow::errors::FailedPrecondition(
+          where, ": the XLA library was loaded without the op library's "
+          "entry point for output shapes (load it through torchbridge, not "
+          "tf.load_op_library alone)");
+    }
+    std::vector<int32_t> in_types, in_ranks, out_ranks;
+    std::vector<int64_t> in_dims, out_dims;
+    for (size_t i = 0; i < operand_shapes.size(); ++i) {
+      in_types.push_back(static_cast<int32_t>(ctx->input_type(i)));
+      const auto dims = operand_shapes[i].dimensions();
+      in_ranks.push_back(static_cast<int32_t>(dims.size()));
+      in_dims.insert(in_dims.end(), dims.begin(), dims.end());
+    }
+    for (size_t i = 0; i < shapes->size(); ++i) {
+      const auto& shape = (*shapes)[i];
+      if (shape.unknown_rank()) {
+        return tensorflow::errors::InvalidArgument(
+            where, ": output ", i, " has an unknown rank; give the "
+            "tf.function an input_signature with known ranks, or declare "
+            "the outputs (output_signature)");
+      }
+      out_ranks.push_back(shape.dims());
+      for (int d = 0; d < shape.dims(); ++d) out_dims.push_back(shape.dim_size(d));
+    }
+    char message[8192] = {0};
+    const int rc = find(name().c_str(), callback_id_,
+                        static_cast<int64_t>(in_ranks.size()), in_types.data(),
+                        in_ranks.data(), in_dims.data(),
+                        static_cast<int64_t>(out_ranks.size()),
+                        out_ranks.data(), out_dims.data(), message,
+                        static_cast<int64_t>(sizeof(message)));
+    if (rc != 0) {
+      message[sizeof(message) - 1] = '\0';
+      return absl::Status(static_cast<absl::StatusCode>(rc), message);
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < shapes->size(); ++i) {
+      tensorflow::PartialTensorShape found, merged;
+      TF_RETURN_IF_ERROR(tensorflow::PartialTensorShape::BuildPartialTensorShape(
+          absl::Span<const int64_t>(out_dims.data() + at, out_ranks[i]), &found));
+      at += out_ranks[i];
+      if (!(*shapes)[i].MergeWith(found, &merged).ok() ||
+          !merged.IsFullyDefined()) {
+        return tensorflow::errors::InvalidArgument(
+            where, ": output ", i, " was declared ", (*shapes)[i].DebugString(),
+            " when the graph was traced, and was found ", found.DebugString(),
+            " for the input shapes XLA compiles");
+      }
+      (*shapes)[i] = merged;
+    }
+    return absl::OkStatus();
+  }
 
   int64_t callback_id_ = 0;
   bool torch_tensors_ = false;
@@ -298,6 +375,13 @@ extern "C" {
 void torchbridge_xla_set_host_call(void* host_call) {
   torchbridge_xla::g_host_call.store(
       reinterpret_cast<torchbridge_xla::HostCall>(host_call),
+      std::memory_order_release);
+}
+
+// The loader hands over the op library's torchbridge_host_output_shapes.
+void torchbridge_xla_set_output_shapes(void* output_shapes) {
+  torchbridge_xla::g_output_shapes.store(
+      reinterpret_cast<torchbridge_xla::OutputShapes>(output_shapes),
       std::memory_order_release);
 }
 

@@ -5,7 +5,8 @@ the one `Forward` the core runs), binding a call's arguments
 (`_arguments`), the adapter from a wrapper's torch result to that protocol
 (`_call_bridged`), output specs (`_signature`, `_output_check`), the op and
 its gradient (`_bridge`, `_eager`, `_graph`, `_gradients`; `_exported_call`
-for an exported program run from C++), the state kept
+for an exported program run from C++; `_xla_shapes` for output shapes
+found when XLA compiles a call), the state kept
 for the backward (`_saved`) and torch's autograd engine (`_vjp`). Never
 imports Keras or Ray, nor anything about modules (`_state`, `_wrappers`).
 

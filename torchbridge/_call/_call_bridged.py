@@ -169,11 +169,11 @@ def _static_under_xla(
   name: str,
   stand_ins: Sequence[Callable[[], torch.Tensor] | None] | None,
 ) -> list[tf.TensorSpec]:
-  """Under XLA, where every shape must be static: the declared output specs
-  with their unknown dimensions found, as without a signature, when every
-  argument's shape is static (a declared `(None, 1)` on a batch of 256
-  becomes `(256, 1)`); the declared specs otherwise (the XLA check then
-  names the fix). Raises if what the code returns does not fit them."""
+  """Under XLA: the declared output specs with their unknown dimensions
+  found, as without a signature, when every argument's shape is static (a
+  declared `(None, 1)` on a batch of 256 becomes `(256, 1)`); the declared
+  specs otherwise (their unknown dimensions are found when XLA compiles the
+  call, `_xla_shapes`). Raises if what the code returns does not fit them."""
   if all(s.shape.is_fully_defined() for s in declared) or not all(
     a.shape.is_fully_defined() for a in args_tf
   ):

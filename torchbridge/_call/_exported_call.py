@@ -19,6 +19,7 @@ import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
 from torchbridge._call import _call_bridged
+from torchbridge._call import _xla_shapes
 from torchbridge._frameworks import _compat
 from torchbridge._native import _op
 
@@ -47,9 +48,15 @@ def call_exported(
   # traced for it.
   xla = _compat.in_xla_context()
   forward, backward, backwards = program.forward, program.backward, [0]
+  # Under XLA, output shapes unknown when traced are found when XLA
+  # compiles the op: the exported graph on meta tensors (`_xla_shapes`).
+  forward_shapes = None
   if xla:
     forward, set_backwards = program.forward_xla(_compat.tape_could_record())
     backward = program.backward_xla
+    if not _xla_shapes.all_known([s.shape for s in out_specs]):
+      run_graph = _xla_shapes.exported_graph_runner(program)
+      forward_shapes = _xla_shapes.forward_shapes(run_graph, name, 1)
 
   @tf.custom_gradient
   def bridged(*args: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
@@ -60,6 +67,7 @@ def call_exported(
         [tf.int64 if xla else tf.int8] + [s.dtype for s in out_specs],
         [[1]] + [s.shape for s in out_specs],
         name=op_name,
+        output_shapes=forward_shapes,
       )
     handle_tf, outs_tf = results[0], results[1:]
 
@@ -78,13 +86,20 @@ def call_exported(
 
       @tf.custom_gradient
       def backward_op(*inputs: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
+        # Under XLA, gradients of shapes unknown when traced: empty tensors
+        # carry the arguments' shapes to the op, for XLA's compiler.
+        carriers, grad_shapes = [], None
+        if xla and not _xla_shapes.all_known([a.shape for a in args]):
+          carriers = _xla_shapes.carriers(inputs[n_backward:])
+          grad_shapes = _xla_shapes.carried_shapes(name, 0)
         with tf.device("/CPU:0"):
           grads = _op.call(
             backward,
-            list(inputs[:n_backward]),
+            list(inputs[:n_backward]) + carriers,
             [a.dtype for a in args],
             [a.shape for a in args],
             name=op_name + "_grad",
+            output_shapes=grad_shapes,
           )
 
         def second_order(*unused: tf.Tensor | None) -> list[tf.Tensor | None]:

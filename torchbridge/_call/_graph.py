@@ -23,6 +23,7 @@ from torchbridge._call import _output_check
 from torchbridge._call import _protocol
 from torchbridge._call import _saved
 from torchbridge._call import _signature
+from torchbridge._call import _xla_shapes
 from torchbridge._crossing import _exchange
 from torchbridge._frameworks import _compat
 from torchbridge._native import _loader
@@ -41,25 +42,29 @@ def call_graph(
   name: str,
   differentiable: Sequence[bool],
   specs_found: str = _signature.DECLARED,
+  output_shapes: _xla_shapes.OutputShapes | None = None,
 ) -> list[tf.Tensor]:
   """`forward` inside a graph, as one stateful op returning a handle too.
 
   `grad_args_tf` are the tensors TF differentiates against; `py_args_tf` the
   tensors the Python body receives (for a backward: the handle of the
   forward and the upstream gradients, not the forward's arguments, which
-  live on in its `_saved.Saved` record).
+  live on in its `_saved.Saved` record; under XLA, with shapes to find,
+  then empty tensors that carry their shapes). `output_shapes`: the op's
+  output shapes when XLA compiles it (default: `forward` on meta tensors).
   """
 
   check_outputs = _output_check.OutputCheck(out_specs, name, specs_found)
   # Under XLA (jit_compile=True) the op becomes an XLA custom call
-  # (csrc/xla/): shapes must be static, outputs are copied into XLA's
-  # buffers, and the handle is an id (`_saved.own_id`). Nothing says which
-  # outputs the compiled program consumes: a call no tape records when it is
-  # traced keeps no record.
+  # (csrc/xla/): output shapes unknown when traced are found when XLA
+  # compiles it (`_xla_shapes`), outputs are copied into XLA's buffers, and
+  # the handle is an id (`_saved.own_id`). Nothing says which outputs the
+  # compiled program consumes: a call no tape records when it is traced
+  # keeps no record.
   xla = _compat.in_xla_context()
   xla_inference = xla and not (record and _compat.tape_could_record())
   if xla:
-    _check_static(name, py_args_tf, out_specs)
+    output_shapes = _xla_shapes.of_call(name, forward, py_args_tf, out_specs, output_shapes)
   backwards = [0]  # backward calls traced for this call (XLA's handle uses)
 
   def run(
@@ -132,6 +137,7 @@ def call_graph(
       [tf.int64 if xla else tf.int8] + [s.dtype for s in out_specs],
       [[1]] + [s.shape for s in out_specs],
       name,
+      output_shapes if xla else None,
     )
     handle_tf, outs_tf = results[0], results[1:]
     if xla:
@@ -155,7 +161,8 @@ def call_graph(
         # consumes the handle, output 0, and `unused` is not passed), which
         # reaches them through torch's graph rather than through TF's edges.
         skip = [k - 1 for k in unused or () if k > 0]
-        return _saved.backward(saved, sel_out, diff_args, py_args_torch[1:], record, skip)
+        dys_torch = py_args_torch[1 : 1 + len(sel_out)]  # then any carriers
+        return _saved.backward(saved, sel_out, diff_args, dys_torch, record, skip)
 
       dys_sel_tf = [dys_tf[i] for i in sel_out]
       # The backward may be traced in another graph than the forward (the
@@ -163,16 +170,23 @@ def call_graph(
       # forward's tensors there, so that a gradient of this backward, traced
       # in yet another graph, refers to tensors of its parent graph only.
       xs_tf = [_in_current_graph(grad_args[j]) for j in diff_args]
+      grad_specs = [tf.TensorSpec(x.shape, x.dtype) for x in xs_tf]
+      # Under XLA, gradients of shapes unknown when traced: empty tensors
+      # carry the arguments' shapes to the op, for XLA's compiler.
+      carriers, grad_shapes = [], None
+      if xla and not _xla_shapes.all_known([s.shape for s in grad_specs]):
+        carriers, grad_shapes = _xla_shapes.carriers(xs_tf), _xla_shapes.carried_shapes(name, 1)
       grads_tf = call_graph(
         backward,
         dys_sel_tf + xs_tf,
-        [_in_current_graph(handle_tf)] + dys_sel_tf,
-        [tf.TensorSpec(grad_args[j].shape, grad_args[j].dtype) for j in diff_args],
+        [_in_current_graph(handle_tf)] + dys_sel_tf + carriers,
+        grad_specs,
         # Build the double-backward graph only when a tape records this
         # backward; otherwise a later request recomputes it (regraph).
         _compat.tape_could_record(),
         name + "_grad",
         [True] * (len(sel_out) + len(diff_args)),
+        output_shapes=grad_shapes,
       )
       return _gradients.scatter(grads_tf, diff_args, len(grad_args))
 
@@ -188,6 +202,7 @@ def _stateful_op(
   out_dtypes: Sequence[tf.DType],
   out_shapes: Sequence[Any],
   name: str,
+  output_shapes: _xla_shapes.OutputShapes | None = None,
 ) -> list[tf.Tensor]:
   """One stateful graph op running `run(list of torch views) -> tensors`.
 
@@ -207,6 +222,7 @@ def _stateful_op(
       name=name,
       torch_tensors=True,
       whole_tensor_outputs=[0],
+      output_shapes=output_shapes,
     )
 
   def body(*inputs_eager: tf.Tensor) -> list[tf.Tensor]:
@@ -232,26 +248,6 @@ def _stateful_op(
 
 # The handle of a call under XLA that keeps no record.
 _NO_RECORD = torch.zeros(1, dtype=torch.int64)
-
-
-def _check_static(
-  name: str, args_tf: Sequence[tf.Tensor], out_specs: Sequence[tf.TensorSpec]
-) -> None:
-  """Raises unless every argument and output of a call under XLA has a
-  static shape."""
-  for what, shapes in (
-    ("argument", [a.shape for a in args_tf]),
-    ("output", [s.shape for s in out_specs]),
-  ):
-    for k, shape in enumerate(shapes):
-      if not shape.is_fully_defined():
-        raise ValueError(
-          f"{name}: its {what} {k} has shape {shape} under XLA "
-          "(jit_compile=True), which needs every shape static to call torch. "
-          "Give the tf.function an input_signature with every dimension "
-          "known, or none at all (TF then traces each shape it meets), or "
-          "compile without XLA (jit_compile=False)."
-        )
 
 
 _XLA_GPU = """\

@@ -59,6 +59,7 @@ def report(load_native: bool = True) -> dict[str, dict[str, Any]]:
 def _runners_report() -> dict[str, Any]:
   """Which runner each module's graph calls took in this process (empty
   in the command line's own process: call `report()` from the program)."""
+  choices = _runners.choices()
   return {
     "default": 'run="auto": the exact TF translation where it holds, else torch',
     "capture": "torch.export, once per signature, checked against torch",
@@ -67,8 +68,10 @@ def _runners_report() -> dict[str, Any]:
       if os.environ.get("TORCHBRIDGE_TORCH_RUNNER", "").lower() == "python"
       else "C++ (the capture's ATen graph run from the op) where it can, else Python"
     ),
-    "modules": {name: _runner_line(entry) for name, entry in _runners.choices().items()}
+    "modules": {name: _runner_line(entry) for name, entry in choices.items()}
     or "none yet in this process",
+    # torch's whole error behind a module's one-line reason, where there is one.
+    "details": {name: entry["detail"] for name, entry in choices.items() if entry.get("detail")},
   }
 
 

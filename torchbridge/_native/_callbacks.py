@@ -34,6 +34,8 @@ from torchbridge._runtime import _placement
 
 
 registry: dict[int, Callable[..., Any]] = {}  # callback id -> callable
+# callback id -> its op's output shapes at concrete input shapes (`register`)
+output_shape_functions: dict[int, Callable[..., Any]] = {}
 # Reentrant: a graph collected while `register` holds it runs `release`
 # (its finalizer) on the same thread.
 _registry_lock = threading.RLock()
@@ -80,22 +82,30 @@ def connect_native(set_native: Callable[[int, int | None, int | None], None]) ->
   _set_native = set_native
 
 
-def register(callback: Callable[..., Any], graph: tf.Graph | None) -> int:
+def register(
+  callback: Callable[..., Any],
+  graph: tf.Graph | None,
+  output_shapes: Callable[..., Any] | None = None,
+) -> int:
   """Registers `callback`; with a graph, until that graph is collected.
 
   A graph's callbacks are held by the graph and only weakly by the
   registry (`_compat.held_by_graph`).
   A `NativeCallback` is registered with the library too (its C function
-  then runs in place of Python).
+  then runs in place of Python). `output_shapes`: see `_op.call`.
   """
   if isinstance(callback, NativeCallback) and _set_native is None:
     raise RuntimeError("a C++ callback needs the native op loaded (_loader.load())")
   with _registry_lock:
     callback_id = next(_next_id)
     registry[callback_id] = callback
+    if output_shapes is not None:
+      output_shape_functions[callback_id] = output_shapes
     if graph is not None:
       try:
         registry[callback_id] = _compat.held_by_graph(callback, graph)
+        if output_shapes is not None:
+          output_shape_functions[callback_id] = _compat.held_by_graph(output_shapes, graph)
       except TypeError:
         pass  # not weakly referable: the registry holds it until `release`
     if isinstance(callback, NativeCallback) and _set_native is not None:
@@ -115,6 +125,7 @@ def release(ids: Sequence[int]) -> None:
   with _registry_lock:
     for callback_id in ids:
       registry.pop(callback_id, None)
+      output_shape_functions.pop(callback_id, None)
       if callback_id in _native_ids:
         _native_ids.discard(callback_id)
         if _set_native is not None:
@@ -177,6 +188,30 @@ def dispatch(
       return [_to_capsule(o) if isinstance(o, torch.Tensor) else o for o in outs]
   finally:
     _op_call.unused = outer_unused
+
+
+def output_shapes(
+  callback_id: int,
+  input_shapes: list[tuple[int, ...]],
+  input_dtypes: list[int],
+  declared: list[tuple[int, ...]],
+) -> list[list[int]]:
+  """Called by the op library when XLA compiles an op whose declared output
+  shapes are not all known (csrc/host_call.cc, with the GIL, on the torch
+  thread): its outputs' shapes, every dimension known, for inputs of
+  `input_shapes` and `input_dtypes` (TF's DataType codes). `declared`
+  holds the shapes the op declared (-1 for an unknown dimension).
+  """
+  find = output_shape_functions.get(callback_id)
+  if find is None:
+    raise RuntimeError(
+      f"torchbridge: the op of callback {callback_id} declares output shapes "
+      f"{declared} (-1: unknown), and nothing can find them now that XLA "
+      "compiles it (its graph was collected). Compile without XLA (jit_compile=False)."
+    )
+  specs = [tf.TensorSpec(s, tf.as_dtype(d)) for s, d in zip(input_shapes, input_dtypes)]
+  shapes = find(specs, [tf.TensorShape([None if d < 0 else d for d in s]) for s in declared])
+  return [[int(d) for d in tf.TensorShape(s).as_list()] for s in shapes]
 
 
 # Set while a kernel's callback runs on this thread: the op's unused outputs

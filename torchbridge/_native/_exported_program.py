@@ -42,7 +42,7 @@ _ARITHMETIC = {
   operator.truediv: 12,
 }
 _INTS, _DOUBLES, _BOOLS, _TENSORS, _OPTIONAL_TENSORS = range(5)
-_AS_RESHAPE = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)  # pylint: disable=protected-access
+AS_RESHAPE = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)  # pylint: disable=protected-access
 # c10's ScalarType, Layout and MemoryFormat codes, as boxed calls take them.
 _SCALAR_TYPES = {
   torch.uint8: 0,
@@ -121,6 +121,7 @@ class ExportedProgram:
     if lib.tbe_finish(context, array, len(outputs), num_state_outputs, flags, error, len(error)):
       raise Unsupported(error.value.decode())
     self.num_outputs = len(outputs)
+    self.graph, self.inputs = graph, list(inputs)  # for its output shapes under XLA
     self.forward = _callbacks.NativeCallback(
       _exported.address(lib.tbe_forward), context, owner=self
     )
@@ -161,7 +162,7 @@ class ExportedProgram:
     schema = getattr(target, "_schema", None)
     if not isinstance(target, torch._ops.OpOverload) or schema is None:  # pylint: disable=protected-access
       raise Unsupported(f"{target} (not an ATen op) in node {node.name!r}")
-    if target in _AS_RESHAPE:
+    if target in AS_RESHAPE:
       # The graph is functional (nothing writes through a view), so a
       # reshape is the same value; a view that export's fake strides
       # allowed may not be on the real ones (T5: a view after a transpose).

@@ -23,6 +23,7 @@ def call(
   name: str | None = None,
   torch_tensors: bool = False,
   whole_tensor_outputs: Sequence[int] = (),
+  output_shapes: Callable[..., Any] | None = None,
 ) -> list[tf.Tensor]:
   """Emits one `TorchbridgeCall` op that runs `callback` on `inputs_tf`.
 
@@ -58,6 +59,11 @@ def call(
       attributes set on them) live as long as TF's buffer, as with torch's
       DLPack export. Other outputs hold only their memory: cheaper to
       release, and the Python object dies when Python drops it.
+    output_shapes: for an op under XLA whose `out_shapes` are not all
+      known: `output_shapes(input specs, declared shapes) -> shapes`, every
+      output's shape (all known, agreeing with the declared one) for
+      inputs of the given concrete `tf.TensorSpec`s; called when XLA
+      compiles the op (`_callbacks.output_shapes`).
 
   Returns:
     List of TF tensors, one per output.
@@ -89,7 +95,7 @@ def call(
     callback, torch_tensors = _callbacks.torch_callback(callback), False
   eager = tf.executing_eagerly()
   graph = None if eager else tf.compat.v1.get_default_graph()
-  callback_id = _callbacks.register(callback, graph)
+  callback_id = _callbacks.register(callback, graph, output_shapes)
   try:
     outs = lib.torchbridge_call(
       inputs=list(inputs_tf),

@@ -2,7 +2,11 @@
 
 It registers an XLA kernel of the op (an `xla::CustomCall` with the typed
 FFI) and the custom call's host handler, which runs the same callback as the
-CPU kernel through the op library's `torchbridge_host_call`. It is built on
+CPU kernel through the op library's `torchbridge_host_call`. An op traced
+with unknown dimensions gets its output shapes when XLA compiles it for
+concrete input shapes, through the op library's
+`torchbridge_host_output_shapes`, which calls `_callbacks.output_shapes`
+(the function registered beside the op's callback). It is built on
 first use, when a bridged call is traced inside `tf.function(jit_compile=True)`
 (or by `python -m torchbridge build`), cached beside the op's library and
 loaded after it with `tf.load_op_library`: programs that never compile with
@@ -26,6 +30,7 @@ import tensorflow as tf
 
 from torchbridge._crossing import _stats
 from torchbridge._native import _build
+from torchbridge._native import _callbacks
 from torchbridge._native import _compiler
 from torchbridge._native import _loader
 
@@ -132,6 +137,14 @@ def load() -> Any:
       op = ctypes.CDLL(str(_loader.loaded_from()))
       lib.torchbridge_xla_set_host_call.argtypes = [ctypes.c_void_p]
       lib.torchbridge_xla_set_host_call(ctypes.cast(op.torchbridge_host_call, ctypes.c_void_p))
+      # Output shapes at XLA's compile time: Python's, through the op library.
+      set_hook = ctypes.PyDLL(str(_loader.loaded_from())).torchbridge_set_output_shapes_hook
+      set_hook.argtypes, set_hook.restype = [ctypes.py_object], ctypes.c_int
+      set_hook(_callbacks.output_shapes)
+      lib.torchbridge_xla_set_output_shapes.argtypes = [ctypes.c_void_p]
+      lib.torchbridge_xla_set_output_shapes(
+        ctypes.cast(op.torchbridge_host_output_shapes, ctypes.c_void_p)
+      )
       lib.torchbridge_xla_calls.restype = ctypes.c_int64
       copies = op.torchbridge_host_copies
       copies.argtypes = [ctypes.POINTER(ctypes.c_int64)]

@@ -1,14 +1,22 @@
-"""Which runner each module's graph calls took, for `info` and `timeline`.
+"""Which runner each module's graph calls took, for `info` and `timeline`,
+and the one line that says so.
 
-Written by the runner choice (`_state/_runner.py`) once per module and
-signature; read by `tb.timeline()` (its `runners`) and by `python -m
-torchbridge info` (the modules of the process that asks).
+Written by the runner choice (`_state/_runner.py`, `_state/_torch_runner.py`)
+once per module and signature; read by `tb.timeline()` (its `runners`) and
+by `python -m torchbridge info` (the modules of the process that asks).
+A reason is one sentence (`one_line`); torch's whole error, where there is
+one, is the record's `detail` and goes to the log at DEBUG (`say_once`).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 from typing import Any
+
+LOG = logging.getLogger("torchbridge")
+_LONGEST = 300  # characters of a reason in a log line or a record
 
 _lock = threading.Lock()
 _choices: dict[str, dict[str, Any]] = {}
@@ -21,17 +29,23 @@ def record(
   capture_s: float | None = None,
   path: str | None = None,
   path_reason: str = "",
+  detail: str = "",
 ) -> None:
   """Notes that `module`'s latest graph call took `runner` ("tf": its TF
   translation; "torch": the bridge), and why when it is not "tf"; for
   "torch", `path` says how: "C++" (the captured program run from the op)
   or "Python" (the forward's Python on every call; `path_reason` says
-  why)."""
-  entry: dict[str, Any] = {"runner": runner, "reason": reason}
+  why). Reasons are made one line; `detail` is torch's whole error behind
+  the latest of them."""
+  entry: dict[str, Any] = {"runner": runner, "reason": one_line(reason)}
   if path is not None:
     entry["path"] = path
   if path_reason:
-    entry["path_reason"] = path_reason
+    entry["path_reason"] = one_line(path_reason)
+  with _lock:
+    detail = detail or _choices.get(module, {}).get("detail", "")
+  if detail:
+    entry["detail"] = detail
   if capture_s is not None:
     entry["capture_s"] = round(capture_s, 4)
   with _lock:
@@ -43,3 +57,29 @@ def choices() -> dict[str, dict[str, Any]]:
   ("path": "C++" | "Python" for "torch")."""
   with _lock:
     return {k: dict(v) for k, v in _choices.items()}
+
+
+def one_line(reason: str, limit: int = _LONGEST) -> str:
+  """`reason` as one line a user reads: its first line that says something,
+  spaces collapsed, cut at `limit` characters.
+
+  >>> one_line("Could not export.\\n\\nFor more information, run with ...")
+  'Could not export.'
+  """
+  for line in reason.splitlines():
+    line = re.sub(r"\s+", " ", line).strip()
+    if line:
+      return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
+  return ""
+
+
+def say_once(said: set[str], level: int, message: str, detail: str = "") -> None:
+  """Logs `message` (one line) at `level` once per `said`, and `detail`
+  (torch's whole error) at DEBUG on the same logger after it."""
+  message = one_line(message, limit=3 * _LONGEST)  # its reason was cut already
+  if message in said:
+    return
+  said.add(message)
+  LOG.log(level, message)
+  if detail:
+    LOG.debug("%s\n%s", message, detail)

@@ -15,8 +15,10 @@ graph traced before the change refuses to run, naming it (`_guard.py`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import re
 import threading
 from typing import Any
 
@@ -97,11 +99,13 @@ class Runner:
     if isinstance(entry, _capture.Refusal):
       if self.run == "tf":
         raise _refusal_error(entry, self._state.name)
+      reason = f"{_WHAT[entry.what]}: {entry.reason}"
       self._say(
         "torch",
         f"{self._state.name}: graph calls run torch through the bridge "
-        f"(run={self.run!r}): {_WHAT[entry.what]}: {entry.reason}",
-        entry.reason,
+        f"(run={self.run!r}): {reason}",
+        reason,
+        detail=entry.detail,
       )
       return TORCH
     captured, snapshot = entry
@@ -113,8 +117,9 @@ class Runner:
       captured.seconds,
     )
     _guard.add_guard(snapshot, self._state.name, self._state.take_views_back)
-    result, writes = captured.run(call.args_tf)
-    _capturing.assign_writes(self._state, writes, mutated_buffers, mode_key, after_writes)
+    with _name_scope(self._state.name):  # as a Keras layer's ops are named
+      result, writes = captured.run(call.args_tf)
+      _capturing.assign_writes(self._state, writes, mutated_buffers, mode_key, after_writes)
     return result
 
   def _capture(self, call: Any, training: bool | list[bool], capture_module: Any) -> Any:
@@ -140,14 +145,16 @@ class Runner:
       except Exception as err:  # pylint: disable=broad-except
         # Anything else in capturing (TF's own gradient code included) is
         # a limit of the translation: this call takes torch.
-        return capture_module.Refusal("translation", f"{type(err).__name__}: {err}")
+        return capture_module.Refusal(
+          "translation", f"{type(err).__name__}: {err}", f"{type(err).__name__}: {err}"
+        )
     return captured, held.after
 
-  def _say(self, runner: str, message: str, reason: str, seconds: float | None = None) -> None:
-    _runners.record(self._state.name, runner, reason, seconds)
-    if message not in self._said:
-      self._said.add(message)
-      logger.info(message)
+  def _say(
+    self, runner: str, message: str, reason: str, seconds: float | None = None, detail: str = ""
+  ) -> None:
+    _runners.record(self._state.name, runner, reason, seconds, detail=detail)
+    _runners.say_once(self._said, logging.INFO, message, detail)
 
 
 _WHAT = {
@@ -166,6 +173,8 @@ def _refusal_error(refusal: Any, name: str) -> Exception:
     f'{_WHAT[refusal.what]}: {refusal.reason}\nrun="auto" runs them in '
     'torch through the bridge instead (run="torch" always does).'
   )
+  if refusal.detail:
+    logger.debug("%s\n%s", message, refusal.detail)
   if refusal.what == "op":
     return _in_graph(_translated.UntranslatedOpsError)(message)
   if refusal.what == "check":
@@ -178,6 +187,16 @@ def _in_graph(error_type: type[Exception]) -> type[Exception]:
   """`error_type` with Exception's own __init__: AutoGraph re-raises such
   an error from a `tf.function` as itself, not as a StagingError."""
   return type(error_type.__name__, (error_type,), {"__init__": Exception.__init__})
+
+
+def _name_scope(name: str) -> Any:
+  """The module's name scope for its translated ops (`actor/MatMul`), so
+  TF's profiler and TensorBoard's graph name the module; none where the
+  caller's scope ends with that name already (Keras opens a layer's)."""
+  scope = tf.compat.v1.get_default_graph().get_name_scope()
+  if re.fullmatch(re.escape(name) + r"(_\d+)?", scope.rsplit("/", 1)[-1]):
+    return contextlib.nullcontext()
+  return tf.name_scope(name)
 
 
 def _plain_variable(variable: Any) -> tf.Variable:

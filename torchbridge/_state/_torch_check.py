@@ -18,7 +18,13 @@ from torchbridge import _call
 
 
 class Refused(Exception):
-  """Why a signature takes the Python path."""
+  """Why a signature takes the Python path: `reason`, one sentence, and
+  `detail`, torch's whole error where there is one."""
+
+  def __init__(self, reason: str, detail: str = "") -> None:
+    super().__init__(reason)
+    self.reason = reason
+    self.detail = detail
 
 
 def check(captured: Any, state: Any, call: Any, specs: list[tf.TensorSpec]) -> None:

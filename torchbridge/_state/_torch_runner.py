@@ -143,8 +143,8 @@ class TorchRunner:
     entry = _capturing.cached_capture(
       self._captures, key, self._capture, call, training, num_threads
     )
-    if isinstance(entry, str):
-      self._say_python(entry)
+    if isinstance(entry, _torch_check.Refused):
+      self._say_python(entry.reason, detail=entry.detail)
       return None
     captured, snapshot = entry
     if output_signature is not None:
@@ -176,8 +176,8 @@ class TorchRunner:
     return tf.nest.map_structure(lambda i: outputs[i], captured.structure)
 
   def _capture(self, call: Any, training: bool | list[bool], num_threads: int) -> Any:
-    """(_Captured, Snapshot), or the reason the signature takes the Python
-    path."""
+    """(_Captured, Snapshot), or why the signature takes the Python path
+    (`_torch_check.Refused`)."""
     state = self._state
     start = time.perf_counter()
     specs = [tf.TensorSpec(a.shape, a.dtype) for a in call.args_tf]
@@ -188,13 +188,16 @@ class TorchRunner:
           _torch_check.check(captured, state, call, specs)
         changed = held.changed()
         if changed is not None:
-          return changed
+          return _torch_check.Refused(changed)
       except _torch_check.Refused as refused:
-        return str(refused)
+        return refused
       except tf.errors.OpError as err:  # torch raised in the C++ runner's check
-        return f"the capture's check raised in torch: {_torch_check.torch_message(err.message)}"
+        said = _torch_check.torch_message(err.message)
+        return _torch_check.Refused(f"the capture's check raised in torch: {said}", said)
       except Exception as err:  # pylint: disable=broad-except
-        return f"the capture raised {type(err).__name__}: {err}"
+        return _torch_check.Refused(
+          f"the capture raised {type(err).__name__}: {err}", f"{type(err).__name__}: {err}"
+        )
     snapshot = held.after
     captured.seconds = time.perf_counter() - start
     return captured, snapshot
@@ -211,7 +214,10 @@ class TorchRunner:
         flat, specs, examples, state.name, allow_writes=True, varargs=True, decompose=False
       )
     except ValueError as err:
-      raise _torch_check.Refused(f"torch.export could not capture the forward: {err}") from err
+      raise _torch_check.Refused(
+        f"torch.export could not capture the forward: {getattr(err, 'summary', err)}",
+        getattr(err, "detail", ""),
+      ) from err
     canonical = {n: n for n in state.variables}
     canonical.update(state.state_names)
     names = state.param_names + state.buffer_names
@@ -277,15 +283,15 @@ class TorchRunner:
       self._why_torch(),
     )
 
-  def _say_python(self, reason: str, level: int = logging.WARNING) -> None:
-    _runners.record(self._state.name, "torch", self._why_torch(), path="Python", path_reason=reason)
-    if reason in self._said:
-      return
-    self._said.add(reason)
-    _LOG.log(
+  def _say_python(self, reason: str, level: int = logging.WARNING, detail: str = "") -> None:
+    name = self._state.name
+    _runners.record(
+      name, "torch", self._why_torch(), path="Python", path_reason=reason, detail=detail
+    )
+    _runners.say_once(
+      self._said,
       level,
-      "torchbridge: %s: graph calls run torch on the Python path (the forward's "
-      "Python on every call), not the C++ runner: %s.",
-      self._state.name,
-      reason,
+      f"torchbridge: {name}: graph calls run torch on the Python path (the forward's "
+      f"Python on every call), not the C++ runner: {_runners.one_line(reason).rstrip('.')}.",
+      detail,
     )

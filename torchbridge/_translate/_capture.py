@@ -23,6 +23,7 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
 from torchbridge._translate import _export
+from torchbridge._translate import _export_errors
 from torchbridge._translate import _fx_to_tf
 from torchbridge._translate._aten import _table
 
@@ -41,10 +42,11 @@ class Refusal(Exception):
   translation), "export" (torch.export refused), "check" (the translation
   differs from torch) or "translation" (an op's translation raised)."""
 
-  def __init__(self, what: str, reason: str) -> None:
+  def __init__(self, what: str, reason: str, detail: str = "") -> None:
     super().__init__(reason)
     self.what = what
-    self.reason = reason
+    self.reason = reason  # one sentence
+    self.detail = detail  # torch's whole error, where there is one
 
 
 class FlatCall(torch.nn.Module):
@@ -127,7 +129,9 @@ def capture(
   examples = _export.random_inputs(specs, 0, seed=0)
   try:
     exported = _export.export(flat, specs, examples, name, allow_writes=True, varargs=True)
-  except ValueError as err:
+  except _export_errors.ExportError as err:
+    raise Refusal("export", err.summary, err.detail) from err
+  except ValueError as err:  # the export's own checks (dynamic dimensions)
     raise Refusal("export", str(err)) from err
   program = exported
   missing = _fx_to_tf.untranslated(program.graph)

@@ -15,6 +15,7 @@ from torch.fx.experimental import symbolic_shapes
 import tensorflow as tf
 
 from torchbridge._frameworks import _compat
+from torchbridge._translate import _export_errors
 
 # Ops TF has whole: kept instead of decomposed into many small ATen ops.
 _KEEP_WHOLE = (
@@ -161,7 +162,7 @@ def export(
     for k, spec in enumerate(specs)
   )
   try:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _export_errors.stderr_kept() as printed:
       # nn.LSTM / nn.GRU keep their weights in a plain list; torch warns
       # that it was assigned during export, which changes nothing here.
       warnings.filterwarnings(
@@ -180,11 +181,14 @@ def export(
       program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
       program = _decomposed(program, _decompositions() if decompose else {})
   except Exception as err:  # torch.export's errors are many and unrelated
-    raise ValueError(
+    said = _export_errors.summary(err)
+    raise _export_errors.ExportError(
       f"translate({name!r}): torch.export could not export the module with "
-      f"input_signature {specs}: {type(err).__name__}: {err}\nFixed sizes "
-      "in place of None, or example_inputs closer to real data, may help; "
-      "else keep calling the module through the bridge."
+      f"input_signature {specs}: {said}. Fixed sizes in place of None, or "
+      "example_inputs closer to real data, may help; else keep calling the "
+      "module through the bridge. (torch's whole error is this one's cause.)",
+      said,
+      _export_errors.detail(err, "".join(printed)),
     ) from err
   _check_dynamic_dims(program, specs, name)
   return _program(program, name, allow_writes)

@@ -41,8 +41,9 @@ def torch_function(
   `GradientTape`s give higher-order gradients. Exceptions raised by the torch
   code reach the caller: as they are eagerly, and inside `tf.function` as a TF
   error whose message holds the original type, message and traceback.
-  Under `tf.function(jit_compile=True)` (CPU, static shapes) the call is an
-  XLA custom call running the same torch code.
+  Under `tf.function(jit_compile=True)` (CPU) the call is an XLA custom
+  call running the same torch code; output shapes unknown while tracing are
+  found when XLA compiles it for concrete shapes.
 
   Args:
     fn: a callable taking and returning torch tensors. Left out, the call
