@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test check test-user user-venv test-pythons bench bench-user bench-runners bench-load runner-coverage bench-build soak venv clean docs lint
+.PHONY: demo ppo test test-long check test-user user-venv test-pythons bench bench-user bench-runners bench-load runner-coverage bench-build soak venv clean docs lint
 
 venv: $(STAMP)
 
@@ -40,24 +40,33 @@ ppo: $(STAMP)
 	rm -rf runs/ppo_demo
 	$(PY) examples/ppo_lstm_cartpole.py --steps 150000 --seed 0 --out runs/ppo_demo/lstm_masked_torchbridge_s0
 
-# The whole suite with the native TF op (csrc/, built on first use and
-# cached), then the call path's suites again with the tf.py_function path
-# forced: all but those marked one_pass (they do not depend on the path)
-# and those marked slow (module_db, transformers, the examples, Ray, the
-# docs' code: their graph calls take the default TF runner, and the
-# tf.py_function path is the call path's suites' to test; CI's budget).
+# The suite with the native TF op (csrc/, built on first use and cached),
+# then the call path's suites again with the tf.py_function path forced:
+# all but those marked one_pass (they do not depend on the path) and those
+# marked slow. The slow suites (module_db, transformers, the examples, Ray,
+# the installs, the benchmarks, the docs' code: their graph calls take the
+# default TF runner; the tf.py_function path is the call path's suites' to
+# test) are `make test-long`'s, which CI runs too.
 #
-# Both passes (and make test-user) run on TEST_WORKERS pytest-xdist
-# workers, 2 by default (CI's cores; each worker holds torch and TF, ~3 GB),
-# a test file a worker (--dist loadfile: a file's module fixtures and its
-# files stay together; the native op's build holds a file lock, so it is
-# built once). On 2 cores the native pass took 40 min instead of 71.
+# Both (and make test-user) run on TEST_WORKERS pytest-xdist workers, by
+# default what the machine holds: one a core, at most one per 4 GiB of
+# memory (each worker holds torch and TF, ~3 GB); a test file a worker
+# (--dist loadfile: a file's module fixtures and its files stay together;
+# the native op's build holds a file lock, so it is built once).
 # TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; \
+  mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'); \
+  print(max(1, min(os.cpu_count() or 1, mem // 2**32)))")
 XDIST = -n $(TEST_WORKERS) --dist loadfile
 test: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) --durations=25 tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 -m "not slow" tests
 	TORCHBRIDGE_DISABLE_NATIVE=1 $(PY) -m pytest -q $(XDIST) --durations=25 -m "not one_pass and not slow" tests
+
+# The long suites (those marked slow), on the native op: module_db,
+# transformers, the examples, Ray, the installs, the benchmarks' smoke
+# runs, the docs' code.
+test-long: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) --durations=25 -m slow tests
 
 # The contributor's loop, under 5 minutes here: lint, type check, and the
 # tests of the call path, the exchange and the layering on the native op,

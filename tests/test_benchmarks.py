@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 from td3.networks import TorchCritic  # noqa: E402
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 # The bridge's costs: in-process graph calls on the torch runner.
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass, pytest.mark.usefixtures("bridge_runner")]
 

@@ -25,7 +25,7 @@ import pytest
 
 from torchbridge._frameworks import _load_order
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None

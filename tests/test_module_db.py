@@ -17,11 +17,11 @@ import os  # noqa: E402  pylint: disable=wrong-import-position
 if os.environ.get("TORCHBRIDGE_DISABLE_NATIVE", "").strip() not in ("", "0"):
   # ~10 minutes a pass here; the bridge's Python is the same on both paths,
   # and the tf.py_function path has its own tests.
-  pytest.skip("module_db runs with the native op (make test's first pass)", allow_module_level=True)
+  pytest.skip("module_db runs with the native op (make test-long)", allow_module_level=True)
 
 import _module_db_cases as cases  # noqa: E402  pylint: disable=wrong-import-position
 
-# A slow suite: `make test` and CI run it, `make check` does not. The
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not. The
 # bridge's own conformance: graph calls on the torch runner (the default
 # runner's module_db tally is test_runner_coverage.py's).
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("bridge_runner")]

@@ -22,7 +22,7 @@ import torchbridge as tb
 sys.path.insert(0, str(Path(__file__).parent))
 import _multi_worker  # noqa: E402
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 WORKER_SCRIPT = Path(__file__).with_name("_multi_worker.py")

@@ -21,7 +21,7 @@ import tensorflow as tf  # noqa: F401
 from torchbridge._native import _loader
 from torchbridge._native import _build
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 DISABLED = os.environ.get(_loader.DISABLE_ENV, "").strip() not in ("", "0")

@@ -26,7 +26,7 @@ from ppo import networks  # noqa: E402
 from ppo import sequences  # noqa: E402
 from _module_helpers import lines_before_progress  # noqa: E402
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 OBS_DIM, N_ACTIONS = 2, 2

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import torchbridge as tb
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray")

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[1]

@@ -15,7 +15,7 @@ pytest.importorskip("expecttest")  # torch.testing._internal needs it
 
 if os.environ.get("TORCHBRIDGE_DISABLE_NATIVE", "").strip() not in ("", "0"):
   # The TF runner does not use the native op; one pass is enough.
-  pytest.skip("runs with the native op (make test's first pass)", allow_module_level=True)
+  pytest.skip("runs with the native op (make test-long)", allow_module_level=True)
 
 import torch  # noqa: E402
 

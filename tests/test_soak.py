@@ -11,7 +11,7 @@ from benchmarks import soak
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 SAMPLE_KEYS = {"step", "t_s", "rss_mb", "fds", "threads", "copies", "bytes_copied", "zero_copy"}

@@ -16,7 +16,7 @@ import pytest
 from benchmarks import step_breakdown as sb
 from torchbridge._native import _loader
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,7 +20,7 @@ sys.path.insert(0, EXAMPLES)
 from td3 import agents  # noqa: E402
 from _module_helpers import lines_before_progress  # noqa: E402
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 

@@ -26,7 +26,7 @@ import textwrap
 import numpy as np
 import pytest
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 import torchbridge as tb  # noqa: E402  pylint: disable=wrong-import-position
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = pytest.mark.slow
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,7 +23,7 @@ import tensorflow as tf
 from benchmarks import harness
 from benchmarks import translate_bench as tbb
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 

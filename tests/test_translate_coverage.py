@@ -10,7 +10,7 @@ pytest.importorskip("expecttest")  # torch.testing._internal needs it
 
 from benchmarks import translate_coverage as coverage  # noqa: E402  pylint: disable=wrong-import-position
 
-# A slow suite: `make test` and CI run it, `make check` does not.
+# A slow suite: `make test-long` and CI run it, `make test` and `make check` do not.
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
 
