@@ -13,9 +13,15 @@ import torchbridge
 pytestmark = pytest.mark.one_pass
 
 _MODULES = sorted(info.name for info in pkgutil.walk_packages(torchbridge.__path__, "torchbridge."))
+# tb.ray's examples start Ray (a minute or more each on 2 cores): with the
+# Ray suites, in `make test-long`.
+_CASES = [
+  pytest.param(name, marks=pytest.mark.slow) if name.startswith("torchbridge.ray") else name
+  for name in _MODULES
+]
 
 
-@pytest.mark.parametrize("name", _MODULES)
+@pytest.mark.parametrize("name", _CASES)
 def test_docstring_examples(name):
   module = importlib.import_module(name)
   try:

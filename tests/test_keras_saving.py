@@ -19,6 +19,10 @@ from torchbridge.keras import TorchLayer
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
+# Saving and loading go through the variables and the pickled module, the
+# same on both paths (graph calls take the default TF runner): native pass only.
+pytestmark = pytest.mark.one_pass
+
 
 def make_mlp(hidden=8, seed=0):
   """A torch MLP with a BatchNorm, so that buffers travel too."""

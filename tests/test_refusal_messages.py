@@ -18,6 +18,10 @@ import torchbridge as tb
 from torchbridge._cli import _report
 from torchbridge._translate import _export_errors
 
+# The runners' own refusals (the TF runner's, the C++ torch runner's): with
+# the native op, so in the native pass only.
+pytestmark = pytest.mark.one_pass
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from ppo import networks  # noqa: E402
 
@@ -109,3 +113,24 @@ def test_translate_names_the_reason_and_keeps_torchs_error_as_its_cause():
 def test_other_errors_keep_their_type_and_first_line():
   err = RuntimeError("Unsupported: call_method foo\n\nFrom user code:\n  File x")
   assert _export_errors.summary(err) == "RuntimeError: Unsupported: call_method foo"
+
+
+@pytest.mark.parametrize("run", ["auto", "tf"])
+def test_a_refused_export_is_not_exported_again_for_the_torch_runner(run, monkeypatch):
+  """When torch.export refuses the TF runner's capture, the C++ torch runner
+  takes that refusal instead of running the same export a second time."""
+  exports = []
+  real = torch.export.export
+
+  def counted(*args, **kwargs):
+    exports.append(1)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(torch.export, "export", counted)
+  call, args = _lstm_call(run, f"lstm_once_{run}")
+  if run == "tf":
+    with pytest.raises(ValueError, match="depends on tensor values"):
+      call(*args)
+  else:
+    call(*args)
+  assert len(exports) == 1

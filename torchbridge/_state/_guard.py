@@ -45,7 +45,32 @@ after switching (a new tf.function)."""
 
 
 class StaleCaptureError(RuntimeError):
-  """`tb.StaleCaptureError`: a Python attribute a captured forward read changed since."""
+  """A graph call would compute with Python state that changed since it was traced.
+
+  Raised, before the graph runs and writing nothing, by a call of a
+  `tf.function` whose graph holds a `TorchModule` or `TorchLayer` call:
+  when a plain Python attribute the captured forward read has changed
+  (`scale: 2.0 when captured, 3.0 now`), or when torch's train/eval mode of
+  a module called with `training=None` was switched since the trace
+  (`training was True when traced, False now`). A new trace (a new
+  `tf.function`) runs the new value; the message names the fix. A
+  `RuntimeError`.
+
+  Example:
+    >>> import torch, tensorflow as tf, torchbridge as tb
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5))
+    >>> actor = tb.TorchModule(net, name="actor")
+    >>> act = tf.function(lambda x: actor(x))  # training=None: torch's own mode
+    >>> _ = act(tf.ones([4, 3]))
+    >>> _ = net.eval()  # an evaluation episode
+    >>> try:
+    ...   act(tf.ones([4, 3]))
+    ... except tb.StaleCaptureError as err:
+    ...   print(str(err).splitlines()[0])
+    actor: torch's train/eval mode changed since this graph was traced: training was True when traced, False now.
+    >>> tf.function(lambda x: actor(x))(tf.ones([4, 3])).shape  # traced again: eval
+    TensorShape([4, 2])
+  """
 
 
 _ZERO: list[tf.Tensor] = []

@@ -92,6 +92,9 @@ class TorchRunner:
     self._state = state
     self._captures: dict[Any, Any] = {}  # key -> (_Captured, Snapshot) or reason
     self._said: set[str] = set()
+    # signature key -> (reason, detail) of a torch.export.export the TF
+    # runner's capture saw refuse: not exported a second time.
+    self.export_refused: dict[Any, tuple[str, str]] = {}
     self.enabled = True  # False: this module's graph calls take the Python path
 
   def why_not(self, args_tf: Sequence[tf.Tensor], in_replica: bool) -> tuple[str, int] | None:
@@ -140,9 +143,15 @@ class TorchRunner:
     # The user's torch thread count (a thread of its own, as the capture's,
     # reads OpenMP's default instead).
     num_threads = torch.get_num_threads()
-    entry = _capturing.cached_capture(
-      self._captures, key, self._capture, call, training, num_threads
-    )
+    refused = self.export_refused.get(key)
+    if refused is not None:
+      entry: Any = _torch_check.Refused(
+        f"torch.export could not capture the forward: {refused[0]}", refused[1]
+      )
+    else:
+      entry = _capturing.cached_capture(
+        self._captures, key, self._capture, call, training, num_threads
+      )
     if isinstance(entry, _torch_check.Refused):
       self._say_python(entry.reason, detail=entry.detail)
       return None

@@ -42,11 +42,15 @@ class Refusal(Exception):
   translation), "export" (torch.export refused), "check" (the translation
   differs from torch) or "translation" (an op's translation raised)."""
 
-  def __init__(self, what: str, reason: str, detail: str = "") -> None:
+  def __init__(
+    self, what: str, reason: str, detail: str = "", export_refused: bool = False
+  ) -> None:
     super().__init__(reason)
     self.what = what
     self.reason = reason  # one sentence
     self.detail = detail  # torch's whole error, where there is one
+    # torch.export.export itself refused: so would the C++ runner's export.
+    self.export_refused = export_refused
 
 
 class FlatCall(torch.nn.Module):
@@ -130,7 +134,7 @@ def capture(
   try:
     exported = _export.export(flat, specs, examples, name, allow_writes=True, varargs=True)
   except _export_errors.ExportError as err:
-    raise Refusal("export", err.summary, err.detail) from err
+    raise Refusal("export", err.summary, err.detail, err.in_export) from err
   except ValueError as err:  # the export's own checks (dynamic dimensions)
     raise Refusal("export", str(err)) from err
   program = exported

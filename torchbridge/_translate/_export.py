@@ -178,7 +178,9 @@ def export(
       shapes: Any = dynamic
       if varargs:
         shapes = (dynamic,) if any(d is not None for d in dynamic) else None
+      in_export = True
       program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
+      in_export = False
       program = _decomposed(program, _decompositions() if decompose else {})
   except Exception as err:  # torch.export's errors are many and unrelated
     said = _export_errors.summary(err)
@@ -189,6 +191,7 @@ def export(
       "module through the bridge. (torch's whole error is this one's cause.)",
       said,
       _export_errors.detail(err, "".join(printed)),
+      in_export,
     ) from err
   _check_dynamic_dims(program, specs, name)
   return _program(program, name, allow_writes)
