@@ -138,9 +138,10 @@ def contenders():
 
   runner_call = module_call(check=True)
   # What the check before each call of the runner's graph runs
-  # (`_guard.check` on its entries): the only graph with a check here.
+  # (`_guard.check` on its entries: the capture's watch, and the modes of a
+  # training=None call): the only graph with a check here, of one module.
   graphs = list(_guard._CHECKS.values())
-  if len(graphs) != 1 or len(graphs[0]) != 1:
+  if len(graphs) != 1 or len({name for _, name, _ in graphs[0].values()}) != 1:
     raise RuntimeError(f"expected the runner's one checked module, found {graphs}")
   entries = graphs[0].values()
 
