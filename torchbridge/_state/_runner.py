@@ -98,7 +98,7 @@ class Runner:
     entry = _capturing.cached_capture(self._captures, key, self._capture, call, training, _capture)
     if isinstance(entry, _capture.Refusal):
       if entry.export_refused:  # the C++ runner's export would refuse the same
-        self._state.torch_runner.export_refused[key] = (entry.reason, entry.detail)
+        self._state.torch_runner.export_refused(key, entry.reason, entry.detail)
       if self.run == "tf":
         raise _refusal_error(entry, self._state.name)
       reason = f"{_WHAT[entry.what]}: {entry.reason}"

@@ -12,9 +12,8 @@ cannot call, a failed check, a GPU, a replica of a `tf.distribute`
 strategy, the native op without torch's side), the call takes the Python
 path, said once at WARNING with the reason.
 
-`TORCHBRIDGE_TORCH_RUNNER=python` (read when a graph call is traced) sends
-every such call down the Python path: the forward's Python runs on every
-call (prints, breakpoints, attributes that change between calls).
+`TORCHBRIDGE_TORCH_RUNNER=python` (read when traced) sends every such call
+down the Python path: the forward's Python on every call.
 """
 
 from __future__ import annotations
@@ -92,10 +91,12 @@ class TorchRunner:
     self._state = state
     self._captures: dict[Any, Any] = {}  # key -> (_Captured, Snapshot) or reason
     self._said: set[str] = set()
-    # signature key -> (reason, detail) of a torch.export.export the TF
-    # runner's capture saw refuse: not exported a second time.
-    self.export_refused: dict[Any, tuple[str, str]] = {}
     self.enabled = True  # False: this module's graph calls take the Python path
+
+  def export_refused(self, key: Any, reason: str, detail: str) -> None:
+    """The TF runner saw torch.export refuse `key`: taken, not exported again."""
+    reason = f"torch.export could not capture the forward: {reason}"
+    self._captures[key] = _torch_check.Refused(reason, detail)
 
   def why_not(self, args_tf: Sequence[tf.Tensor], in_replica: bool) -> tuple[str, int] | None:
     """Why this graph call takes the Python path (before any capture), and
@@ -143,15 +144,9 @@ class TorchRunner:
     # The user's torch thread count (a thread of its own, as the capture's,
     # reads OpenMP's default instead).
     num_threads = torch.get_num_threads()
-    refused = self.export_refused.get(key)
-    if refused is not None:
-      entry: Any = _torch_check.Refused(
-        f"torch.export could not capture the forward: {refused[0]}", refused[1]
-      )
-    else:
-      entry = _capturing.cached_capture(
-        self._captures, key, self._capture, call, training, num_threads
-      )
+    entry = _capturing.cached_capture(
+      self._captures, key, self._capture, call, training, num_threads
+    )
     if isinstance(entry, _torch_check.Refused):
       self._say_python(entry.reason, detail=entry.detail)
       return None
@@ -294,9 +289,8 @@ class TorchRunner:
 
   def _say_python(self, reason: str, level: int = logging.WARNING, detail: str = "") -> None:
     name = self._state.name
-    _runners.record(
-      name, "torch", self._why_torch(), path="Python", path_reason=reason, detail=detail
-    )
+    why = self._why_torch()
+    _runners.record(name, "torch", why, path="Python", path_reason=reason, detail=detail)
     _runners.say_once(
       self._said,
       level,
