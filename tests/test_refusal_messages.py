@@ -134,3 +134,13 @@ def test_a_refused_export_is_not_exported_again_for_the_torch_runner(run, monkey
   else:
     call(*args)
   assert len(exports) == 1
+
+
+def test_a_record_keeps_torchs_error_only_while_its_reason_stands():
+  from torchbridge._runtime import _runners  # pylint: disable=import-outside-toplevel
+
+  _runners.record("kept", "torch", "torch.export refused", path="C++", detail="torch's error")
+  _runners.record("kept", "torch", "torch.export refused", path="C++")  # another signature
+  assert _runners.choices()["kept"]["detail"] == "torch's error"
+  _runners.record("kept", "tf", "")  # a later capture that holds: no stale detail
+  assert "detail" not in _runners.choices()["kept"]

@@ -43,7 +43,10 @@ def record(
   if path_reason:
     entry["path_reason"] = one_line(path_reason)
   with _lock:
-    detail = detail or _choices.get(module, {}).get("detail", "")
+    previous = _choices.get(module, {})
+  same = all(previous.get(k, "") == entry.get(k, "") for k in ("reason", "path_reason"))
+  if not detail and same:  # a later signature, for the same reason
+    detail = previous.get("detail", "")
   if detail:
     entry["detail"] = detail
   if capture_s is not None:
