@@ -64,7 +64,7 @@ import torchbridge as tb  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from torchbridge._frameworks import _compat  # noqa: E402
 from torchbridge._native import _loader  # noqa: E402
-from torchbridge._state import _guard  # noqa: E402
+from torchbridge._capture import _guard  # noqa: E402
 
 RUNNER = 'run="torch" (C++ torch runner), as users get it'
 NO_CHECK = 'run="torch", the stale-state check left out'

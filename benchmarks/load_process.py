@@ -43,7 +43,7 @@ def _bridged(contender):
     return tb.keras.TorchLayer(net)
   layer = tb.keras.TorchLayer(net, run="torch")
   if contender == BRIDGE_PY:
-    layer._torch_state.torch_runner.enabled = False  # pylint: disable=protected-access
+    layer._runners.torch_runner.enabled = False  # pylint: disable=protected-access
   return layer
 
 

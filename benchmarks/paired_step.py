@@ -58,7 +58,7 @@ def _variant(name):
   """(object, attribute, replacement) patched while `name`'s step is traced:
   the default runner's step with one piece of the translation changed."""
   # pylint: disable=import-outside-toplevel
-  from torchbridge._state import _guard
+  from torchbridge._capture import _guard
   from torchbridge._translate._aten import _nn
 
   if name == TB_XLA_UNCHECKED:  # no stale-state check

@@ -45,7 +45,7 @@ import tensorflow as tf  # noqa: E402
 import torchbridge as tb  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import translate_coverage as tc  # noqa: E402
-from torchbridge._runtime import _runners  # noqa: E402
+from torchbridge._runners import _record as _runners  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 logging.getLogger("torch._export").setLevel(logging.ERROR)

@@ -191,7 +191,7 @@ def _mlp_step(contender):
 def _python_path(module):
   """`module` with the C++ torch runner turned off (its graph calls run the
   forward's Python, as TORCHBRIDGE_TORCH_RUNNER=python does)."""
-  module._state.torch_runner.enabled = False  # pylint: disable=protected-access
+  module._runners.torch_runner.enabled = False  # pylint: disable=protected-access
   return module
 
 
@@ -234,7 +234,7 @@ def one(model, contender, threads):
   first_s = time.perf_counter() - start
   calls = harness.calls_for(step, 0.25)
   summary = harness.summarize(harness.timed_repeats(step, 7, calls))
-  from torchbridge._runtime import _runners  # pylint: disable=import-outside-toplevel
+  from torchbridge._runners import _record as _runners  # pylint: disable=import-outside-toplevel
 
   return {
     "model": model,

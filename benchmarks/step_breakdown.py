@@ -117,7 +117,7 @@ def _td3_step():
   # its Python path (the C++ torch runner is the step of `_no_python_steps`).
   agent = agents.TFAgent("torchbridge", 3, 1, 2.0, 0, agents.Hyper(), run="torch")
   for module in (agent.actor, agent.critic, agent.actor_target, agent.critic_target):
-    module._state.torch_runner.enabled = False  # pylint: disable=protected-access
+    module._runners.torch_runner.enabled = False  # pylint: disable=protected-access
   return _on_random_batches(agent)
 
 

@@ -95,7 +95,7 @@ def build(model_name, contender, device):
     # benchmarks/runners.py compares the default runner (the module's TF
     # translation) and the C++ torch runner.
     model = tb.TorchModule(models.torch_model(model_name).to(device), name="bridged", run="torch")
-    model._state.torch_runner.enabled = False  # pylint: disable=protected-access
+    model._runners.torch_runner.enabled = False  # pylint: disable=protected-access
   with tf.device(_tf_device(device)):
     x_tf, y_tf = tf.constant(x_np), tf.constant(y_np)
   step = _tf_step(model, x_tf, y_tf)

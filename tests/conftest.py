@@ -112,13 +112,13 @@ def bridge_runner(monkeypatch):
   and the C++ torch runner bypass (TORCHBRIDGE_TORCH_RUNNER=python, which
   subprocesses inherit). The default runner itself is tested in
   test_module_run.py, the C++ torch runner in test_torch_runner.py."""
-  from torchbridge._state import _runner  # pylint: disable=import-outside-toplevel
+  from torchbridge import _runners  # pylint: disable=import-outside-toplevel
 
   monkeypatch.setenv("TORCHBRIDGE_TORCH_RUNNER", "python")
 
-  resolve = _runner.resolve_run
+  resolve = _runners.resolve_run
 
   def torch_by_default(run, torchscript, owner):
     return resolve("torch" if run == "auto" else run, torchscript, owner)
 
-  monkeypatch.setattr(_runner, "resolve_run", torch_by_default)
+  monkeypatch.setattr(_runners, "resolve_run", torch_by_default)

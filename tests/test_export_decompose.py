@@ -1,4 +1,4 @@
-"""`_export._in_final_form`: where it says `run_decompositions` has
+"""`_decompose.in_final_form`: where it says `run_decompositions` has
 nothing to do (and a capture skips it, ~0.4 s each), running it leaves
 the graph as it is. Checked on torch's own module_db, both tables (the
 translation's, and the C++ torch runner's empty one)."""
@@ -11,7 +11,7 @@ pytest.importorskip("expecttest")  # torch.testing._internal needs it
 
 import torch  # noqa: E402  (before TensorFlow)
 
-from torchbridge._translate import _export  # noqa: E402
+from torchbridge._translate import _decompose  # noqa: E402
 
 with warnings.catch_warnings():
   warnings.simplefilter("ignore", ImportWarning)
@@ -19,7 +19,7 @@ with warnings.catch_warnings():
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_pass]
 
-TABLES = {"translation": _export._decompositions, "torch runner": dict}
+TABLES = {"translation": _decompose.table, "torch runner": dict}
 
 
 def _programs():
@@ -61,7 +61,7 @@ def test_a_program_in_final_form_is_what_run_decompositions_gives():
   decomposed = {table: [] for table in TABLES}
   for name, program in _programs():
     for table_name, table in TABLES.items():
-      if not _export._in_final_form(program, table()):
+      if not _decompose.in_final_form(program, table()):
         decomposed[table_name].append(name)
         continue
       skipped[table_name].append(name)
@@ -110,7 +110,7 @@ def test_a_dynamic_batch_keeps_the_rule():
       warnings.simplefilter("ignore")
       program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
     for table in TABLES.values():
-      final = _export._in_final_form(program, table())
+      final = _decompose.in_final_form(program, table())
       seen.append(final)
       if final:
         with warnings.catch_warnings():

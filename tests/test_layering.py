@@ -80,6 +80,8 @@ def test_every_layer_states_its_rule_and_the_rules_point_down():
   rules = layers()
   assert set(rules) >= {
     "_wrappers",
+    "_runners",
+    "_capture",
     "_state",
     "_call",
     "_native",
@@ -105,10 +107,12 @@ def test_every_layer_states_its_rule_and_the_rules_point_down():
 
   for layer in rules:
     visit(layer, [])
-  # The ground: framework internals import nothing; tb.translate shares only
-  # the variables with the bridge and never imports the call path.
+  # The ground: framework internals import nothing; the translation is pure
+  # ATen -> TF (no module, no runner, no call path).
   assert rules["_frameworks"] == set()
   assert not rules["_translate"] & {
+    "_runners",
+    "_capture",
     "_call",
     "_state",
     "_wrappers",
@@ -117,6 +121,11 @@ def test_every_layer_states_its_rule_and_the_rules_point_down():
     "_runtime",
   }
   assert "_state" not in rules["_call"] and "_wrappers" not in rules["_call"]
+  # The floors of a graph call, top down: choosing a runner, capturing,
+  # the module's state; the state knows no runner and no capture.
+  assert {"_capture", "_state"} <= rules["_runners"]
+  assert "_state" in rules["_capture"] and "_runners" not in rules["_capture"]
+  assert not rules["_state"] & {"_runners", "_capture", "_translate"}
 
 
 def test_every_import_in_the_package_follows_the_rules():
@@ -129,6 +138,57 @@ def test_every_import_in_the_package_follows_the_rules():
       continue  # the public faces import any layer
     bad += violations(layer, path.read_text(), rules, str(path.relative_to(ROOT)))
   assert not bad, "imports against the layering rules:\n" + "\n".join(bad)
+
+
+def private_names_of_other_floors(layer, source, where):
+  """The private names (`_name`, not dunders) of another floor's modules that
+  `source` (a module of `layer`) uses: `from torchbridge._x._m import _f`,
+  or `_m._f` through an imported module of another floor."""
+  tree = ast.parse(source)
+  aliases, bad = {}, []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      parts = node.module.split(".")
+      if parts[0] != "torchbridge" or len(parts) < 2 or parts[1] == layer:
+        continue
+      for alias in node.names:
+        if len(parts) >= 3 and alias.name.startswith("_") and not alias.name.startswith("__"):
+          bad.append(f"{where}:{node.lineno} imports {node.module}.{alias.name}")
+        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+  for node in ast.walk(tree):
+    if (
+      isinstance(node, ast.Attribute)
+      and isinstance(node.value, ast.Name)
+      and node.value.id in aliases
+      and node.attr.startswith("_")
+      and not node.attr.startswith("__")
+    ):
+      bad.append(f"{where}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+  return bad
+
+
+def test_no_floor_uses_a_private_name_of_another():
+  bad = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    relative = path.relative_to(PACKAGE)
+    if len(relative.parts) == 1:
+      continue
+    bad += private_names_of_other_floors(
+      relative.parts[0], path.read_text(), str(path.relative_to(ROOT))
+    )
+  assert not bad, "private names used across floors:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+  "line, caught",
+  [
+    ("from torchbridge._state import _torch_state\n_torch_state._private(1)", True),
+    ("from torchbridge._state._torch_state import _helper", True),
+    ("from torchbridge._state import _torch_state\n_torch_state.TorchState", False),
+  ],
+)
+def test_the_private_name_check_catches_a_reach_across(line, caught):
+  assert bool(private_names_of_other_floors("_runners", line, "mutated.py")) == caught
 
 
 @pytest.mark.parametrize("framework", sorted(ALLOWED_FRAMEWORK_IMPORTS))
@@ -155,6 +215,10 @@ def test_keras_and_ray_stay_at_the_edges(framework):
     ("_runtime", "import torchbridge.keras", True),
     ("_crossing", "from torchbridge._runtime import _placement", False),
     ("_state", "from torchbridge import _call", False),
+    ("_state", "from torchbridge._capture import _guard", True),
+    ("_capture", "from torchbridge._runners import _record", True),
+    ("_translate", "from torchbridge._capture import _parity", True),
+    ("_runners", "from torchbridge._capture import _parity", False),
   ],
 )
 def test_the_check_catches_a_wrong_import(layer, line, forbidden):

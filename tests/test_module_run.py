@@ -17,8 +17,8 @@ import torch
 import tensorflow as tf
 
 import torchbridge as tb
-from torchbridge._runtime import _runners
-from torchbridge._state._guard import StaleCaptureError
+from torchbridge._runners import _record as _runners
+from torchbridge._capture._guard import StaleCaptureError
 from torchbridge._translate._aten import _table
 
 

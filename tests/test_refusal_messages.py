@@ -137,10 +137,30 @@ def test_a_refused_export_is_not_exported_again_for_the_torch_runner(run, monkey
 
 
 def test_a_record_keeps_torchs_error_only_while_its_reason_stands():
-  from torchbridge._runtime import _runners  # pylint: disable=import-outside-toplevel
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
 
-  _runners.record("kept", "torch", "torch.export refused", path="C++", detail="torch's error")
-  _runners.record("kept", "torch", "torch.export refused", path="C++")  # another signature
-  assert _runners.choices()["kept"]["detail"] == "torch's error"
-  _runners.record("kept", "tf", "")  # a later capture that holds: no stale detail
-  assert "detail" not in _runners.choices()["kept"]
+  class Owner:  # a module's state: the record's key
+    pass
+
+  owner = Owner()
+  _record.record(owner, "kept", "torch", "torch.export refused", path="C++", detail="torch's error")
+  _record.record(owner, "kept", "torch", "torch.export refused", path="C++")  # another signature
+  assert _record.choices()["kept"]["detail"] == "torch's error"
+  _record.record(owner, "kept", "tf", "")  # a later capture that holds: no stale detail
+  assert "detail" not in _record.choices()["kept"]
+
+
+def test_two_modules_of_one_name_keep_a_record_each():
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
+
+  class Owner:
+    pass
+
+  first, second = Owner(), Owner()
+  _record.record(first, "twin", "torch", "an op has no TF translation", path="C++")
+  _record.record(second, "twin", "tf", "")
+  choices = _record.choices()
+  assert choices["twin"]["runner"] == "tf"  # the latest recorded has the name
+  assert choices["twin #2"]["runner"] == "torch"
+  del second  # a module freed: its entry goes with it
+  assert _record.choices()["twin"]["runner"] == "torch"

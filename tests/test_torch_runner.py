@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import torchbridge as tb
 from torchbridge._native import _loader
-from torchbridge._runtime import _runners
+from torchbridge._runners import _record as _runners
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -69,7 +69,7 @@ def _cases():
 
 
 def _python_path(wrapper):
-  wrapper._state.torch_runner.enabled = False
+  wrapper._runners.torch_runner.enabled = False
   return wrapper
 
 
@@ -83,7 +83,7 @@ def _pair(make, name="m", **kwargs):
 
 
 def _programs(wrapper):
-  return [entry[0].program for entry in wrapper._state.torch_runner._captures.values()]
+  return [entry[0].loaded for entry in wrapper._runners.torch_runner.captures.entries.values()]
 
 
 def _loss_and_grads(module, inputs):
@@ -338,7 +338,7 @@ def test_non_tensor_arguments_are_part_of_the_key():
   base = m.torch_module.lin(torch.ones(2, 3)).detach().numpy()
   np.testing.assert_allclose(y2.numpy(), 2 * base, rtol=1e-6)
   np.testing.assert_allclose(y3.numpy(), 3 * base, rtol=1e-6)
-  assert len(m._state.torch_runner._captures) == 2
+  assert len(m._runners.torch_runner.captures) == 2
 
 
 class _Exploring(torch.nn.Module):
@@ -567,7 +567,8 @@ def test_a_tied_weight_gets_the_sum_of_its_gradients():
 @native_cpp
 def test_a_check_that_torch_refuses_takes_the_python_path_naming_torchs_words(caplog):
   # A loss whose target must lie in [0, 1]: the check's random inputs make
-  # torch raise inside the C++ runner; the reason is torch's message.
+  # torch raise (in its reference run, before the C++ runner's); the reason
+  # is torch's message, without its C++ stack.
   module = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Sigmoid())
   loss = torch.nn.BCELoss()
 
@@ -586,8 +587,8 @@ def test_a_check_that_torch_refuses_takes_the_python_path_naming_torchs_words(ca
   said = [r.getMessage() for r in caplog.records if "bce" in r.getMessage()]
   assert (
     len(said) == 1
-    and "the capture's check raised in torch: all elements of target should be between 0 and 1"
-    in said[0]
+    and "the forward raised on random inputs: RuntimeError: all elements of target should "
+    "be between 0 and 1" in said[0]
   ), said
   assert "Exception raised from" not in said[0] and "function_node" not in said[0]
   assert _path("bce") == "Python"
@@ -694,7 +695,7 @@ def test_torchscript_is_a_deprecated_alias_of_the_torch_runner():
     DeprecationWarning, match=r'torchscript=True\) is deprecated and means run="torch"'
   ):
     m = tb.TorchModule(_mlp(), torchscript=True)
-  assert m._run == "torch" and m._state.runner is None
+  assert m._run == "torch" and m._runners.tf_runner is None
   with pytest.warns(DeprecationWarning):
     layer = tb.keras.TorchLayer(_mlp(), torchscript=True, name="mlp")
   config = layer.get_config()

@@ -1,4 +1,4 @@
-"""The stale-state watch (`_state._watch.Snapshot`): every kind of change it
+"""The stale-state watch (`_capture._watch.Snapshot`): every kind of change it
 documents is seen by its check in C (`_unchanged`) and named by
 `first_change`, and nothing else is."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from torchbridge._state import _watch
+from torchbridge._capture import _watch
 
 
 class Net(torch.nn.Module):

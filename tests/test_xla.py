@@ -122,7 +122,7 @@ def test_torch_module_run_torch_trains_under_xla():
   calls = _xla.calls()
   y, grads = step(tf.constant(x_np))
   assert _xla.calls() == calls + 2
-  from torchbridge._runtime import _runners
+  from torchbridge._runners import _record as _runners
 
   # The C++ torch runner (its record found by an id under XLA), where it can.
   assert _runners.choices()["xla_actor"].get("path") == "C++"
@@ -225,7 +225,7 @@ def test_a_module_traced_with_an_unknown_batch_runs_every_batch_under_xla(path, 
     for variable, grad_tf in zip(module.trainable_variables, grads_tf[1:]):
       _close(grad_tf, by_name[_torch_name(variable)].grad, 1e-5)
   assert step.experimental_get_tracing_count() == 1
-  from torchbridge._runtime import _runners
+  from torchbridge._runners import _record as _runners
 
   assert _runners.choices()[name]["path"] == path
 
@@ -428,7 +428,7 @@ def test_keras_layer_run_torch_fits_under_xla_as_without(path, monkeypatch):
   for epoch_plain, epoch_xla in zip(*weights):
     for w_plain, w_xla in zip(epoch_plain, epoch_xla):
       np.testing.assert_allclose(w_plain, w_xla, rtol=1e-5, atol=1e-6)
-  from torchbridge._runtime import _runners
+  from torchbridge._runners import _record as _runners
 
   assert _runners.choices()[layer.name]["path"] == path
 
@@ -515,7 +515,7 @@ def test_threads_running_one_compiled_step_lose_no_buffer_write():
       return self.linear(x)
 
   module = tb.TorchModule(SlowCounter(), name="slow_counter", run="torch")
-  module._state.torch_runner.enabled = False  # the forward's Python each call
+  module._runners.torch_runner.enabled = False  # the forward's Python each call
   step = tf.function(lambda x: module(x, training=True), jit_compile=True)
   x = tf.ones([3, 2], tf.float64)
   step(x)

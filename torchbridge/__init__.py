@@ -20,11 +20,11 @@ from torchbridge._runtime._timeline import timeline
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # at run time, imported on first use (see __getattr__)
-  from torchbridge._translate._translated import ParityError
+  from torchbridge._translate._errors import ParityError
+  from torchbridge._translate._errors import UntranslatedOpsError
   from torchbridge._translate._translated import Translated
-  from torchbridge._translate._translated import UntranslatedOpsError
   from torchbridge._translate._translated import translate
-  from torchbridge._state._guard import StaleCaptureError
+  from torchbridge._capture._guard import StaleCaptureError
 
 __all__ = [
   "ParityError",
@@ -55,8 +55,10 @@ def __getattr__(name: str) -> Any:
 
   if name in ("keras", "ray"):
     return importlib.import_module(f"torchbridge.{name}")
+  if name in ("ParityError", "UntranslatedOpsError"):
+    return getattr(importlib.import_module("torchbridge._translate._errors"), name)
   if name in _TRANSLATE_NAMES:
     return getattr(importlib.import_module("torchbridge._translate._translated"), name)
   if name == "StaleCaptureError":  # raised by a graph call whose capture went stale
-    return importlib.import_module("torchbridge._state._guard").StaleCaptureError
+    return importlib.import_module("torchbridge._capture._guard").StaleCaptureError
   raise AttributeError(f"module 'torchbridge' has no attribute {name!r}")

@@ -58,8 +58,7 @@ class WrapperFactory:
 def _python_path(wrapper):
   """`wrapper` with the C++ torch runner turned off: graph calls run the
   forward's Python (what TORCHBRIDGE_TORCH_RUNNER=python does process-wide)."""
-  state = getattr(wrapper, "_state", None) or wrapper._torch_state  # pylint: disable=protected-access
-  state.torch_runner.enabled = False
+  wrapper._runners.torch_runner.enabled = False  # pylint: disable=protected-access
   return wrapper
 
 

@@ -545,7 +545,7 @@ def test_torch_module_outlives_its_wrapper_collected_in_a_graph(factory):
 def test_graph_calls_take_the_runner_the_factory_names(factory, training):
   # So that every case above ran where its factory says: the TF runner
   # (default), the C++ torch runner, or the torch runner's Python path.
-  from torchbridge._runtime import _runners  # pylint: disable=import-outside-toplevel
+  from torchbridge._runners import _record as _runners  # pylint: disable=import-outside-toplevel
 
   wrapper, _ = wrapped(factory)
   tf.function(lambda x: wrapper(x, training=training))(tf.constant(data(4)))

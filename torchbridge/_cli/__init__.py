@@ -3,5 +3,5 @@
 Knows everything below, read-only (what `info` reports); builds through
 `_native`.
 
-May import: _native, _crossing, _runtime, _frameworks.
+May import: _runners, _native, _crossing, _runtime, _frameworks.
 """

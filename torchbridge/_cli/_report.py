@@ -34,7 +34,7 @@ from torchbridge._native import _loader
 from torchbridge._native import _build
 from torchbridge._native import _compiler
 from torchbridge._native import _exported
-from torchbridge._runtime import _runners
+from torchbridge._runners import _record
 from torchbridge._runtime import _torch_thread
 
 
@@ -59,7 +59,7 @@ def report(load_native: bool = True) -> dict[str, dict[str, Any]]:
 def _runners_report() -> dict[str, Any]:
   """Which runner each module's graph calls took in this process (empty
   in the command line's own process: call `report()` from the program)."""
-  choices = _runners.choices()
+  choices = _record.choices()
   return {
     "default": 'run="auto": the exact TF translation where it holds, else torch',
     "capture": "torch.export, once per signature, checked against torch",
@@ -226,7 +226,7 @@ def _import_order() -> dict[str, Any]:
     state = "not needed: triton is not installed"
   elif preload_off:
     state = f"off ({_load_order.PRELOAD_ENV}=0)"
-  elif "triton" in _load_order._loaded:  # pylint: disable=protected-access
+  elif _load_order.preloaded_triton():
     state = "active: triton's library was loaded before TensorFlow's"
   else:
     state = "not needed: triton's library was already loaded"

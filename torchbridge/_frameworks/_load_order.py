@@ -77,6 +77,11 @@ def triton_library_path() -> str | None:
   return None
 
 
+def preloaded_triton() -> bool:
+  """Whether `load_before_tensorflow` loaded triton's library itself."""
+  return "triton" in _loaded
+
+
 def _is_loaded(path: str) -> bool:
   """Whether the library at `path` is already mapped into this process."""
   try:

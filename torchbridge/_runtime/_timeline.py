@@ -40,15 +40,25 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
-from torchbridge._runtime import _runners
 
 ENV = "TORCHBRIDGE_TIMELINE"
+
+# Which runner each module took (`_runners/_record.py` hands its report over
+# when imported: graph calls import it before any runs).
+_runners_report: Callable[[], dict[str, dict[str, Any]]] = dict
+
+
+def report_runners(report: Callable[[], dict[str, dict[str, Any]]]) -> None:
+  """Sets what a timeline's `runners` holds: `report()` when it stops."""
+  global _runners_report
+  _runners_report = report
+
 
 # The Python side's phases.
 CALL = "torchbridge/python call"
@@ -266,7 +276,7 @@ def timeline(annotate: bool = True) -> Iterator[Timeline]:
       if _library is not None:
         _library.torchbridge_timeline_set(0)
         _drain_kernel(_library, recording)
-      recording.runners = _runners.choices()
+      recording.runners = _runners_report()
       _recording = None
       _mode = outer_mode
       on = _mode is not None

@@ -2,8 +2,9 @@
 
 Knows one module: its variables, the views that hold its weights once, the
 tensor slots swapped in for a call, the buffers a forward writes, its
-train/eval mode and checks. Calls through `_call`; never imports Keras or
-Ray.
+train/eval mode and checks, and its calls through the bridge (the Python
+path, through `_call`). Which runner a call takes is `_runners`'. Never
+imports Keras or Ray.
 
-May import: _call, _native, _crossing, _runtime, _translate, _frameworks.
+May import: _call, _native, _crossing, _runtime, _frameworks.
 """

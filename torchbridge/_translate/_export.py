@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import collections
-import functools
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,51 +14,9 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 from torch.fx.experimental import symbolic_shapes
 import tensorflow as tf
 
-from torchbridge._frameworks import _compat
+from torchbridge._translate import _decompose
 from torchbridge._translate import _export_errors
-
-# Ops TF has whole: kept instead of decomposed into many small ATen ops.
-_KEEP_WHOLE = (
-  "linear.default",
-  "convolution.default",
-  "layer_norm.default",
-  "native_layer_norm.default",
-  "embedding.default",
-  "gelu.default",
-  "_native_batch_norm_legit_no_training.default",
-  "lstm.input",
-  "gru.input",
-  "rnn_tanh.input",
-  "rnn_relu.input",
-  "_softmax.default",
-  "_log_softmax.default",
-  "addmm.default",
-  "silu.default",
-  "hardtanh.default",
-  "hardswish.default",
-  "hardsigmoid.default",
-  "leaky_relu.default",
-  "elu.default",
-  "softplus.default",
-  "native_group_norm.default",
-  "max_pool2d_with_indices.default",
-  "avg_pool2d.default",
-  "_adaptive_avg_pool2d.default",
-  "adaptive_max_pool2d.default",
-  "max_pool3d_with_indices.default",
-  "avg_pool3d.default",
-  "_adaptive_avg_pool3d.default",
-  "clamp.default",
-  "tril.default",
-  "triu.default",
-  "cumsum.default",
-  "var.correction",
-  # Also a workaround: torch 2.13's decomposition of it makes a view of
-  # the wrong strides when the batch size is dynamic (GPT-2 fails).
-  "scaled_dot_product_attention.default",
-)
-
-_KEEP_WHOLE_OPS = frozenset(f"aten.{name}" for name in _KEEP_WHOLE)
+from torchbridge._translate import _refusal
 
 # `mutations`: the buffers a training-mode forward writes, one per leading
 # output of the graph (their new values); `structure` indexes the outputs
@@ -70,77 +28,6 @@ Program = collections.namedtuple(
 )
 
 
-def check_signature(input_signature: Any) -> list[tf.TensorSpec]:
-  """The specs as a list of `tf.TensorSpec`, or a precise error."""
-  if isinstance(input_signature, tf.TensorSpec):
-    input_signature = [input_signature]
-  if not isinstance(input_signature, (list, tuple)) or not all(
-    isinstance(s, tf.TensorSpec) for s in input_signature
-  ):
-    raise TypeError(
-      "translate(input_signature): expected a list of tf.TensorSpec, one "
-      f"per positional input of the forward; got {input_signature!r}. "
-      "Example: input_signature=[tf.TensorSpec([None, 3], tf.float32)]."
-    )
-  for k, spec in enumerate(input_signature):
-    if spec.shape.rank is None:
-      raise ValueError(
-        f"translate(input_signature): spec {k} ({spec}) has an unknown "
-        "rank; give every dimension, with None for a dynamic size, e.g. "
-        "tf.TensorSpec([None, 3], tf.float32)."
-      )
-  return list(input_signature)
-
-
-def example_inputs(
-  specs: Sequence[tf.TensorSpec], given: Sequence[Any] | None
-) -> list[torch.Tensor]:
-  """torch tensors for export and the parity check: `given`, or random
-  values with 2 for dynamic batch sizes and 3 for other dynamic sizes."""
-  if given is not None:
-    if len(given) != len(specs):
-      raise ValueError(
-        f"translate(example_inputs): expected {len(specs)} inputs, one per "
-        f"spec of input_signature, got {len(given)}."
-      )
-    tensors = []
-    for k, (value, spec) in enumerate(zip(given, specs)):
-      array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-      if not spec.shape.is_compatible_with(array.shape):
-        raise ValueError(
-          f"translate(example_inputs): input {k} has shape "
-          f"{list(array.shape)}, which does not fit input_signature "
-          f"{spec.shape}."
-        )
-      tensors.append(torch.from_numpy(array.astype(spec.dtype.as_numpy_dtype)))
-    return tensors
-  return random_inputs(specs)
-
-
-def random_inputs(
-  specs: Sequence[tf.TensorSpec], size: int = 0, seed: int = 0
-) -> list[torch.Tensor]:
-  """Random torch tensors of `specs` (normal floats, integers 0 and 1,
-  random booleans); an unknown dimension has 2 elements (the first) or 3,
-  one more each with size=1 (a second size to check a capture at)."""
-  rng = np.random.default_rng(seed + size)
-  tensors = []
-  for spec in specs:
-    shape = [
-      (2 + size if a == 0 else 3 + size) if d is None else d
-      for a, d in enumerate(spec.shape.as_list())
-    ]
-    dtype = spec.dtype.as_numpy_dtype
-    if spec.dtype.is_floating:
-      array = rng.standard_normal(shape).astype(dtype)
-    elif spec.dtype == tf.bool:
-      array = rng.integers(0, 2, shape).astype(bool)
-    else:
-      array = rng.integers(0, 2, shape).astype(dtype)
-    tensors.append(torch.from_numpy(array))
-  return tensors
-
-
 def export(
   torch_module: torch.nn.Module,
   specs: Sequence[tf.TensorSpec],
@@ -150,111 +37,122 @@ def export(
   varargs: bool = False,
   decompose: bool = True,
 ) -> Program:
-  """`torch.export` of the module, decomposed; returns a `Program`.
+  """`torch.export` of the module, lowered (`lower`); returns a `Program`."""
+  program_torch = export_program(torch_module, specs, examples_torch, name, varargs)
+  return lower(program_torch, specs, name, allow_writes, decompose)
 
-  `allow_writes`: a forward that writes buffers (BatchNorm in training
-  mode) is exported with their new values as outputs (`Program.mutations`)
-  instead of refused. `varargs`: the forward takes `*inputs`.
-  `decompose=False`: torch's own ops, functionalized, not decomposed into
-  those TF translates (what the C++ torch runner runs)."""
+
+def export_program(
+  torch_module: torch.nn.Module,
+  specs: Sequence[tf.TensorSpec],
+  examples_torch: Sequence[torch.Tensor],
+  name: str,
+  varargs: bool = False,
+) -> torch.export.ExportedProgram:
+  """`torch.export.export` of the module at `specs` (a dynamic size for
+  every None), torch's own ops; `varargs`: the forward takes `*inputs`.
+  It holds the module's tensors (`state_dict`): keep it no longer than
+  the capture that lowers it.
+
+  Raises:
+    ExportError: torch.export refused, in one sentence (`summary`).
+  """
   dynamic = tuple(
     {a: _dynamic_dim(k, a) for a, d in enumerate(spec.shape.as_list()) if d is None} or None
     for k, spec in enumerate(specs)
   )
-  try:
-    with warnings.catch_warnings(), _export_errors.stderr_kept() as printed:
-      # nn.LSTM / nn.GRU keep their weights in a plain list; torch warns
-      # that it was assigned during export, which changes nothing here.
-      warnings.filterwarnings(
-        "ignore", "The tensor attributes .* were assigned during export", UserWarning
-      )
-      # torch.export's own pytree code (torch 2.13) trips its deprecation.
-      warnings.filterwarnings(
-        "ignore",
-        r"`isinstance\(treespec, LeafSpec\)` "
-        "is deprecated",
-        FutureWarning,
-      )
-      shapes: Any = dynamic
-      if varargs:
-        shapes = (dynamic,) if any(d is not None for d in dynamic) else None
-      in_export = True
-      program = torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
-      in_export = False
-      program = _decomposed(program, _decompositions() if decompose else {})
-  except Exception as err:  # torch.export's errors are many and unrelated
-    said = _export_errors.summary(err)
-    raise _export_errors.ExportError(
-      f"translate({name!r}): torch.export could not export the module with "
-      f"input_signature {specs}: {said}. Fixed sizes in place of None, or "
-      "example_inputs closer to real data, may help; else keep calling the "
-      "module through the bridge. (torch's whole error is this one's cause.)",
-      said,
-      _export_errors.detail(err, "".join(printed)),
-      in_export,
-    ) from err
+  shapes: Any = dynamic
+  if varargs:
+    shapes = (dynamic,) if any(d is not None for d in dynamic) else None
+  with _quiet() as printed:
+    try:
+      return torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
+    except Exception as err:  # torch.export's errors are many and unrelated
+      raise _export_error(err, specs, name, "".join(printed), in_export=True) from err
+
+
+def lower(
+  program_torch: torch.export.ExportedProgram,
+  specs: Sequence[tf.TensorSpec],
+  name: str,
+  allow_writes: bool = False,
+  decompose: bool = True,
+  prefix: str = "",
+) -> Program:
+  """The exported program as a `Program`: decomposed to the ops `_table`
+  translates, or (`decompose=False`) torch's own ops functionalized (what
+  the C++ torch runner runs). `program_torch` is left as it was.
+
+  `allow_writes`: a forward that writes buffers (BatchNorm in training
+  mode) is lowered with their new values as outputs (`Program.mutations`)
+  instead of refused. `prefix`: where the exported module called the
+  user's as a submodule (`module.`), taken off the state's names, so a
+  `Program` names the user's tensors as its `state_dict` does."""
+  with _quiet() as printed:
+    try:
+      program = _decompose.decomposed(program_torch, _decompose.table() if decompose else {})
+    except Exception as err:  # torch's decompositions, on the user's graph
+      raise _export_error(err, specs, name, "".join(printed), in_export=False) from err
   _check_dynamic_dims(program, specs, name)
-  return _program(program, name, allow_writes)
+  return _program(program, name, allow_writes, prefix)
+
+
+def state_reads(program: Program, state_names: Mapping[str, str]) -> dict[str, str]:
+  """`{placeholder: canonical name}` of the module tensors the program
+  reads (`state_names`: state_dict name -> canonical name).
+
+  Raises:
+    Refusal: the forward reads a tensor that is not a parameter or buffer.
+  """
+  reads = {}
+  for placeholder, target in program.state_inputs.items():
+    if target not in state_names:
+      raise _refusal.Refusal(
+        "export",
+        f"the forward reads the tensor {target!r}, which is not a parameter or buffer of "
+        "the module: register it with nn.Parameter or register_buffer",
+      )
+    reads[placeholder] = state_names[target]
+  return reads
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[list[str]]:
+  """torch.export's known warnings off; what it prints to stderr kept."""
+  with warnings.catch_warnings(), _export_errors.stderr_kept() as printed:
+    # nn.LSTM / nn.GRU keep their weights in a plain list; torch warns
+    # that it was assigned during export, which changes nothing here.
+    warnings.filterwarnings(
+      "ignore", "The tensor attributes .* were assigned during export", UserWarning
+    )
+    # torch.export's own pytree code (torch 2.13) trips its deprecation.
+    warnings.filterwarnings(
+      "ignore",
+      r"`isinstance\(treespec, LeafSpec\)` "
+      "is deprecated",
+      FutureWarning,
+    )
+    yield printed
+
+
+def _export_error(
+  err: Exception, specs: Sequence[tf.TensorSpec], name: str, printed: str, in_export: bool
+) -> _export_errors.ExportError:
+  said = _export_errors.summary(err)
+  return _export_errors.ExportError(
+    f"translate({name!r}): torch.export could not export the module with "
+    f"input_signature {specs}: {said}. Fixed sizes in place of None, or "
+    "example_inputs closer to real data, may help; else keep calling the "
+    "module through the bridge. (torch's whole error is this one's cause.)",
+    said,
+    _export_errors.detail(err, printed),
+    in_export,
+  )
 
 
 def _dynamic_dim(k: int, axis: int) -> Any:
   auto = getattr(torch.export.Dim, "AUTO", None)
   return auto if auto is not None else torch.export.Dim(f"input{k}_dim{axis}")
-
-
-def _decompositions() -> dict[Any, Any]:
-  return dict(_decomposition_table())
-
-
-@functools.cache
-def _decomposition_table() -> dict[Any, Any]:
-  # Built once a process (~0.08 s); callers get a copy.
-  table = torch.export.default_decompositions()
-  return {op: fn for op, fn in table.items() if str(op) not in _KEEP_WHOLE_OPS}
-
-
-def _decomposed(
-  program: torch.export.ExportedProgram, table: dict[Any, Any]
-) -> torch.export.ExportedProgram:
-  """`program.run_decompositions(table)`, or `program` itself where that
-  would leave its graph as it is: `run_decompositions` costs ~0.4 s a call
-  however small the graph (it overrides every CompositeImplicitAutograd op
-  torch has), most of a capture of a small MLP."""
-  if _in_final_form(program, table):
-    return program
-  return program.run_decompositions(table)
-
-
-def _in_final_form(program: torch.export.ExportedProgram, table: dict[Any, Any]) -> bool:
-  """True where `run_decompositions(table)` has nothing to do: no
-  mutation in the signature, and every node an ATen op of one result that
-  is functional (no mutation, no alias of an input: nothing to
-  functionalize), not in `table` and not one torch decomposes anyway
-  (nothing to decompose). tests/test_export_decompose.py checks it against
-  `run_decompositions` on torch's module_db."""
-  signature = program.graph_signature
-  if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
-    return False
-  for node in program.graph.nodes:
-    if node.op != "call_function":
-      continue
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or op in table:
-      return False
-    schema = op._schema
-    if schema.is_mutable or len(schema.returns) != 1:
-      return False  # (of several results, run_decompositions takes each)
-    if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
-      return False
-    if _compat.op_has_python_kernel(op):
-      return False
-    # A composite op stays whole only if the translation keeps it and
-    # torch preserves it (it decomposes some whatever the table says).
-    if _compat.op_is_composite(op) and (
-      str(op) not in _KEEP_WHOLE_OPS or not _compat.export_preserves_composite(op)
-    ):
-      return False
-  return True
 
 
 def _check_dynamic_dims(
@@ -283,15 +181,18 @@ def _check_dynamic_dims(
 
 
 def _program(
-  program: torch.export.ExportedProgram, name: str, allow_writes: bool = False
+  program: torch.export.ExportedProgram, name: str, allow_writes: bool, prefix: str
 ) -> Program:
+  def own(target: str) -> str:
+    return target[len(prefix) :] if prefix and target.startswith(prefix) else target
+
   signature = program.graph_signature
   kinds = torch.export.graph_signature.InputKind
   state_inputs: dict[str, str] = {}
   constants: dict[str, np.ndarray] = {}
   for spec in signature.input_specs:
     if spec.kind in (kinds.PARAMETER, kinds.BUFFER):
-      state_inputs[spec.arg.name] = spec.target
+      state_inputs[spec.arg.name] = own(spec.target)
     elif spec.kind == kinds.CONSTANT_TENSOR:
       constants[spec.arg.name] = program.constants[spec.target].detach().cpu().numpy()
     elif spec.kind != kinds.USER_INPUT:
@@ -307,7 +208,7 @@ def _program(
       "computes outputs only: keep calling the module through the bridge."
     )
   out_kinds = torch.export.graph_signature.OutputKind
-  mutations = [s.target for s in signature.output_specs if s.kind == out_kinds.BUFFER_MUTATION]
+  mutations = [own(s.target) for s in signature.output_specs if s.kind == out_kinds.BUFFER_MUTATION]
   count = len(signature.output_specs) - len(mutations)
   structure = program.call_spec.out_spec.unflatten(list(range(count)))
   return Program(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from torchbridge._translate import _refusal
 from torchbridge._translate._aten import _table
 from torchbridge._translate import _channels_last
 
@@ -22,6 +23,7 @@ from torchbridge._translate._aten import _conv  # noqa: F401  pylint: disable=un
 from torchbridge._translate._aten import _nn  # noqa: F401  pylint: disable=unused-import
 from torchbridge._translate._aten import _rnn  # noqa: F401  pylint: disable=unused-import
 from torchbridge._translate._aten import _shape  # noqa: F401  pylint: disable=unused-import
+from torchbridge._translate._aten import _index  # noqa: F401  pylint: disable=unused-import
 from torchbridge._translate._aten import _elementwise  # noqa: F401  pylint: disable=unused-import
 
 if TYPE_CHECKING:
@@ -104,10 +106,12 @@ def _call(node: torch.fx.Node, env: Mapping[torch.fx.Node, Any], **extra: Any) -
   where = f"{_table.op_key(node.target)} (node {node.name!r})"
   try:
     result = fn(out, *args, **kwargs)
-  except _table.Refused as err:  # a limit of the translation: say where
-    raise _table.Refused(f"{where}: {err}") from err
+  except _refusal.Refusal as err:  # a limit of the translation: say where
+    raise _refusal.Refusal(err.what, f"{where}: {err.reason}") from err
   except Exception as err:  # a bug: not to be mistaken for a missing op
-    raise _table.Failed(f"{where}: its translation raised {type(err).__name__}: {err}") from err
+    raise _refusal.Refusal(
+      "translation", f"{where}: its translation raised {type(err).__name__}: {err}"
+    ) from err
   return _with_recorded_dtype(result, out)
 
 

@@ -2,106 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 
-from torchbridge._translate._aten import _table
-from torchbridge._translate import _fx_to_tf
+from torchbridge._translate import _errors
 from torchbridge._translate import _export
-
-_UNTRANSLATED = """\
-translate({name!r}): {count} op(s) of this model have no TensorFlow
-translation:
-{ops}
-The way out: keep calling the module through the bridge
-(`tb.TorchModule` / `tb.keras.TorchLayer`), which runs any torch code but
-needs torch and Python at run time; or change the model to use ops with a
-translation (the README lists them)."""
-
-_MISMATCH = """\
-translate({name!r}): the TF graph does not compute what torch computes on
-the example input (largest |tf - torch| per output, with the tolerance
-atol + rtol * |torch|):
-{rows}
-This is a bug in the translation of one of the model's ops: please report
-it with the model. Until then, keep calling the module through the bridge,
-or pass looser rtol/atol if the difference is expected (e.g. float16)."""
-
-_DEFAULT_TOLERANCES = {
-  tf.float64: (1e-10, 1e-10),
-  tf.float32: (1e-5, 1e-6),
-  tf.float16: (1e-2, 1e-3),
-  tf.bfloat16: (2e-2, 1e-2),
-}
-
-
-_FAILED = """\
-translate({name!r}): the translation of an op raised on this model:
-  {error}
-This is a bug of torchbridge's translation, not a missing op: please report
-it with the model. Until then, keep calling the module through the bridge
-(`tb.TorchModule` / `tb.keras.TorchLayer`)."""
-
-
-class UntranslatedOpsError(NotImplementedError):
-  """Some ops of a model have no TF translation (all are listed).
-
-  Raised by `translate`, and by a graph call of a
-  `TorchModule(..., run="tf")` whose forward has such an op (there the
-  message names the ops, and `ops` is absent). A `NotImplementedError`.
-
-  Args:
-    message: the error message, naming every op and the way out.
-    ops: `{op: reason}`, kept as the `ops` attribute.
-
-  Attributes:
-    ops (dict[str, str]): maps each op (`aten.<name>.<overload>`, with the
-      node where it was met when known) to the reason.
-
-  Examples:
-    >>> import torch, tensorflow as tf, torchbridge as tb
-    >>> class Spectrum(torch.nn.Module):
-    ...   def __init__(self):
-    ...     super().__init__()
-    ...     self.scale = torch.nn.Parameter(torch.ones(4))
-    ...   def forward(self, x):
-    ...     return torch.fft.fft(x * self.scale).real
-    >>> try:
-    ...   tb.translate(tb.TorchModule(Spectrum()), [tf.TensorSpec([2, 4])])
-    ... except tb.UntranslatedOpsError as err:
-    ...   print(sorted(err.ops)[0].split(" ")[0])
-    aten._fft_r2c.default
-  """
-
-  def __init__(self, message: str, ops: Mapping[str, Any] | None = None) -> None:
-    super().__init__(message)
-    self.ops = dict(ops or {})
-
-
-class ParityError(ValueError):
-  """The translated graph's outputs differ from torch's beyond tolerance.
-
-  Raised by `translate`, whose message names each output and its largest
-  difference; `rtol=` and `atol=` set the tolerance; and by a graph call
-  of a `TorchModule(..., run="tf")` whose translation fails its check.
-  A `ValueError`, so `except ValueError` catches it too.
-
-  Examples:
-    >>> import torch, tensorflow as tf, torchbridge as tb
-    >>> issubclass(tb.ParityError, ValueError)
-    True
-    >>> try:
-    ...   raise tb.ParityError("output 0 differs by 0.5")
-    ... except ValueError as err:
-    ...   print(type(err).__name__, err)
-    ParityError output 0 differs by 0.5
-  """
-
-  __init__ = Exception.__init__  # re-raised as itself by AutoGraph
+from torchbridge._translate import _fx_to_tf
+from torchbridge._translate import _inputs
+from torchbridge._translate import _refusal
+from torchbridge._translate import _tolerance
 
 
 class Translated(tf.Module):
@@ -291,22 +203,28 @@ def translate(
     True
   """
   state, module_name = _torch_state_of(module)
-  specs = _export.check_signature(input_signature)
+  specs = _inputs.check_signature(input_signature)
   torch_module = module.torch_module
   modes = {m: m.training for m in torch_module.modules()}
   torch_module.eval()
   try:
-    examples_torch = _export.example_inputs(specs, example_inputs)
+    examples_torch = _inputs.example_inputs(specs, example_inputs)
     program = _export.export(torch_module, specs, examples_torch, module_name)
     missing = _fx_to_tf.untranslated(program.graph)
     if missing:
       ops = "\n".join(f"  {op}: {why}" for op, why in sorted(missing.items()))
-      raise UntranslatedOpsError(
-        _UNTRANSLATED.format(name=module_name, count=len(missing), ops=ops), missing
+      raise _errors.UntranslatedOpsError(
+        _errors.UNTRANSLATED.format(name=module_name, count=len(missing), ops=ops), missing
       )
-    variables = {
-      target: _variable(state, target, module_name) for target in program.state_inputs.values()
-    }
+    try:
+      reads = _export.state_reads(program, state.state_names)
+    except _refusal.Refusal as err:
+      raise ValueError(
+        f"translate({module_name!r}): {err.reason}: translation needs every tensor the "
+        "forward reads registered."
+      ) from None
+    plain = state.plain_variables()
+    variables = {program.state_inputs[p]: plain[name] for p, name in reads.items()}
     served = Translated(program, variables, specs, name or f"{module_name}_translated", jit_compile)
     with torch.no_grad():
       expected_torch = torch_module(*examples_torch)
@@ -315,13 +233,13 @@ def translate(
       m.train(training)
   try:
     result_tf = served(*[tf.constant(e.numpy()) for e in examples_torch])
-  except _table.Refused as err:  # "<op> (node ...): <reason>"
-    op, _, why = str(err).partition(": ")
-    raise UntranslatedOpsError(
-      _UNTRANSLATED.format(name=module_name, count=1, ops=f"  {err}"), {op: why}
+  except _refusal.Refusal as err:  # "<op> (node ...): <reason>"
+    if err.what != "op":
+      raise RuntimeError(_errors.FAILED.format(name=module_name, error=err)) from err
+    op, _, why = err.reason.partition(": ")
+    raise _errors.UntranslatedOpsError(
+      _errors.UNTRANSLATED.format(name=module_name, count=1, ops=f"  {err}"), {op: why}
     ) from err
-  except _table.Failed as err:
-    raise RuntimeError(_FAILED.format(name=module_name, error=err)) from err
   served.parity = _check_parity(
     program.structure, result_tf, expected_torch, rtol, atol, module_name
   )
@@ -339,21 +257,6 @@ def _torch_state_of(module: Any) -> tuple[Any, str]:
   return state, module.name
 
 
-def _variable(state: Any, target: str, module_name: str) -> tf.Variable:
-  canonical = state.state_names.get(target, target)
-  try:
-    variable = state.variables[canonical]
-  except KeyError:
-    raise ValueError(
-      f"translate({module_name!r}): torch.export reads the tensor "
-      f"{target!r}, which is not a parameter or buffer of the module "
-      f"({sorted(state.variables)}); translation needs every tensor the "
-      "forward reads registered with nn.Parameter or register_buffer."
-    ) from None
-  # keras.Variable (TorchLayer) holds a tf.Variable: bind that one.
-  return variable if isinstance(variable, tf.Variable) else variable.value
-
-
 def _check_parity(
   structure: Any,
   result_tf: Any,
@@ -367,23 +270,21 @@ def _check_parity(
   flat_torch = _export.flatten_like(structure, expected_torch)
   rows, parity, failed = [], [], False
   for i in range(len(flat_tf)):
-    got = flat_tf[i].numpy().astype(np.float64)
-    want = flat_torch[i].detach().to(torch.float64).numpy()
-    default_rtol, default_atol = _DEFAULT_TOLERANCES.get(flat_tf[i].dtype, (0.0, 0.0))
-    r = default_rtol if rtol is None else rtol
-    a = default_atol if atol is None else atol
-    ok = got.shape == want.shape
-    diff = float(np.max(np.abs(got - want), initial=0.0)) if ok else np.inf
-    ok = ok and np.allclose(got, want, rtol=r, atol=a, equal_nan=True)
-    if ok:  # NaN where torch has NaN is a match
-      diff = float(np.nanmax(np.abs(got - want), initial=0.0))
-    failed |= not ok
-    parity.append(diff)
+    default = _tolerance.tolerance_of(flat_tf[i].dtype)
+    given = _tolerance.Tolerance(
+      default.rtol if rtol is None else rtol, default.atol if atol is None else atol
+    )
+    want = flat_torch[i].detach().cpu().numpy()
+    found = _tolerance.difference(
+      flat_tf[i].numpy(), want, flat_tf[i].dtype, given=given, scaled=False
+    )
+    failed |= not found.ok
+    parity.append(found.largest)
     rows.append(
-      f"  output {i}: {diff:.3g} (shape {list(want.shape)}, "
-      f"{flat_tf[i].dtype.name}, rtol={r}, atol={a})"
-      f"{'' if ok else '  <- over tolerance'}"
+      f"  output {i}: {found.largest:.3g} (shape {list(want.shape)}, "
+      f"{flat_tf[i].dtype.name}, rtol={given.rtol}, atol={given.atol})"
+      f"{'' if found.ok else '  <- over tolerance'}"
     )
   if failed:
-    raise ParityError(_MISMATCH.format(name=name, rows="\n".join(rows)))
+    raise _errors.ParityError(_errors.MISMATCH.format(name=name, rows="\n".join(rows)))
   return tuple(parity)

@@ -17,8 +17,8 @@ import tensorflow as tf
 from torchbridge._frameworks import _compat
 from torchbridge._native import _xla
 from torchbridge import _call
+from torchbridge import _runners
 from torchbridge._state import _module_checks
-from torchbridge._state import _runner
 from torchbridge._state import _torch_state
 
 _UNSAFE_LOAD = """\
@@ -124,7 +124,7 @@ class TorchLayer(keras.layers.Layer):
     name = kwargs.get("name") or "torch_layer"
     _module_checks.check_module(module, f"TorchLayer {name!r}")
     torchscript = _module_checks.check_torchscript(torchscript, "TorchLayer")
-    run = _runner.resolve_run(run, torchscript, "TorchLayer")
+    run = _runners.resolve_run(run, torchscript, "TorchLayer")
     if not any(True for _ in module.parameters()) and not any(True for _ in module.buffers()):
       raise ValueError(_NO_STATE.format(name=name, module_type=type(module).__name__))
     module_dtype = _module_checks.floating_dtype(module)
@@ -133,7 +133,8 @@ class TorchLayer(keras.layers.Layer):
     _check_dtype(self, module_dtype)
     self._run = run  # "torch": XLA only where its custom call can be had
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
-    self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight, run=run)
+    self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight)
+    self._runners = _runners.Runners(self._torch_state, run)
     # Tracked by torch name, in a trackable holder, so that
     # tf.train.Checkpoint and tf.saved_model find them through the layer's
     # attributes, as they find a Dense layer's kernel (Keras' own tracking,
@@ -192,7 +193,7 @@ class TorchLayer(keras.layers.Layer):
     Returns:
       The forward's result with TF tensors in place of torch tensors.
     """
-    return self._torch_state.call(args, kwargs, training, self._output_signature)
+    return self._runners.call(args, kwargs, training, self._output_signature)
 
   def get_weights_by_name(self) -> dict[str, np.ndarray]:
     """The weights as `{torch state_dict name: np.ndarray}`.

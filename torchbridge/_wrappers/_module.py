@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from torchbridge._frameworks import _compat
 from torchbridge import _call
+from torchbridge import _runners
 from torchbridge._state import _module_checks
-from torchbridge._state import _runner
 from torchbridge._state import _torch_state
 
 
@@ -127,19 +127,19 @@ class TorchModule(tf.Module):
     _module_checks.check_is_module(module, "TorchModule(module)")
     _call.check_output_signature(output_signature, "TorchModule()")
     torchscript = _module_checks.check_torchscript(torchscript, "TorchModule")
-    run = _runner.resolve_run(run, torchscript, "TorchModule")
+    run = _runners.resolve_run(run, torchscript, "TorchModule")
     super().__init__(name=name or _snake_case(type(module).__name__))
     with self.name_scope:
-      state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable, run=run)
+      state = _torch_state.TorchState(module, f"TorchModule {self.name!r}", _make_variable)
     self._init_untracked(state, output_signature, run)
     # Tracked by name: the checkpoint keys are the torch paths.
     self._tf_variables = dict(state.variables)
 
   # Plain Python state, kept out of TF's checkpoint dependencies and out of
   # `tf.Module.variables`: only the variables are the module's TF state.
-  _TF_MODULE_IGNORED_PROPERTIES = frozenset(("_state", "_output_signature", "_run")).union(
-    tf.Module._TF_MODULE_IGNORED_PROPERTIES
-  )
+  _TF_MODULE_IGNORED_PROPERTIES = frozenset(
+    ("_state", "_runners", "_output_signature", "_run")
+  ).union(tf.Module._TF_MODULE_IGNORED_PROPERTIES)
 
   @_compat.no_dependency_tracking
   def _init_untracked(
@@ -147,6 +147,7 @@ class TorchModule(tf.Module):
   ) -> None:
     state.name = self.name  # errors raised by calls name the module
     self._state = state
+    self._runners = _runners.Runners(state, run)
     self._output_signature = output_signature
     self._run = run
 
@@ -209,7 +210,7 @@ class TorchModule(tf.Module):
       >>> net(tf.ones([2, 3]), training=False).shape
       TensorShape([2, 4])
     """
-    return self._state.call(args, kwargs, training, self._output_signature)
+    return self._runners.call(args, kwargs, training, self._output_signature)
 
   def __deepcopy__(self, memo: dict[int, Any]) -> TorchModule:
     """An independent TorchModule around a deep copy of the torch module,

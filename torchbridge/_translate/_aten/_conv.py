@@ -5,6 +5,7 @@ import math
 
 import tensorflow as tf
 
+from torchbridge._translate import _refusal
 from torchbridge._translate._aten import _table
 from torchbridge._translate import _channels_last
 from torchbridge._translate._aten._table import translates
@@ -86,7 +87,7 @@ def _pool_padding(size, kernel, stride, pad, ceil_mode):
   if not ceil_mode:
     return pad, pad
   if not isinstance(size, int):
-    raise _table.Refused("ceil_mode pooling over a dynamic dimension")
+    raise _refusal.Refusal("op", "ceil_mode pooling over a dynamic dimension")
   count = math.ceil((size + 2 * pad - kernel) / stride) + 1
   if (count - 1) * stride >= size + pad:
     count -= 1
@@ -192,7 +193,7 @@ def _adaptive(reduce_fn):
     for k, n in enumerate(output_size):
       axis, size = 1 + k, y_tf.shape[1 + k]
       if size is None:
-        raise _table.Refused("adaptive pooling over a dynamic dimension")
+        raise _refusal.Refusal("op", "adaptive pooling over a dynamic dimension")
       if n == size:
         continue
       cells = [

@@ -9,7 +9,7 @@ gradient is TF's own. The input projection of all steps is one matmul.
 
 import tensorflow as tf
 
-from torchbridge._translate._aten import _table
+from torchbridge._translate import _refusal
 from torchbridge._translate._aten._table import translates
 
 _NEEDS_LENGTH = (
@@ -53,7 +53,7 @@ def _run_direction(cell, x_tf, h, c, weights, reverse):
   b_ih, b_hh = (weights[2], weights[3]) if len(weights) == 4 else (None, None)
   steps = x_tf.shape[1]
   if steps is None:
-    raise _table.Refused(_NEEDS_LENGTH)
+    raise _refusal.Refusal("op", _NEEDS_LENGTH)
   gates_x = tf.matmul(tf.reshape(x_tf, [-1, x_tf.shape[-1]]), w_ih, transpose_b=True)
   gates_x = tf.reshape(gates_x, [-1, steps, w_ih.shape[0]])
   if b_ih is not None:
@@ -71,12 +71,12 @@ def _recurrent(cell, has_cell_state):
   ):
     del dropout  # train is False (refused otherwise): no dropout
     if train:
-      raise _table.Refused("a recurrent layer in training mode")
+      raise _refusal.Refusal("op", "a recurrent layer in training mode")
     h0, c0 = (hx[0], hx[1]) if has_cell_state else (hx, None)
     directions = 2 if bidirectional else 1
     per = 4 if has_biases else 2
     if len(params) != per * num_layers * directions:
-      raise _table.Refused("an LSTM with proj_size")
+      raise _refusal.Refusal("op", "an LSTM with proj_size")
     layer_in = x if batch_first else tf.transpose(x, [1, 0, 2])
     hs, cs = [], []
     for layer in range(num_layers):

@@ -17,6 +17,8 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 import tensorflow as tf
 from typing import Any
 
+from torchbridge._translate import _refusal
+
 OPS: dict[str, tuple[Any, Any, Any]] = {}
 # Ops that draw random numbers: their translation takes `draw=`, the value
 # torch drew, when a check at capture compares the two value for value.
@@ -36,14 +38,6 @@ _TORCH_TO_TF_DTYPES = {
   torch.complex64: tf.complex64,
   torch.complex128: tf.complex128,
 }
-
-
-class Refused(NotImplementedError):
-  """An op this translation cannot express, with the reason."""
-
-
-class Failed(RuntimeError):
-  """An op's translation raised: a bug of the translation, not a limit."""
 
 
 def translates(*names, channels_last=False, refuse=None, random=False):
@@ -72,11 +66,11 @@ def op_key(target):
 
 
 def tf_dtype(dtype_torch):
-  """The TF dtype of a torch dtype; `Refused` for dtypes TF lacks."""
+  """The TF dtype of a torch dtype; a `Refusal` for dtypes TF lacks."""
   try:
     return _TORCH_TO_TF_DTYPES[dtype_torch]
   except KeyError:
-    raise Refused(f"dtype {dtype_torch} has no TensorFlow equivalent") from None
+    raise _refusal.Refusal("op", f"dtype {dtype_torch} has no TensorFlow equivalent") from None
 
 
 def out_dtype(out):

@@ -20,7 +20,7 @@ import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 import tensorflow as tf
 
 from torchbridge._frameworks import _compat
-from torchbridge._state import _watch
+from torchbridge._capture import _watch
 
 _STALE = """\
 {name}: {change}.

@@ -1,29 +1,40 @@
 """Which runner each module's graph calls took, for `info` and `timeline`,
 and the one line that says so.
 
-Written by the runner choice (`_state/_runner.py`, `_state/_torch_runner.py`)
-once per module and signature; read by `tb.timeline()` (its `runners`) and
-by `python -m torchbridge info` (the modules of the process that asks).
+Written by the dispatch (`_choose.py`) once per module and signature,
+keyed by the module (two modules of one name keep an entry each); read by
+`tb.timeline()` (its `runners`) and by `python -m torchbridge info` (the
+modules of the process that asks), by name: where several live modules
+share one, the latest recorded has it and the others `name #2`, `#3`.
 A reason is one sentence (`one_line`); torch's whole error, where there is
 one, is the record's `detail` and goes to the log at DEBUG (`say_once`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
+import weakref
 from typing import Any
+
+from torchbridge._runtime import _timeline
 
 LOG = logging.getLogger("torchbridge")
 _LONGEST = 300  # characters of a reason in a log line or a record
 
 _lock = threading.Lock()
-_choices: dict[str, dict[str, Any]] = {}
+# module's state -> (sequence number of its latest record, its name, entry)
+_choices: weakref.WeakKeyDictionary[Any, tuple[int, str, dict[str, Any]]] = (
+  weakref.WeakKeyDictionary()
+)
+_sequence = itertools.count()
 
 
 def record(
-  module: str,
+  owner: Any,
+  name: str,
   runner: str,
   reason: str = "",
   capture_s: float | None = None,
@@ -31,7 +42,8 @@ def record(
   path_reason: str = "",
   detail: str = "",
 ) -> None:
-  """Notes that `module`'s latest graph call took `runner` ("tf": its TF
+  """Notes that the latest graph call of `owner` (a module's state, named
+  `name`) took `runner` ("tf": its TF
   translation; "torch": the bridge), and why when it is not "tf"; for
   "torch", `path` says how: "C++" (the captured program run from the op)
   or "Python" (the forward's Python on every call; `path_reason` says
@@ -43,7 +55,7 @@ def record(
   if path_reason:
     entry["path_reason"] = one_line(path_reason)
   with _lock:
-    previous = _choices.get(module, {})
+    previous = _choices.get(owner, (0, "", {}))[2]
   same = all(previous.get(k, "") == entry.get(k, "") for k in ("reason", "path_reason"))
   if not detail and same:  # a later signature, for the same reason
     detail = previous.get("detail", "")
@@ -52,14 +64,25 @@ def record(
   if capture_s is not None:
     entry["capture_s"] = round(capture_s, 4)
   with _lock:
-    _choices[module] = entry
+    _choices[owner] = (next(_sequence), name, entry)
 
 
 def choices() -> dict[str, dict[str, Any]]:
   """`{module name: {"runner": "tf" | "torch", "reason": str, ...}}`
-  ("path": "C++" | "Python" for "torch")."""
+  ("path": "C++" | "Python" for "torch"), the latest recorded first."""
   with _lock:
-    return {k: dict(v) for k, v in _choices.items()}
+    latest_first = sorted(_choices.values(), key=lambda e: -e[0])
+  named: dict[str, dict[str, Any]] = {}
+  for _, name, entry in latest_first:
+    shown, k = name, 1
+    while shown in named:
+      k += 1
+      shown = f"{name} #{k}"
+    named[shown] = dict(entry)
+  return named
+
+
+_timeline.report_runners(choices)
 
 
 def one_line(reason: str, limit: int = _LONGEST) -> str:
