@@ -13,8 +13,9 @@ changes, the next trace captures again.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
 
@@ -23,7 +24,12 @@ from torchbridge._runtime import _omp_team
 from torchbridge._state import _torch_state
 from torchbridge._translate import _refusal
 
-T = TypeVar("T")
+
+class Capture(Protocol):
+  seconds: float  # the capture's time: export, lowering and check
+
+
+T = TypeVar("T", bound=Capture)
 
 
 def signature_key(call: Any, training: bool | list[bool], mode_key: str) -> tuple[Any, ...]:
@@ -113,3 +119,30 @@ class Holding:
       self.after = self._snapshot()
     finally:
       self._held.__exit__(*exc_info)
+
+
+def capture_held(
+  state: _torch_state.TorchState,
+  training: bool | list[bool],
+  make: Callable[[], T],
+  what_else: str,
+) -> tuple[T, _watch.Snapshot] | _refusal.Refusal:
+  """`make()` with the module held (`Holding`), and the Python state it
+  read; or why the signature has no capture: `make`'s `Refusal`, the
+  forward changing its own Python state, or any other error (a limit of
+  the runner: a `Refusal` of kind `what_else`)."""
+  start = time.perf_counter()
+  with Holding(state, training) as held:
+    try:
+      made = make()
+      changed = held.changed()
+      if changed is not None:
+        return changed
+    except _refusal.Refusal as refusal:
+      return refusal
+    except Exception as err:  # pylint: disable=broad-except
+      said = f"{type(err).__name__}: {err}"
+      return _refusal.Refusal(what_else, f"the capture raised {said}", said)
+  made.seconds = time.perf_counter() - start
+  assert held.after is not None
+  return made, held.after

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import math
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -98,40 +97,30 @@ class TFRunner:
   def _capture(
     self, shared: _shared_export.SharedExport, training: bool | list[bool]
   ) -> tuple[Translation, _watch.Snapshot] | _refusal.Refusal:
+    # Anything that raises in capturing (TF's own gradient code included)
+    # is a limit of the translation: this call takes torch.
+    return _captures.capture_held(
+      self._state, training, functools.partial(self._translate, shared), "translation"
+    )
+
+  def _translate(self, shared: _shared_export.SharedExport) -> Translation:
     state = self._state
-    start = time.perf_counter()
-    with _captures.Holding(state, training) as held:
-      try:
-        program = shared.lowered(decompose=True)
-        missing = _fx_to_tf.untranslated(program.graph)
-        if missing:
-          raise _refusal.Refusal(
-            "op", "; ".join(f"{op}: {why}" for op, why in sorted(missing.items()))
-          )
-        translation = Translation(program, state.plain_variables(), state.state_names)
-        _parity.check(
-          state,
-          shared.flat,
-          shared.specs,
-          program,
-          functools.partial(_translated_side, translation, state),
-          replay_draws=translation.random,
-        )
-        if translation.random:
-          _check_draws(translation, shared.specs)
-        changed = held.changed()
-        if changed is not None:
-          return changed
-      except _refusal.Refusal as refusal:
-        return refusal
-      except Exception as err:  # pylint: disable=broad-except
-        # Anything else in capturing (TF's own gradient code included) is
-        # a limit of the translation: this call takes torch.
-        said = f"{type(err).__name__}: {err}"
-        return _refusal.Refusal("translation", said, said)
-    translation.seconds = time.perf_counter() - start
-    assert held.after is not None
-    return translation, held.after
+    program = shared.lowered(decompose=True)
+    missing = _fx_to_tf.untranslated(program.graph)
+    if missing:
+      raise _refusal.Refusal("op", "; ".join(f"{op}: {why}" for op, why in sorted(missing.items())))
+    translation = Translation(program, state.plain_variables(), state.state_names)
+    _parity.check(
+      state,
+      shared.flat,
+      shared.specs,
+      program,
+      functools.partial(_translated_side, translation, state),
+      replay_draws=translation.random,
+    )
+    if translation.random:
+      _check_draws(translation, shared.specs)
+    return translation
 
 
 def _translated_side(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -156,34 +155,23 @@ class TorchRunner:
   def _capture(
     self, shared: _shared_export.SharedExport, training: bool | list[bool], num_threads: int
   ) -> tuple[Program, _watch.Snapshot] | _refusal.Refusal:
+    return _captures.capture_held(
+      self._state, training, lambda: self._checked(shared, num_threads), "runner"
+    )
+
+  def _checked(self, shared: _shared_export.SharedExport, num_threads: int) -> Program:
     state = self._state
-    start = time.perf_counter()
-    with _captures.Holding(state, training) as held:
-      try:
-        lowered = shared.lowered(decompose=False)
-        program = self._load(lowered, shared.specs, num_threads)
-        with _stats.uncounted():  # the check's crossings are no call's
-          _parity.check(
-            state,
-            shared.flat,
-            shared.specs,
-            lowered,
-            lambda trial: _cpp_side(program, state, trial),
-          )
-        changed = held.changed()
-        if changed is not None:
-          return changed
-      except _refusal.Refusal as refusal:
-        return refusal
-      except tf.errors.OpError as err:  # torch raised in the C++ runner's check
-        said = torch_message(err.message)
-        return _refusal.Refusal("check", f"the capture's check raised in torch: {said}", said)
-      except Exception as err:  # pylint: disable=broad-except
-        said = f"{type(err).__name__}: {err}"
-        return _refusal.Refusal("runner", f"the capture raised {said}", said)
-    program.seconds = time.perf_counter() - start
-    assert held.after is not None
-    return program, held.after
+    lowered = shared.lowered(decompose=False)
+    program = self._load(lowered, shared.specs, num_threads)
+    try:
+      with _stats.uncounted():  # the check's crossings are no call's
+        _parity.check(
+          state, shared.flat, shared.specs, lowered, lambda trial: _cpp_side(program, state, trial)
+        )
+    except tf.errors.OpError as err:  # torch raised in the C++ runner's check
+      said = torch_message(err.message)
+      raise _refusal.Refusal("check", f"the capture's check raised in torch: {said}", said) from err
+    return program
 
   def _load(
     self, lowered: _export.Program, specs: Sequence[tf.TensorSpec], num_threads: int
