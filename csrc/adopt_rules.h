@@ -1,8 +1,8 @@
 // The one definition of what TF can adopt from torch without a copy: the
 // alignment TF's kernels need, the dtypes DLPack carries between the two, and
 // the layout rule. Plain C++ (no TensorFlow, torch or Python headers), so the
-// TF side (dlpack_check.cc) and the torch side (torch_interop.cc) include the
-// same rule. The Python side has its twin in torchbridge/_crossing/_adopt.py; the
+// TF side (dlpack_check.cc), the torch side (torch_interop.cc) and the C++
+// torch runner (exported/exported_call.cc) include the same rule. The Python side has its twin in torchbridge/_crossing/_adopt.py; the
 // loader (torchbridge/_native/_build.py) compares the two at load time through
 // torchbridge_alignment() and torchbridge_dtype_table() (torchbridge_op.cc)
 // and refuses a library that disagrees.

@@ -1,9 +1,10 @@
 // C++ callbacks: a TorchbridgeCall op whose callback_id has a C function
 // registered here runs that function instead of Python (CPU kernel only),
 // with no GIL and no Python object made. For code that runs a torch model
-// without Python: the traced modules of `TorchModule(..., torchscript=True)`
-// (traced/traced_call.cc), and the benchmarks' no-Python bridge
-// (benchmarks/scripted_native.py).
+// without Python: the C++ torch runner, which runs the graph calls of
+// `TorchModule(..., run="torch")` captured with torch.export (exported/, a
+// library of its own built by torchbridge/_native/_exported.py), and the
+// benchmarks' no-Python bridge (benchmarks/scripted_native.py).
 //
 // The ABI is C and DLPack, so the library that registers a callback needs
 // none of this library's headers, TF's or torch's in common.
@@ -27,8 +28,8 @@ namespace torchbridge {
 // to a framework that will) and `required[i]` != 0 for each of the op's
 // `num_outputs` outputs that the running graph consumes. On success it
 // returns 0 and sets `outputs[i]` to a DLPack tensor TF can adopt as it is
-// (dense row-major, 64-byte aligned, the declared dtype and shape, on the
-// CPU), or to nullptr for an output not required; their deleters must not
+// (adopt_rules.h: dense row-major, 64-byte aligned, the declared dtype and
+// shape, on the CPU), or to nullptr for an output not required; their deleters must not
 // need the GIL. On failure it returns non-zero, writes a message (at most
 // `error_size` bytes, NUL-terminated) to `error`, and sets no output.
 using NativeCallback = int (*)(void* context, DLManagedTensor** inputs,

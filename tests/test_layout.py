@@ -40,12 +40,21 @@ def _layout_section():
   return (ROOT / LAYOUT).read_text()
 
 
+def _csrc_files():
+  """Every C++ file under csrc/, as its path there (`exported/program.h`)."""
+  return sorted(
+    str(p.relative_to(CSRC)) for p in CSRC.rglob("*") if p.suffix in (".cc", ".h") and p.is_file()
+  )
+
+
 def _named_files(text):
+  """The files `text` names: `a/b.cc` in full, or `a/b` for both a/b.h and
+  a/b.cc where they exist under csrc/."""
   return set(re.findall(r"`([A-Za-z_./]+\.(?:py|cc|h|md))`", text)) | {
     name + suffix
-    for name in re.findall(r"`([a-z_]+)`", text)
+    for name in re.findall(r"`([a-z_/]+)`", text)
     for suffix in (".h", ".cc")
-    if (CSRC / (name + suffix)).exists()
+    if (CSRC / (name + suffix)).is_file()
   }
 
 
@@ -63,9 +72,8 @@ def test_every_module_and_source_is_in_the_readme_layout():
     if f"`{m}`" not in layout and f"`{Path(m).name}{'/' if m.endswith('/') else ''}`" not in layout
   ]
   assert not missing, f"modules missing from {LAYOUT}: {missing}"
-  sources = sorted(p.name for p in CSRC.iterdir() if p.suffix in (".cc", ".h"))
   named = _named_files(layout)
-  missing = [s for s in sources if s not in named]
+  missing = [s for s in _csrc_files() if s not in named]
   assert not missing, f"csrc files missing from the layout: {missing}"
 
 
@@ -97,9 +105,9 @@ def test_modules_and_sources_stay_small():
   }
   too_long.update(
     {
-      p.name: n
-      for p in CSRC.iterdir()
-      if p.suffix in (".cc", ".h") and (n := len(p.read_text().splitlines())) > MAX_CPP_LINES
+      f"csrc/{s}": n
+      for s in _csrc_files()
+      if (n := len((CSRC / s).read_text().splitlines())) > MAX_CPP_LINES
     }
   )
   assert not too_long, f"over the size limit: {too_long}"
@@ -128,17 +136,22 @@ def test_private_framework_apis_only_in_compat():
   assert not offenders, "\n".join(offenders)
 
 
+# The alignment written out where the rule's name belongs (`x % 64`,
+# `aligned_alloc(64, ...)`, `alignas(64)`).
+_SPELLED_OUT_ALIGNMENT = re.compile(r"%\s*64\b|aligned_alloc\(\s*64\b|alignas\(\s*64\s*\)")
+
+
 def test_the_native_constants_are_defined_once_per_language():
   # The alignment: csrc/adopt_rules.h and torchbridge/_crossing/_adopt.py only.
-  for path in list(CSRC.iterdir()) + list(PACKAGE.rglob("*.py")):
-    if path.suffix not in (".cc", ".h", ".py"):
-      continue
+  for path in [CSRC / s for s in _csrc_files()] + list(PACKAGE.rglob("*.py")):
     text = path.read_text()
     defines = re.findall(r"(?:kAlignment\s*=|TF_ALIGNMENT\s*=)\s*64", text)
     if path.name in ("adopt_rules.h", "_adopt.py"):
       assert len(defines) == 1, path
     else:
       assert not defines, f"{path.name} defines the alignment again"
+      spelled = _SPELLED_OUT_ALIGNMENT.findall(text)
+      assert not spelled, f"{path} spells out the alignment ({spelled}): use adopt_rules.h's"
 
 
 def test_every_test_file_is_placed_in_a_layer():

@@ -1,171 +1,53 @@
-"""The C++ torch runner's library: csrc/exported/exported_call.cc, built on
-first use and cached beside the op's, loaded with ctypes. The programs it
-runs are `_exported_program.ExportedProgram`s. Nothing here runs at
-import.
+"""The C++ torch runner's library: csrc/exported/ (its README says which
+file does what), built on first use and cached beside the op's, loaded
+with ctypes (a `_side_library.SideLibrary`). The programs it runs are
+`_exported_program.ExportedProgram`s. Nothing here runs at import.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import tempfile
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
 from torchbridge._crossing import _stats
 from torchbridge._native import _build
 from torchbridge._native import _compiler
+from torchbridge._native import _side_library
 
-_SOURCE = Path("exported") / "exported_call.cc"
-_STEM = "torchbridge_exported"
-_lock = threading.Lock()
-_library: Any = None
-_loaded_from: Path | None = None
-_failure: str | None = None  # why the library cannot be built or loaded
-
-
-def library() -> Any:
-  """The loaded library (ctypes), building it on first use.
-
-  Raises:
-    BuildError: torch's C++ headers are missing, or the build failed (the
-      message names the log).
-  """
-  global _library, _loaded_from
-  if _library is not None:
-    return _library
-  with _lock:
-    if _library is None:
-      path = build_or_reuse()
-      _library, _loaded_from = _load(path), path
-  return _library
+# The file with the op's callbacks first: it is the unit compiled, the
+# others included before it.
+_SOURCES = [
+  Path("exported") / name
+  for name in ("exported_call.cc", "program.cc", "interpreter.cc", "records.cc")
+]
+_HEADERS = [
+  Path("exported") / "program.h",
+  Path("exported") / "records.h",
+  Path("adopt_rules.h"),
+  Path("native_callback.h"),  # the callbacks' ABI
+]
 
 
-def unavailable() -> str | None:
-  """Why the library cannot be had (built or loaded), or None once it is
-  loaded; tried once per process."""
-  global _failure
-  if _library is None and _failure is None:
-    try:
-      library()
-    # AttributeError: a file without the library's functions.
-    except (_compiler.BuildError, OSError, AttributeError) as err:
-      _failure = f"its C++ library could not be built or loaded: {err}"
-  return _failure
-
-
-def loaded_from() -> Path | None:
-  """The file the library was loaded from; None before it is."""
-  return _loaded_from
-
-
-def library_path() -> Path:
-  """Where this set-up's library is (or would be) cached; no build.
-
-  Raises:
-    BuildError: torch's C++ headers are missing.
-  """
-  source, stem, headers = _own_parts()
-  return _target(source, stem, headers, _torch_flags(source))
-
-
-def build_or_reuse(force: bool = False) -> Path:
-  """The library's path, built if not cached (or with `force`); what
-  `python -m torchbridge build` runs ahead of first use.
-
-  Raises:
-    BuildError: torch's C++ headers are missing, or the build failed (the
-      message names the log).
-  """
-  source, stem, headers = _own_parts()
-  return build_torch_library(source, stem, headers, force)
-
-
-def _own_parts() -> tuple[Path, str, list[Path]]:
-  """This library's source, file stem and the headers it includes."""
-  sources = _build.source_dir()
-  return sources / _SOURCE, _STEM, [sources / "native_callback.h"]
-
-
-def _torch_flags(source: Path) -> tuple[list[str], list[str]]:
+def _torch_flags() -> _side_library.Flags:
   """(compile flags, link flags) for torch's C++ side."""
   flags = _compiler.torch_interop_flags(_build.source_dir())
-  if flags is None or not source.is_file():
+  if flags is None:
     raise _compiler.BuildError(
-      f"building {source.name} needs torch's C++ headers and libraries "
-      f"(torch/include, torch/lib) and {source}"
+      "building the C++ torch runner needs torch's C++ headers and libraries "
+      "(torch/include, torch/lib)"
     )
   return flags
 
 
-def _target(
-  source: Path, stem: str, headers: Sequence[Path], flags: tuple[list[str], list[str]]
-) -> Path:
-  """The cached library's path, keyed by the set-up, `flags`, `source` and
-  `headers`."""
-  digest = hashlib.sha256()
-  for part in (_build._versions(), " ".join(flags[0] + flags[1])):
-    digest.update(part.encode() + b"\0")
-  for path in (source, *headers):
-    digest.update(path.read_bytes())
-  return _build.cache_dir() / f"{stem}-{digest.hexdigest()[:20]}.so"
-
-
-def build_torch_library(
-  source: Path, stem: str, headers: Sequence[Path] = (), force: bool = False
-) -> Path:
-  """`source` compiled against torch's C++ headers and libraries (none of
-  TF's) into a shared library cached beside the op's, keyed by the set-up,
-  the flags, `source` and the `headers` it includes; built once per key
-  (said through the "torchbridge" logger), or again with `force`.
-
-  Raises:
-    BuildError: torch's C++ headers are missing, or the build failed (the
-      message names the log).
-  """
-  compile_flags, link_flags = flags = _torch_flags(source)
-  target = _target(source, stem, headers, flags)
-  sources = _build.source_dir()
-
-  def build(compiler: str, target: Path) -> None:
-    _build._say(
-      logging.INFO,
-      "torchbridge: building %s into %s, once per set-up (10-30 s on 2 cores)",
-      source.name,
-      target.parent,
-    )
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{stem}-") as work:
-      output = Path(work, target.name)
-      common = [compiler, "-fPIC", "-O2", "-I" + str(sources), *compile_flags]
-      plan = _compiler.Plan(
-        files={},
-        compiles=[common + ["-c", str(source), "-o", f"{output}.o"]],
-        link=[compiler, "-shared", "-o", str(output), f"{output}.o", *link_flags],
-      )
-      failure = _compiler.run(plan, target.with_suffix(".log"))
-      if failure:
-        raise _compiler.BuildError(failure.replace("the native op (csrc/)", source.name))
-      os.chmod(output, 0o755)
-      os.replace(output, target)
-    _build._say(
-      logging.INFO,
-      "torchbridge: built %s in %.1f s: %s",
-      source.name,
-      time.monotonic() - started,
-      target,
-    )
-
-  return _build.build_once(target, build, force)
+def _library_failure(err: Exception) -> str:
+  return f"its C++ library could not be built or loaded: {err}"
 
 
 def _load(path: Path) -> Any:
+  """The library at `path`, its functions typed, its copies counted in
+  `exchange_stats()`."""
   lib = ctypes.CDLL(str(path))
   i64, p, s = ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
   signatures = {
@@ -202,6 +84,79 @@ def _load(path: Path) -> Any:
 
   _stats.add_source(copies)
   return lib
+
+
+_LIBRARY = _side_library.SideLibrary(
+  "torchbridge_exported",
+  _SOURCES,
+  headers=_HEADERS,
+  flags=_torch_flags,
+  load=_load,
+  what="the C++ torch runner (csrc/exported/)",
+  # AttributeError: a file without the library's functions.
+  errors=(_compiler.BuildError, OSError, AttributeError),
+  describe=_library_failure,
+)
+
+
+def library() -> Any:
+  """The loaded library (ctypes), building it on first use.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  return _LIBRARY.library()
+
+
+def unavailable() -> str | None:
+  """Why the library cannot be had (built or loaded), or None once it is
+  loaded; tried once per process."""
+  return _LIBRARY.unavailable()
+
+
+def loaded_from() -> Path | None:
+  """The file the library was loaded from; None before it is."""
+  return _LIBRARY.loaded_from
+
+
+def library_path() -> Path:
+  """Where this set-up's library is (or would be) cached; no build.
+
+  Raises:
+    BuildError: torch's C++ headers are missing.
+  """
+  return _LIBRARY.path()
+
+
+def build_or_reuse(force: bool = False) -> Path:
+  """The library's path, built if not cached (or with `force`); what
+  `python -m torchbridge build` runs ahead of first use.
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  return _LIBRARY.build_or_reuse(force)
+
+
+def build_torch_library(
+  source: Path, stem: str, headers: Sequence[Path] = (), force: bool = False
+) -> Path:
+  """`source` compiled against torch's C++ headers and libraries (none of
+  TF's) into a shared library cached beside the op's, keyed by the set-up,
+  the flags, `source` and the `headers` it includes; built once per key
+  (said through the "torchbridge" logger), or again with `force`. For the
+  benchmarks' C++ callbacks (benchmarks/scripted_native.py).
+
+  Raises:
+    BuildError: torch's C++ headers are missing, or the build failed (the
+      message names the log).
+  """
+  side = _side_library.SideLibrary(
+    stem, [source], headers=headers, flags=_torch_flags, load=lambda path: ctypes.CDLL(str(path))
+  )
+  return side.build_or_reuse(force)
 
 
 def address(function: Any) -> int:

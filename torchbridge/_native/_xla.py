@@ -16,12 +16,6 @@ XLA never pay its build. Nothing here runs at import.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +23,12 @@ import torch  # noqa: F401  (before tensorflow)
 import tensorflow as tf
 
 from torchbridge._crossing import _stats
-from torchbridge._native import _build
 from torchbridge._native import _callbacks
-from torchbridge._native import _compiler
 from torchbridge._native import _loader
-
-_SOURCE = Path("xla") / "xla_call.cc"
-_STEM = "torchbridge_xla"
-_lock = threading.Lock()
-_library: Any = None  # ctypes handle, once loaded
-_loaded_from: Path | None = None
-_failure: str | None = None  # why it cannot be had, once tried
+from torchbridge._native import _side_library
 
 
-def _flags() -> tuple[list[str], list[str]]:
+def _flags() -> _side_library.Flags:
   """(compile flags, link flags): TF's, plus the two include directories
   tf.sysconfig leaves out and the library that holds XLA's symbols."""
   include = Path(tf.sysconfig.get_include())
@@ -61,15 +47,58 @@ def _flags() -> tuple[list[str], list[str]]:
   return compile_flags, link_flags
 
 
+def _require_the_op() -> None:
+  """Raises RuntimeError unless the op's library is loaded with its torch
+  side: the custom call runs the op's host call."""
+  if _loader.load() is None or _loader.loaded_from() is None:
+    raise RuntimeError(f"the native op is not loaded ({_loader.status()})")
+  if not _loader.has_torch_interop():
+    raise RuntimeError("the native op was built without its torch side (torch_interop.cc)")
+
+
+def _load(path: Path) -> Any:
+  """The library at `path`, registered with TF and hooked to the op's."""
+  tf.load_op_library(str(path))  # registers the XLA kernel and the handler
+  lib = ctypes.CDLL(str(path))
+  op = ctypes.CDLL(str(_loader.loaded_from()))
+  lib.torchbridge_xla_set_host_call.argtypes = [ctypes.c_void_p]
+  lib.torchbridge_xla_set_host_call(ctypes.cast(op.torchbridge_host_call, ctypes.c_void_p))
+  # Output shapes at XLA's compile time: Python's, through the op library.
+  set_hook = ctypes.PyDLL(str(_loader.loaded_from())).torchbridge_set_output_shapes_hook
+  set_hook.argtypes, set_hook.restype = [ctypes.py_object], ctypes.c_int
+  set_hook(_callbacks.output_shapes)
+  lib.torchbridge_xla_set_output_shapes.argtypes = [ctypes.c_void_p]
+  lib.torchbridge_xla_set_output_shapes(
+    ctypes.cast(op.torchbridge_host_output_shapes, ctypes.c_void_p)
+  )
+  lib.torchbridge_xla_calls.restype = ctypes.c_int64
+  copies = op.torchbridge_host_copies
+  copies.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+
+  def counts() -> tuple[int, int, int]:
+    out = (ctypes.c_int64 * 2)()
+    copies(out)
+    return 0, out[0], out[1]
+
+  _stats.add_source(counts)
+  return lib
+
+
+_LIBRARY = _side_library.SideLibrary(
+  "torchbridge_xla",
+  [Path("xla") / "xla_call.cc"],
+  flags=_flags,
+  load=_load,
+  requires=_require_the_op,
+  what="the XLA custom call (xla_call.cc, for jit_compile=True)",
+  optimize="-O1",
+  takes="about 25 s on 2 cores",
+)
+
+
 def library_path() -> Path:
   """Where this set-up's library is (or would be) cached; no build."""
-  source = _build.source_dir() / _SOURCE
-  compile_flags, link_flags = _flags()
-  digest = hashlib.sha256()
-  for part in (_build._versions(), " ".join(compile_flags + link_flags)):
-    digest.update(part.encode() + b"\0")
-  digest.update(source.read_bytes())
-  return _build.cache_dir() / f"{_STEM}-{digest.hexdigest()[:20]}.so"
+  return _LIBRARY.path()
 
 
 def build_or_reuse(force: bool = False) -> Path:
@@ -78,42 +107,7 @@ def build_or_reuse(force: bool = False) -> Path:
   Raises:
     BuildError: no compiler, or the build failed (the message names the log).
   """
-  source = _build.source_dir() / _SOURCE
-  if not source.is_file():
-    raise _compiler.BuildError(f"{source} not found")
-  compile_flags, link_flags = _flags()
-
-  def build(compiler: str, target: Path) -> None:
-    _build._say(
-      logging.INFO,
-      "torchbridge: building the XLA custom call (%s, for jit_compile=True) "
-      "into %s, once per set-up (about 25 s on 2 cores)",
-      source.name,
-      target.parent,
-    )
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{_STEM}-") as work:
-      output = Path(work, target.name)
-      common = [compiler, "-fPIC", "-O1", "-I" + str(_build.source_dir()), *compile_flags]
-      plan = _compiler.Plan(
-        files={},
-        compiles=[common + ["-c", str(source), "-o", f"{output}.o"]],
-        link=[compiler, "-shared", "-o", str(output), f"{output}.o", *link_flags],
-      )
-      failure = _compiler.run(plan, target.with_suffix(".log"))
-      if failure:
-        raise _compiler.BuildError(failure.replace("the native op (csrc/)", source.name))
-      os.chmod(output, 0o755)
-      os.replace(output, target)
-    _build._say(
-      logging.INFO,
-      "torchbridge: built %s in %.1f s: %s",
-      source.name,
-      time.monotonic() - started,
-      target,
-    )
-
-  return _build.build_once(library_path(), build, force)
+  return _LIBRARY.build_or_reuse(force)
 
 
 def load() -> Any:
@@ -122,53 +116,13 @@ def load() -> Any:
   Raises:
     BuildError, OSError, RuntimeError: it cannot be had (the message says why).
   """
-  global _library, _loaded_from
-  if _library is not None:
-    return _library
-  with _lock:
-    if _library is None:
-      if _loader.load() is None or _loader.loaded_from() is None:
-        raise RuntimeError(f"the native op is not loaded ({_loader.status()})")
-      if not _loader.has_torch_interop():
-        raise RuntimeError("the native op was built without its torch side (torch_interop.cc)")
-      path = build_or_reuse()
-      tf.load_op_library(str(path))  # registers the XLA kernel and the handler
-      lib = ctypes.CDLL(str(path))
-      op = ctypes.CDLL(str(_loader.loaded_from()))
-      lib.torchbridge_xla_set_host_call.argtypes = [ctypes.c_void_p]
-      lib.torchbridge_xla_set_host_call(ctypes.cast(op.torchbridge_host_call, ctypes.c_void_p))
-      # Output shapes at XLA's compile time: Python's, through the op library.
-      set_hook = ctypes.PyDLL(str(_loader.loaded_from())).torchbridge_set_output_shapes_hook
-      set_hook.argtypes, set_hook.restype = [ctypes.py_object], ctypes.c_int
-      set_hook(_callbacks.output_shapes)
-      lib.torchbridge_xla_set_output_shapes.argtypes = [ctypes.c_void_p]
-      lib.torchbridge_xla_set_output_shapes(
-        ctypes.cast(op.torchbridge_host_output_shapes, ctypes.c_void_p)
-      )
-      lib.torchbridge_xla_calls.restype = ctypes.c_int64
-      copies = op.torchbridge_host_copies
-      copies.argtypes = [ctypes.POINTER(ctypes.c_int64)]
-
-      def counts() -> tuple[int, int, int]:
-        out = (ctypes.c_int64 * 2)()
-        copies(out)
-        return 0, out[0], out[1]
-
-      _stats.add_source(counts)
-      _library, _loaded_from = lib, path
-  return _library
+  return _LIBRARY.library()
 
 
 def unavailable() -> str | None:
   """Why bridged calls cannot run under XLA, or None once they can; tried
   once per process."""
-  global _failure
-  if _library is None and _failure is None:
-    try:
-      load()
-    except Exception as err:  # pylint: disable=broad-except
-      _failure = " ".join(str(err).split())[:600]
-  return _failure
+  return _LIBRARY.unavailable()
 
 
 def available() -> bool:
@@ -183,9 +137,10 @@ def jit_usable() -> bool:
 
 
 def loaded_from() -> Path | None:
-  return _loaded_from
+  return _LIBRARY.loaded_from
 
 
 def calls() -> int:
   """Host calls XLA made so far (0 before the library is loaded)."""
-  return int(_library.torchbridge_xla_calls()) if _library is not None else 0
+  lib = _LIBRARY.loaded
+  return int(lib.torchbridge_xla_calls()) if lib is not None else 0
