@@ -588,7 +588,8 @@ def test_a_check_that_torch_refuses_takes_the_python_path_naming_torchs_words(ca
   assert (
     len(said) == 1
     and "the forward raised on random inputs: RuntimeError: all elements of target should "
-    "be between 0 and 1" in said[0]
+    "be between 0 and 1"
+    in said[0]
   ), said
   assert "Exception raised from" not in said[0] and "function_node" not in said[0]
   assert _path("bce") == "Python"
