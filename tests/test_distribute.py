@@ -338,6 +338,7 @@ def test_keras_fit_under_mirrored_strategy_matches_single_process(strategy):
   assert not np.allclose(reference.weights[0].numpy(), _mlp(seed=2)[0].weight.detach().numpy())
 
 
+@pytest.mark.slow  # an example, in its own process: make test-long
 def test_distributed_training_example_runs_and_learns():
   import os
   import subprocess

@@ -198,6 +198,7 @@ def test_from_config_takes_safe_mode_as_keras_torch_wrapper_does():
     serialization_lib.global_state.set_global_attribute("safe_mode_saving", None)
 
 
+@pytest.mark.slow  # a fresh process (~20 s): make test-long
 def test_load_model_unpickles_after_enable_unsafe_deserialization(tmp_path):
   # README: load_model refuses the pickled module "unless safe_mode=False is
   # given (or keras.config.enable_unsafe_deserialization())". The global
@@ -227,6 +228,7 @@ def test_load_model_unpickles_after_enable_unsafe_deserialization(tmp_path):
   )
 
 
+@pytest.mark.slow  # a fresh process (~20 s): make test-long
 def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
   model = trained(pickled_model(seed=0))
   x, y = data(seed=1)
@@ -315,6 +317,7 @@ def test_unpicklable_code_built_layer_saves_and_loads(tmp_path):
     np.testing.assert_array_equal(t.numpy(), saved[n], err_msg=n)
 
 
+@pytest.mark.slow  # a fresh process (~20 s): make test-long
 def test_code_built_models_load_in_safe_mode_in_a_fresh_process(tmp_path):
   x, y = data(seed=2)
   np.save(tmp_path / "x.npy", x)

@@ -49,6 +49,7 @@ print("restored", manager.latest_checkpoint)
 # Variables and slots through a file and a new process: the same on both
 # paths (its graph calls take the default TF runner), so the native pass only.
 @pytest.mark.one_pass
+@pytest.mark.slow  # a fresh process per optimizer (~22 s): make test-long
 @pytest.mark.parametrize("opt_name", CHECKPOINT_OPTIMIZERS)
 def test_checkpoint_restores_in_a_fresh_process_exactly(tmp_path, opt_name):
   actor, opt = checkpoint_model(opt_name, seed=0)

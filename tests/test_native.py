@@ -768,6 +768,7 @@ def test_saved_model_call_fails_with_a_message_naming_savedmodel(tmp_path):
   assert "cannot carry torch" in result["message"], result
 
 
+@pytest.mark.slow  # two processes each (~25 s): make test-long
 @pytest.mark.parametrize("runner", ["C++", "python"])
 def test_a_saved_models_torch_call_never_runs_another_processes_callback(tmp_path, runner):
   # The same program run twice registers the same callbacks in the same

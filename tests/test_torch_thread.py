@@ -301,7 +301,7 @@ print("LATER", int(_torch_thread.torch_thread().alive()))
 """
 
 
-def _thread_delta(kind, tmp_path):
+def _thread_delta(kind, tmp_path, native=None):
   out = subprocess.run(
     [sys.executable, "-c", textwrap.dedent(_THREADS_CHILD), kind],
     cwd=tmp_path,
@@ -310,7 +310,7 @@ def _thread_delta(kind, tmp_path):
     timeout=300,
     # OMP_NUM_THREADS: every thread's default team size, TF's included
     # (as on an 8-core machine).
-    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="8"),
+    env=_child_env(native, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="8"),
   )
   assert out.returncode == 0, out.stdout + out.stderr[-3000:]
   lines = dict(
@@ -346,10 +346,25 @@ def test_turned_off_graph_calls_run_where_tf_calls_them(tmp_path):
   assert "ALIVE 0" in out.stdout
 
 
-def test_bridged_calls_add_one_torch_team_to_tf_own_threads(tmp_path):
-  torch_delta, _ = _thread_delta("torch", tmp_path)
-  tf_delta, _ = _thread_delta("tf", tmp_path)
-  bridged_delta, bridged_later = _thread_delta("bridge", tmp_path)
+def _child_env(native, **extra):
+  """The environment of a child process: this one's, or with the native op
+  on (`native=True`) or off (`False`) whatever the pass."""
+  env = dict(os.environ, **extra)
+  if native is not None:
+    env.pop("TORCHBRIDGE_DISABLE_NATIVE", None)
+    if not native:
+      env["TORCHBRIDGE_DISABLE_NATIVE"] = "1"
+  return env
+
+
+# Three processes of 1,000 calls each (~25 s a pass): in `make test-long`,
+# for both paths in its one pass.
+@pytest.mark.slow
+@pytest.mark.parametrize("native", [True, False], ids=["native", "py_function"])
+def test_bridged_calls_add_one_torch_team_to_tf_own_threads(tmp_path, native):
+  torch_delta, _ = _thread_delta("torch", tmp_path, native)
+  tf_delta, _ = _thread_delta("tf", tmp_path, native)
+  bridged_delta, bridged_later = _thread_delta("bridge", tmp_path, native)
   # TF inter-op 8, torch 8 threads, 1,000 bridged calls. Pure torch: one
   # OpenMP team on the main thread (7 workers for 8 threads). TF alone: its
   # own pools. Bridged: TF's pools, plus one team on the torch thread and
