@@ -1,0 +1,125 @@
+"""Where a real model's first training step goes: BERT-base, one process.
+
+`python benchmarks/first_call_breakdown.py [--run auto|torch|pure]
+[--batch 8] [--length 128] [--layers 12]` builds BERT-base from its config
+(random init, seed 0), wraps it in `tb.TorchModule` and times the first
+and then steady training steps of a `tf.function` (Adam, the mean of the
+last hidden state squared as the loss), with each part of the capture
+timed where it runs: torch.export, its lowering (per runner), the
+translation's op check, the parity check (its torch and its candidate's
+side), and what is left (TF's tracing, graph optimisation, the first run).
+`--run pure` times the same steps in torch alone. One JSON line out.
+"""
+
+import argparse
+import json
+import time
+
+import torch  # first: the recommended order
+import tensorflow as tf
+import transformers
+
+import torchbridge as tb
+from torchbridge._capture import _parity
+from torchbridge._runners import _tf_runner
+from torchbridge._runners import _torch_runner
+from torchbridge._translate import _export
+from torchbridge._translate import _fx_to_tf
+
+PARTS: dict[str, float] = {}
+
+
+def _timed(owner, name, label):
+  real = getattr(owner, name)
+
+  def timed(*args, **kwargs):
+    start = time.perf_counter()
+    try:
+      return real(*args, **kwargs)
+    finally:
+      PARTS[label] = PARTS.get(label, 0.0) + time.perf_counter() - start
+
+  setattr(owner, name, timed)
+
+
+def _model(layers):
+  torch.manual_seed(0)
+  config = transformers.BertConfig(num_hidden_layers=layers, attn_implementation="sdpa")
+  return transformers.BertModel(config, add_pooling_layer=False)
+
+
+class _Hidden(torch.nn.Module):
+  def __init__(self, bert):
+    super().__init__()
+    self.bert = bert
+
+  def forward(self, ids):
+    return self.bert(input_ids=ids).last_hidden_state
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--run", default="auto", choices=["auto", "torch", "pure"])
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--length", type=int, default=128)
+  parser.add_argument("--layers", type=int, default=12)
+  parser.add_argument("--steps", type=int, default=3)
+  args = parser.parse_args()
+  net = _Hidden(_model(args.layers)).train()
+  ids = torch.randint(
+    0, 30522, (args.batch, args.length), generator=torch.Generator().manual_seed(1)
+  )
+  steps = []
+  if args.run == "pure":
+    opt = torch.optim.Adam(net.parameters(), 1e-4)
+    for _ in range(args.steps + 1):
+      start = time.perf_counter()
+      opt.zero_grad()
+      loss = (net(ids) ** 2).mean()
+      loss.backward()
+      opt.step()
+      steps.append(time.perf_counter() - start)
+  else:
+    _timed(_export, "export_program", "torch.export")
+    _timed(_export, "lower", "lowering")
+    _timed(_fx_to_tf, "untranslated", "op check")
+    _timed(_parity, "check", "parity check")
+    _timed(_tf_runner, "_translated_side", "parity check: its TF side")
+    _timed(_torch_runner, "_cpp_side", "parity check: its C++ side")
+    module = tb.TorchModule(net, name="bert", run=args.run)
+    opt = tf.keras.optimizers.Adam(1e-4)
+    ids_tf = tf.constant(ids.numpy())
+
+    @tf.function
+    def step(ids_tf):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(module(ids_tf, training=True) ** 2)
+      grads = tape.gradient(loss, module.trainable_variables)
+      opt.apply_gradients(zip(grads, module.trainable_variables))
+      return loss
+
+    for _ in range(args.steps + 1):
+      start = time.perf_counter()
+      float(step(ids_tf))
+      steps.append(time.perf_counter() - start)
+  captured = sum(v for k, v in PARTS.items() if ":" not in k)
+  print(
+    json.dumps(
+      {
+        "run": args.run,
+        "batch": args.batch,
+        "length": args.length,
+        "layers": args.layers,
+        "first_step_s": round(steps[0], 2),
+        "steady_step_s": round(sorted(steps[1:])[len(steps[1:]) // 2], 3),
+        "parts_s": {k: round(v, 2) for k, v in PARTS.items()},
+        "rest_of_first_step_s": round(steps[0] - captured, 2),
+        "torch": torch.__version__,
+        "tf": tf.__version__,
+      }
+    )
+  )
+
+
+if __name__ == "__main__":
+  main()
