@@ -191,3 +191,33 @@ def test_the_shared_export_is_dropped_when_the_dispatch_ends():
   finally:
     _shared_export.SharedExport.__init__ = real
   assert made and all(s._program_torch is None for s in made)  # pylint: disable=protected-access
+
+
+class _PositionIds(torch.nn.Module):
+  """A non-persistent buffer the forward reads (Hugging Face's position ids):
+  in no state_dict, yet state the capture must read from its variable."""
+
+  def __init__(self):
+    super().__init__()
+    self.embed = torch.nn.Embedding(6, 3)
+    self.register_buffer("position_ids", torch.arange(6)[None], persistent=False)
+
+  def forward(self, x):
+    return x + self.embed(self.position_ids[:, : x.shape[1]])
+
+
+@pytest.mark.parametrize("run, runner, path", [("auto", "tf", None), ("torch", "torch", "C++")])
+def test_a_non_persistent_buffer_is_read_by_every_runner(run, runner, path):
+  if path == "C++" and not _loader.has_torch_interop():
+    pytest.skip("the C++ runner needs the native op")
+  gc.collect()
+  torch.manual_seed(0)
+  net = _PositionIds()
+  module = tb.TorchModule(net, name=f"positions_{run}", run=run)
+  x = tf.random.normal([2, 4, 3])
+  y = tf.function(lambda x: module(x))(x)
+  np.testing.assert_allclose(y.numpy(), net(torch.from_numpy(x.numpy())).detach().numpy(), 1e-6)
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
+
+  choice = _record.choices()[f"positions_{run}"]
+  assert choice["runner"] == runner and choice.get("path") == path, choice

@@ -90,9 +90,9 @@ def check(
       inputs = [x.clone().requires_grad_(x.is_floating_point()) for x in inputs_torch]
       torch.manual_seed(1234 + size)
       if replay_draws:
-        outputs, writes, draws = _run_program(program, inputs, leaves, state.state_names)
+        outputs, writes, draws = _run_program(program, inputs, leaves, state.tensor_names)
       else:
-        outputs, writes = _run_module(flat, program, inputs, leaves, state.state_names)
+        outputs, writes = _run_module(flat, program, inputs, leaves, state.tensor_names)
         draws = None
       differentiated = [k for k, o in enumerate(outputs) if o.requires_grad]
       rng = np.random.default_rng(7 + size)
@@ -109,7 +109,7 @@ def check(
       )
       for k, (got_k, want) in enumerate(zip(got.outputs, outputs)):
         _compare(got_k, want, f"output {k}", where)
-      for n in program_writes(program, state.state_names):
+      for n in program_writes(program, state.tensor_names):
         _compare(got.writes[n], writes[n], f"buffer {n!r} written", where)
       if not differentiated:
         continue

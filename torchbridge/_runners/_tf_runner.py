@@ -109,7 +109,7 @@ class TFRunner:
     missing = _fx_to_tf.untranslated(program.graph)
     if missing:
       raise _refusal.Refusal("op", "; ".join(f"{op}: {why}" for op, why in sorted(missing.items())))
-    translation = Translation(program, state.plain_variables(), state.state_names)
+    translation = Translation(program, state.plain_variables(), state.tensor_names)
     _parity.check(
       state,
       shared.flat,

@@ -182,7 +182,7 @@ class TorchRunner:
     names = state.param_names + state.buffer_names
     inputs = [f"torchbridge_unused_{k}" for k in range(len(names))]
     again, again_inputs = [], []
-    for placeholder, canonical in _export.state_reads(lowered, state.state_names).items():
+    for placeholder, canonical in _export.state_reads(lowered, state.tensor_names).items():
       k = names.index(canonical)
       if inputs[k].startswith("torchbridge_unused_"):
         inputs[k] = placeholder
@@ -192,7 +192,7 @@ class TorchRunner:
     inputs += list(lowered.user_inputs)
     constants = list(lowered.constants)
     inputs += constants + again_inputs
-    mutated = _parity.program_writes(lowered, state.state_names)
+    mutated = _parity.program_writes(lowered, state.tensor_names)
     trainable = state.trainable()
     leaves = (
       trainable

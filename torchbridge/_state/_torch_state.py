@@ -59,6 +59,10 @@ class TorchState:
     # state_dict name -> canonical name (tied parameters have several).
     by_id = {id(t): n for n, t in list(params.items()) + list(buffers.items())}
     self.state_names = {n: by_id[id(t)] for n, t in module.state_dict(keep_vars=True).items()}
+    # Every name a forward may read a tensor by -> canonical name: the
+    # state_dict's, and the canonical names themselves (non-persistent
+    # buffers, such as Hugging Face's position ids, are in no state_dict).
+    self.tensor_names = {**{n: n for n in list(params) + list(buffers)}, **self.state_names}
     # torch modes -> the buffers the forward writes (learnt on a first call).
     self._mutated_buffers: dict[str, frozenset[str]] = {}
     # One forward at a time: a call swaps tensors into the shared module.

@@ -217,7 +217,7 @@ def translate(
         _errors.UNTRANSLATED.format(name=module_name, count=len(missing), ops=ops), missing
       )
     try:
-      reads = _export.state_reads(program, state.state_names)
+      reads = _export.state_reads(program, state.tensor_names)
     except _refusal.Refusal as err:
       raise ValueError(
         f"translate({module_name!r}): {err.reason}: translation needs every tensor the "
