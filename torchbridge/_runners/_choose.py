@@ -211,7 +211,7 @@ class Runners:
       return None
     program, snapshot = entry
     if output_signature is not None:
-      mismatch = runner.signature_mismatch(output_signature, program)
+      mismatch = program.mismatch(output_signature)
       if mismatch:
         self._say_python(why_torch, mismatch)
         return None

@@ -92,7 +92,15 @@ class TFRunner:
 
   def refusal_error(self, refusal: _refusal.Refusal) -> Exception:
     """The error a run="tf" graph call raises for `refusal`."""
-    return _refusal_error(refusal, self._state.name)
+    message = (
+      f'{self._state.name} (run="tf"): its graph calls cannot run as TF ops: {refusal.said()}\n'
+      'run="auto" runs them in torch through the bridge instead (run="torch" always does).'
+    )
+    if refusal.what == "op":
+      return _in_graph(_errors.UntranslatedOpsError)(message)
+    if refusal.what == "check":
+      return _errors.ParityError(message)
+    return ValueError(message)
 
   def _capture(
     self, shared: _shared_export.SharedExport, training: bool | list[bool]
@@ -180,18 +188,6 @@ def _check_draws(translation: Translation, specs: Sequence[tf.TensorSpec]) -> No
         f"dropout {node_name!r} kept {kept:.3f} of {count} elements where "
         f"torch keeps {1 - p:.3f} (bound {bound:.3f})",
       )
-
-
-def _refusal_error(refusal: _refusal.Refusal, name: str) -> Exception:
-  message = (
-    f'{name} (run="tf"): its graph calls cannot run as TF ops: {refusal.said()}\n'
-    'run="auto" runs them in torch through the bridge instead (run="torch" always does).'
-  )
-  if refusal.what == "op":
-    return _in_graph(_errors.UntranslatedOpsError)(message)
-  if refusal.what == "check":
-    return _errors.ParityError(message)
-  return ValueError(message)
 
 
 @functools.cache

@@ -90,6 +90,20 @@ class Program:
     n = len(self.mutated)
     return dict(zip(self.mutated, outs_tf[:n])), outs_tf[n:]
 
+  def mismatch(self, output_signature: Any) -> str | None:
+    """Why its outputs do not fit the wrapper's `output_signature`, or None."""
+    declared = tf.nest.flatten(output_signature)
+    outputs = self.out_specs[len(self.mutated) :]
+    if len(declared) != len(outputs) or any(
+      d.dtype != o.dtype or not d.shape.is_compatible_with(o.shape)
+      for d, o in zip(declared, outputs)
+    ):
+      return (
+        f"the capture's outputs {outputs} do not match output_signature "
+        f"{output_signature} (the Python path checks each call against it)"
+      )
+    return None
+
 
 class TorchRunner:
   """The C++ torch runner's programs of one module, by signature."""
@@ -147,10 +161,6 @@ class TorchRunner:
     )
     writes, outputs = program.call(arguments, differentiable, state.name)
     return tf.nest.map_structure(lambda i: outputs[i], program.structure), writes
-
-  def signature_mismatch(self, output_signature: Any, program: Program) -> str | None:
-    """Why `program`'s outputs do not fit the wrapper's `output_signature`."""
-    return _signature_mismatch(output_signature, program)
 
   def _capture(
     self, shared: _shared_export.SharedExport, training: bool | list[bool], num_threads: int
@@ -269,16 +279,3 @@ def spec_of(node: Any, name: str) -> tf.TensorSpec:
       "runner", f"{name} returns a {value.dtype} tensor, which TF has no dtype for"
     ) from err
   return tf.TensorSpec(shape, dtype)
-
-
-def _signature_mismatch(output_signature: Any, program: Program) -> str | None:
-  declared = tf.nest.flatten(output_signature)
-  outputs = program.out_specs[len(program.mutated) :]
-  if len(declared) != len(outputs) or any(
-    d.dtype != o.dtype or not d.shape.is_compatible_with(o.shape) for d, o in zip(declared, outputs)
-  ):
-    return (
-      f"the capture's outputs {outputs} do not match output_signature "
-      f"{output_signature} (the Python path checks each call against it)"
-    )
-  return None

@@ -33,13 +33,10 @@ def export(
   specs: Sequence[tf.TensorSpec],
   examples_torch: Sequence[torch.Tensor],
   name: str,
-  allow_writes: bool = False,
-  varargs: bool = False,
-  decompose: bool = True,
 ) -> Program:
-  """`torch.export` of the module, lowered (`lower`); returns a `Program`."""
-  program_torch = export_program(torch_module, specs, examples_torch, name, varargs)
-  return lower(program_torch, specs, name, allow_writes, decompose)
+  """`torch.export` of the module, lowered to the ops `_table` translates
+  (`lower`); returns a `Program` (what `tb.translate` serves)."""
+  return lower(export_program(torch_module, specs, examples_torch, name), specs, name)
 
 
 def export_program(
@@ -68,7 +65,7 @@ def export_program(
     try:
       return torch.export.export(torch_module, tuple(examples_torch), dynamic_shapes=shapes)
     except Exception as err:  # torch.export's errors are many and unrelated
-      raise _export_error(err, specs, name, "".join(printed), in_export=True) from err
+      raise _export_error(err, specs, name, "".join(printed)) from err
 
 
 def lower(
@@ -92,7 +89,7 @@ def lower(
     try:
       program = _decompose.decomposed(program_torch, _decompose.table() if decompose else {})
     except Exception as err:  # torch's decompositions, on the user's graph
-      raise _export_error(err, specs, name, "".join(printed), in_export=False) from err
+      raise _export_error(err, specs, name, "".join(printed)) from err
   _check_dynamic_dims(program, specs, name)
   return _program(program, name, allow_writes, prefix)
 
@@ -136,7 +133,7 @@ def _quiet() -> Iterator[list[str]]:
 
 
 def _export_error(
-  err: Exception, specs: Sequence[tf.TensorSpec], name: str, printed: str, in_export: bool
+  err: Exception, specs: Sequence[tf.TensorSpec], name: str, printed: str
 ) -> _export_errors.ExportError:
   said = _export_errors.summary(err)
   return _export_errors.ExportError(
@@ -146,7 +143,6 @@ def _export_error(
     "module through the bridge. (torch's whole error is this one's cause.)",
     said,
     _export_errors.detail(err, printed),
-    in_export,
   )
 
 

@@ -35,16 +35,12 @@ _DATA_DEPENDENT = ("data-dependent", "data dependent", "GuardOnDataDependentSymN
 class ExportError(ValueError):
   """torch.export refused a module: `str()` is one sentence with the fix,
   `summary` what torch could not do, `detail` torch's own error (and the
-  partial graph it printed, if any); `in_export`: torch.export.export
-  itself refused, not what was done with its program."""
+  partial graph it printed, if any)."""
 
-  def __init__(self, message: str, summary: str, detail: str, in_export: bool) -> None:
+  def __init__(self, message: str, summary: str, detail: str) -> None:
     super().__init__(message)
     self.summary = summary
     self.detail = detail
-    # torch.export.export itself refused (not the decompositions after it):
-    # the same call refuses whatever is done with its program.
-    self.in_export = in_export
 
 
 def summary(err: BaseException) -> str:
