@@ -14,6 +14,11 @@ import tensorflow as tf
 
 import torchbridge as tb
 
+# Captures are not kept on disk across the tests' processes (each test
+# captures as a first process would); tests/test_disk_captures.py turns it
+# on with a directory of its own. Subprocesses the tests start inherit it.
+os.environ.setdefault("TORCHBRIDGE_CAPTURE_CACHE", "off")
+
 # Two logical CPU devices, so MirroredStrategy tests have two replicas on this
 # CPU-only machine. Must happen before TF's runtime starts (before any test
 # runs an op); everything else keeps running on /CPU:0 as before.

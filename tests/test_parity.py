@@ -221,3 +221,132 @@ def test_a_non_persistent_buffer_is_read_by_every_runner(run, runner, path):
 
   choice = _record.choices()[f"positions_{run}"]
   assert choice["runner"] == runner and choice.get("path") == path, choice
+
+
+class _Batchwise(torch.nn.Module):
+  """Per-example math: torch.export keeps its batch symbolic."""
+
+  def __init__(self):
+    super().__init__()
+    self.linear = torch.nn.Linear(5, 4)
+
+  def forward(self, x, mask):
+    return torch.tanh(self.linear(x)).reshape(x.shape[0], -1) * mask
+
+
+class _Specializes(_Batchwise):
+  """Branches on the batch size: torch.export specializes it."""
+
+  def forward(self, x, mask):
+    scale = 2.0 if x.shape[0] == 8 else 1.0
+    return super().forward(x, mask) * scale
+
+
+def _checked_batches(monkeypatch):
+  """The batch sizes the checks ran at (the first input's leading size)."""
+  monkeypatch.setattr(_shared_export, "SMALL_BATCH_PARAMETERS", 1)  # every module is "large"
+  batches = []
+  real = _parity.check
+
+  def spy(state, flat, specs, program, candidate, **kwargs):
+    def seen(trial):
+      batches.append(trial.inputs_torch[0].shape[0])
+      return candidate(trial)
+
+    return real(state, flat, specs, program, seen, **kwargs)
+
+  monkeypatch.setattr(_parity, "check", spy)
+  return batches
+
+
+@pytest.mark.parametrize(
+  "net_type, checked_at", [(_Batchwise, _shared_export.SMALL_BATCH), (_Specializes, 8)]
+)
+@pytest.mark.parametrize("run, runner", [("auto", "tf"), ("torch", "torch")])
+def test_a_large_module_is_checked_at_a_small_batch_where_export_keeps_the_batch(
+  monkeypatch, net_type, checked_at, run, runner
+):
+  if runner == "torch" and not _loader.has_torch_interop():
+    pytest.skip("the C++ runner needs the native op")
+  batches = _checked_batches(monkeypatch)
+  gc.collect()
+  torch.manual_seed(0)
+  net = net_type()
+  name = f"{net_type.__name__.lower().strip('_')}_{run}"
+  module = tb.TorchModule(net, name=name, run=run)
+  x, mask = tf.random.normal([8, 2, 5]), tf.cast(tf.random.uniform([8, 1]) > 0.5, tf.float32)
+  shapes = []
+
+  @tf.function
+  def call(x, mask):
+    y = module(x, mask)
+    shapes.append(y.shape.as_list())  # static at the call's batch, as traced
+    return y
+
+  y = call(x, mask)
+  want = net(torch.from_numpy(x.numpy()), torch.from_numpy(mask.numpy())).detach().numpy()
+  np.testing.assert_allclose(y.numpy(), want, rtol=1e-6, atol=1e-6)
+  assert shapes == [[8, 8]]
+  assert batches == [checked_at]
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
+
+  assert _record.choices()[name]["runner"] == runner
+
+
+def test_a_small_module_is_checked_at_the_calls_batch(monkeypatch):
+  batches = _checked_batches(monkeypatch)
+  monkeypatch.setattr(_shared_export, "SMALL_BATCH_PARAMETERS", 10**6)
+  gc.collect()
+  module = tb.TorchModule(_Batchwise(), name="small_batchwise")
+  tf.function(lambda x, m: module(x, m))(tf.ones([8, 2, 5]), tf.ones([8, 1]))
+  assert batches == [8]
+
+
+class _AttentionDropout(torch.nn.Module):
+  def __init__(self):
+    super().__init__()
+    self.project = torch.nn.Linear(4, 12)
+
+  def forward(self, x):
+    q, k, v = self.project(x).chunk(3, dim=-1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+
+
+@pytest.mark.skipif(not _loader.has_torch_interop(), reason="the C++ runner needs the native op")
+def test_an_op_kept_whole_that_refuses_is_refused_before_decomposing(monkeypatch):
+  """Attention with dropout has no translation: the TF runner refuses it
+  on torch.export's graph, without decomposing it (BERT: 4.6 s)."""
+  lowered = []
+  real = _export.lowered_export
+  monkeypatch.setattr(_export, "lowered_export", lambda *a: lowered.append(a[3]) or real(*a))
+  gc.collect()
+  module = tb.TorchModule(_AttentionDropout().train(), name="attention_dropout")
+  y = tf.function(lambda x: module(x, training=True))(tf.ones([2, 3, 4]))
+  assert y.shape == [2, 3, 4]
+  assert lowered == [False]  # the C++ runner's lowering only
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
+
+  choice = _record.choices()["attention_dropout"]
+  assert choice["runner"] == "torch" and "attention dropout" in choice["reason"], choice
+
+
+def test_a_guard_torch_export_took_on_a_dynamic_size_is_never_dropped():
+  """torch.export checks `x.shape[0] != 8` only in `program.module()`; a
+  capture runs the graph, so a capture for every batch would take the
+  wrong branch at 8. It is refused: the calls run torch, right at 8."""
+  gc.collect()
+  torch.manual_seed(0)
+  net = _Specializes()
+  module = tb.TorchModule(net, name="guarded")
+  call = tf.function(
+    lambda x, m: module(x, m),
+    input_signature=[tf.TensorSpec([None, 2, 5]), tf.TensorSpec([None, 1])],
+  )
+  for batch in (3, 8):
+    x, mask = tf.random.normal([batch, 2, 5]), tf.ones([batch, 1])
+    want = net(torch.from_numpy(x.numpy()), torch.from_numpy(mask.numpy())).detach().numpy()
+    np.testing.assert_allclose(call(x, mask).numpy(), want, rtol=1e-6, atol=1e-6)
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
+
+  choice = _record.choices()["guarded"]
+  assert "holds only where Ne(" in choice["reason"], choice

@@ -60,6 +60,7 @@ def check(
   program: _export.Program,
   candidate: Callable[[Trial], Results],
   replay_draws: bool = False,
+  sizes: Sequence[int] | None = None,
 ) -> None:
   """Compares `candidate` with torch on random inputs.
 
@@ -71,6 +72,8 @@ def check(
     candidate: runs the capture on a `Trial`.
     replay_draws: torch runs `program` itself and records its random
       draws for the candidate to replay (a TF translation draws its own).
+    sizes: the `_inputs.random_inputs` sizes to check at; by default the
+      first, and the second where a dimension is unknown.
 
   Raises:
     Refusal: what differs (what="check"), or the forward raised.
@@ -80,7 +83,7 @@ def check(
   dynamic = any(d is None for s in specs for d in s.shape.as_list())
   rng_state = torch.random.get_rng_state()
   try:
-    for size in (0, 1) if dynamic else (0,):
+    for size in sizes or ((0, 1) if dynamic else (0,)):
       inputs_torch = _inputs.random_inputs(specs, size, seed=1)
       values = {n: torch.from_numpy(np.array(state.variables[n].numpy())) for n in names}
       leaves = {

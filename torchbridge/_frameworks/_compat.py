@@ -361,3 +361,33 @@ def is_list_type(schema_type: Any) -> bool:
 def is_tensor_type(schema_type: Any) -> bool:
   """A torch schema argument type `Tensor`."""
   return isinstance(schema_type, torch._C.TensorType)  # pylint: disable=protected-access
+
+
+def export_unmet_guard(program: Any) -> str | None:
+  """A guard `torch.export` took on the program's dynamic sizes that its
+  range constraints do not imply (`Ne(s0, 8)`), or None."""
+  shape_env = _attribute("torch.export.exported_program", "_get_shape_env", "torch")(
+    program.graph_module
+  )
+  bound_sympy = _attribute("torch.utils._sympy.value_ranges", "bound_sympy", "torch")
+  for guard in [] if shape_env is None else shape_env.guards:
+    bound = bound_sympy(guard.expr.xreplace(shape_env.replacements), program.range_constraints)
+    if not (bound.lower and bound.upper):  # not true for every size allowed
+      return str(guard.expr)
+  return None
+
+
+def export_saved_without_weights(program: Any, file: Any) -> None:
+  """`torch.export.save(program, file)` with its state dict as meta
+  tensors: shapes and dtypes only."""
+  weights = program._state_dict  # pylint: disable=protected-access
+  program._state_dict = {  # pylint: disable=protected-access
+    name: torch.nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
+    if isinstance(t, torch.nn.Parameter)
+    else torch.empty_like(t, device="meta")
+    for name, t in weights.items()
+  }
+  try:
+    torch.export.save(program, file)
+  finally:
+    program._state_dict = weights  # pylint: disable=protected-access

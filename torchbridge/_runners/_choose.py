@@ -151,7 +151,7 @@ class Runners:
     from torchbridge._capture import _shared_export  # pylint: disable=import-outside-toplevel
 
     key = _captures.signature_key(call, training, mode_key)
-    shared = _shared_export.SharedExport(state, call)
+    shared = _shared_export.SharedExport(state, call, key)
     try:
       why_torch = "run='torch'"
       if self.tf_runner is not None and in_replica:

@@ -28,6 +28,7 @@ from torchbridge._capture import _parity
 from torchbridge._capture import _shared_export
 from torchbridge._capture import _watch
 from torchbridge._state import _torch_state
+from torchbridge._translate import _decompose
 from torchbridge._translate import _export
 from torchbridge._translate import _fx_to_tf
 from torchbridge._translate import _inputs
@@ -107,16 +108,22 @@ class TFRunner:
   ) -> tuple[Translation, _watch.Snapshot] | _refusal.Refusal:
     # Anything that raises in capturing (TF's own gradient code included)
     # is a limit of the translation: this call takes torch.
-    return _captures.capture_held(
+    made = _captures.capture_held(
       self._state, training, functools.partial(self._translate, shared), "translation"
     )
+    shared.to_disk("tf", made if isinstance(made, _refusal.Refusal) else None, decompose=True)
+    return made
 
   def _translate(self, shared: _shared_export.SharedExport) -> Translation:
     state = self._state
+    kept = shared.from_disk("tf")  # checked when it was made
+    if kept is not None:
+      return Translation(kept, state.plain_variables(), state.tensor_names)
+    # Refused before decomposing where an op kept whole refuses (BERT's
+    # attention with dropout: its decomposition cost 4.6 s for nothing).
+    _refuse_ops(_fx_to_tf.untranslated(shared.exported().graph, only=_decompose.stays_whole))
     program = shared.lowered(decompose=True)
-    missing = _fx_to_tf.untranslated(program.graph)
-    if missing:
-      raise _refusal.Refusal("op", "; ".join(f"{op}: {why}" for op, why in sorted(missing.items())))
+    _refuse_ops(_fx_to_tf.untranslated(program.graph))
     translation = Translation(program, state.plain_variables(), state.tensor_names)
     _parity.check(
       state,
@@ -125,10 +132,16 @@ class TFRunner:
       program,
       functools.partial(_translated_side, translation, state),
       replay_draws=translation.random,
+      sizes=shared.check_sizes,
     )
     if translation.random:
       _check_draws(translation, shared.specs)
     return translation
+
+
+def _refuse_ops(missing: Mapping[str, str]) -> None:
+  if missing:
+    raise _refusal.Refusal("op", "; ".join(f"{op}: {why}" for op, why in sorted(missing.items())))
 
 
 def _translated_side(

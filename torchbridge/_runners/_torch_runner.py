@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch  # before TensorFlow, as everywhere in torchbridge
@@ -61,11 +61,13 @@ class Program:
     out_specs: list[tf.TensorSpec],
     structure: Any,
     mutated: tuple[str, ...],
+    check_specs: list[tf.TensorSpec] | None = None,
   ) -> None:
     self.loaded = loaded
     self.constants_tf = constants_tf
     self.again = again  # indices into the variables' values
-    self.out_specs = out_specs
+    self.out_specs = out_specs  # at the call's sizes
+    self.check_specs = check_specs or out_specs  # at any batch (its check's)
     self.structure = structure
     self.mutated = mutated
     self.seconds = 0.0  # its capture: export, lowering, loading and check
@@ -83,10 +85,12 @@ class Program:
     )
 
   def call(
-    self, arguments: list[tf.Tensor], differentiable: list[bool], name: str
+    self, arguments: list[tf.Tensor], differentiable: list[bool], name: str, check: bool = False
   ) -> tuple[dict[str, tf.Tensor], list[tf.Tensor]]:
-    """The op that runs it: `({buffer written: new value}, flat outputs)`."""
-    outs_tf = _call.call_exported(self.loaded, arguments, self.out_specs, differentiable, name)
+    """The op that runs it: `({buffer written: new value}, flat outputs)`
+    (`check`: on its check's trial, of another batch size)."""
+    specs = self.check_specs if check else self.out_specs
+    outs_tf = _call.call_exported(self.loaded, arguments, specs, differentiable, name)
     n = len(self.mutated)
     return dict(zip(self.mutated, outs_tf[:n])), outs_tf[n:]
 
@@ -165,18 +169,28 @@ class TorchRunner:
   def _capture(
     self, shared: _shared_export.SharedExport, training: bool | list[bool], num_threads: int
   ) -> tuple[Program, _watch.Snapshot] | _refusal.Refusal:
-    return _captures.capture_held(
+    made = _captures.capture_held(
       self._state, training, lambda: self._checked(shared, num_threads), "runner"
     )
+    shared.to_disk("torch", made if isinstance(made, _refusal.Refusal) else None, decompose=False)
+    return made
 
   def _checked(self, shared: _shared_export.SharedExport, num_threads: int) -> Program:
     state = self._state
+    kept = shared.from_disk("torch")  # checked when it was made
+    if kept is not None:
+      return self._load(kept, shared, num_threads)
     lowered = shared.lowered(decompose=False)
-    program = self._load(lowered, shared.specs, num_threads)
+    program = self._load(lowered, shared, num_threads)
     try:
       with _stats.uncounted():  # the check's crossings are no call's
         _parity.check(
-          state, shared.flat, shared.specs, lowered, lambda trial: _cpp_side(program, state, trial)
+          state,
+          shared.flat,
+          shared.specs,
+          lowered,
+          lambda trial: _cpp_side(program, state, trial),
+          sizes=shared.check_sizes,
         )
     except tf.errors.OpError as err:  # torch raised in the C++ runner's check
       said = torch_message(err.message)
@@ -184,11 +198,13 @@ class TorchRunner:
     return program
 
   def _load(
-    self, lowered: _export.Program, specs: Sequence[tf.TensorSpec], num_threads: int
+    self, lowered: _export.Program, shared: _shared_export.SharedExport, num_threads: int
   ) -> Program:
     """`lowered` loaded into the C++ runner, its arguments in the order
-    `Program.arguments` gives them."""
+    `Program.arguments` gives them; its output specs at the call's sizes."""
     state = self._state
+    specs = shared.specs
+    sizes = _shared_export.batch_sizes(lowered, shared.batch)
     names = state.param_names + state.buffer_names
     inputs = [f"torchbridge_unused_{k}" for k in range(len(names))]
     again, again_inputs = [], []
@@ -217,15 +233,17 @@ class TorchRunner:
     except _exported_program.Unsupported as err:
       raise _refusal.Refusal("runner", f"a node of the capture: {err}") from err
     outputs = [n for n in lowered.graph.nodes if n.op == "output"][0]
-    out_specs = []
+    out_specs, check_specs = [], []
     for k, node in enumerate(_exported_program.flat_outputs(outputs.args[0])):
       if k < len(mutated):
         variable = state.variables[mutated[k]]
         out_specs.append(tf.TensorSpec(variable.shape, variable.dtype))
+        check_specs.append(out_specs[-1])
       else:
-        out_specs.append(spec_of(node, state.name))
+        out_specs.append(spec_of(node, state.name, sizes))
+        check_specs.append(spec_of(node, state.name))
     constants_tf = [tf.constant(lowered.constants[c]) for c in constants]
-    return Program(loaded, constants_tf, again, out_specs, lowered.structure, mutated)
+    return Program(loaded, constants_tf, again, out_specs, lowered.structure, mutated, check_specs)
 
 
 def _cpp_side(
@@ -241,7 +259,7 @@ def _cpp_side(
   arguments, differentiable = program.arguments(vars_tf, state.trainable(), args_tf)
   with tf.GradientTape(persistent=True) as tape:
     tape.watch(leaves_tf)
-    writes, outputs = program.call(arguments, differentiable, state.name)
+    writes, outputs = program.call(arguments, differentiable, state.name, check=True)
   grads: list[Any] = [None] * len(leaves_tf)
   if trial.differentiated and leaves_tf:
     grads = tape.gradient(
@@ -264,14 +282,13 @@ def torch_message(message: str) -> str:
   return message.strip()
 
 
-def spec_of(node: Any, name: str) -> tf.TensorSpec:
-  """The `tf.TensorSpec` of an output node of the program."""
-  from torch.fx.experimental import symbolic_shapes  # pylint: disable=import-outside-toplevel
-
+def spec_of(node: Any, name: str, sizes: Mapping[Any, int] | None = None) -> tf.TensorSpec:
+  """The `tf.TensorSpec` of an output node of the program (`sizes`: values
+  of the symbols its dimensions are known at)."""
   value = node.meta.get("val") if hasattr(node, "meta") else None
   if not isinstance(value, torch.Tensor):
     raise _refusal.Refusal("runner", f"the forward returns {value!r}, not a tensor")
-  shape = [int(d) if symbolic_shapes.is_concrete_int(d) else None for d in value.shape]
+  shape = _shared_export.dims_at(value.shape, sizes or {})
   try:
     dtype = tf.as_dtype(torch.empty((), dtype=value.dtype).numpy().dtype)
   except TypeError as err:

@@ -68,6 +68,15 @@ def _decomposition_table() -> dict[Any, Any]:
   return {op: fn for op, fn in table.items() if str(op) not in _KEEP_WHOLE_OPS}
 
 
+def stays_whole(op: Any) -> bool:
+  """Whether decomposing for the translation keeps `op` whole."""
+  return (
+    isinstance(op, torch._ops.OpOverload)
+    and str(op) in _KEEP_WHOLE_OPS
+    and (not _compat.op_is_composite(op) or _compat.export_preserves_composite(op))
+  )
+
+
 def decomposed(
   program: torch.export.ExportedProgram, table: dict[Any, Any]
 ) -> torch.export.ExportedProgram:

@@ -14,6 +14,7 @@ import torch  # before TensorFlow, as everywhere in torchbridge
 from torch.fx.experimental import symbolic_shapes
 import tensorflow as tf
 
+from torchbridge._frameworks import _compat
 from torchbridge._translate import _decompose
 from torchbridge._translate import _export_errors
 from torchbridge._translate import _refusal
@@ -85,13 +86,33 @@ def lower(
   instead of refused. `prefix`: where the exported module called the
   user's as a submodule (`module.`), taken off the state's names, so a
   `Program` names the user's tensors as its `state_dict` does."""
+  lowered = lowered_export(program_torch, specs, name, decompose)
+  return as_program(lowered, name, allow_writes, prefix)
+
+
+def lowered_export(
+  program_torch: torch.export.ExportedProgram,
+  specs: Sequence[tf.TensorSpec],
+  name: str,
+  decompose: bool = True,
+) -> torch.export.ExportedProgram:
+  """`lower`'s first half: torch's program decomposed (or functionalized),
+  its dynamic sizes checked."""
   with _quiet() as printed:
     try:
       program = _decompose.decomposed(program_torch, _decompose.table() if decompose else {})
     except Exception as err:  # torch's decompositions, on the user's graph
       raise _export_error(err, specs, name, "".join(printed)) from err
   _check_dynamic_dims(program, specs, name)
-  return _program(program, name, allow_writes, prefix)
+  for checked in (program_torch, program):
+    guard = _compat.export_unmet_guard(checked)
+    if guard is not None:
+      raise ValueError(
+        f"translate({name!r}): torch.export's program holds only where {guard} (the "
+        "model's code branches on a dynamic size); give that dimension a fixed size in "
+        "the spec."
+      )
+  return program
 
 
 def state_reads(program: Program, state_names: Mapping[str, str]) -> dict[str, str]:
@@ -176,9 +197,11 @@ def _check_dynamic_dims(
         )
 
 
-def _program(
-  program: torch.export.ExportedProgram, name: str, allow_writes: bool, prefix: str
+def as_program(
+  program: torch.export.ExportedProgram, name: str, allow_writes: bool, prefix: str = ""
 ) -> Program:
+  """`lower`'s second half: a lowered program as a `Program`."""
+
   def own(target: str) -> str:
     return target[len(prefix) :] if prefix and target.startswith(prefix) else target
 

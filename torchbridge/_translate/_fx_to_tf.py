@@ -9,7 +9,7 @@ allow it (`_channels_last`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
@@ -30,12 +30,22 @@ if TYPE_CHECKING:
   import torch.fx
 
 
-def untranslated(graph: torch.fx.Graph) -> dict[str, str]:
+def untranslated(
+  graph: torch.fx.Graph, only: Callable[[Any], bool] | None = None
+) -> dict[str, str]:
   """`{op name: reason}` for every node of `graph` that cannot become TF
-  ops: no table entry, or one that refuses the node's arguments."""
+  ops: no table entry, or one that refuses the node's arguments. `only`:
+  just the ops it is true of, and only their entries' refusals (the ops
+  decomposition keeps whole, on torch.export's graph before decomposing:
+  a refusal found there holds after it)."""
   found: dict[str, str] = {}
   for node in graph.nodes:
-    if node.op == "call_function":
+    if only is not None:
+      if node.op == "call_function" and only(node.target):
+        entry = _table.OPS.get(_table.op_key(node.target))
+        if entry is not None and entry[2] is not None and (reason := entry[2](node)):
+          found.setdefault(_table.op_key(node.target), reason)
+    elif node.op == "call_function":
       key = _table.op_key(node.target)
       entry = _table.OPS.get(key)
       if entry is None:
