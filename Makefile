@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test test-long check test-user user-venv test-pythons bench bench-user bench-runners bench-load runner-coverage bench-build soak venv clean docs lint
+.PHONY: demo ppo test test-long check test-user user-venv test-pythons bench bench-user bench-runners bench-load bench-real runner-coverage bench-build soak venv clean docs lint
 
 venv: $(STAMP)
 
@@ -233,6 +233,31 @@ bench-load: $(STAMP)
 	$(PY) -m benchmarks.load --remedies
 	$(PY) -m benchmarks.load --breakdown --rounds 3
 	$(PY) -m benchmarks.ddpg_loop
+
+# Real-size models (benchmarks/real_models.py, issue 54): BERT-base and
+# GPT-2 small training, GPT-2 inference, ResNet-18 training NCHW and
+# channels-last, each in pure torch, tb.TorchModule (default runner; again
+# in a second process sharing its capture cache), run="torch" and keras-hub's
+# TF-native model; each (task, contender) in a process of its own, nothing
+# else meanwhile, REAL_ROUNDS rounds alternated
+# (benchmarks/results/real_models.{json,md}, included by the docs). The
+# benchmark-only packages go in pinned, without their dependencies
+# (keras-hub's would bring tensorflow-text and a second TensorFlow).
+# torchvision goes in only beside a CUDA build of torch: PyPI's torchvision
+# 0.28.0 (torch 2.13's) is built against CUDA torch and cannot be imported
+# beside the CPU torch of .venv; there the script runs torchvision's
+# ResNet-18 definition, copied (the same modules and initialisation).
+# About 35 minutes a round on 2 cores, estimated; run it on an otherwise
+# idle machine. REAL_ARGS="--tasks bert-train --rounds 1" for a part,
+# REAL_ARGS=--tiny for the smoke run (a few minutes).
+REAL_ROUNDS ?= 2
+REAL_ARGS ?=
+bench-real: $(STAMP)
+	$(PY) -m pip install --quiet --no-deps keras-hub==0.32.0 kagglehub==1.0.2 \
+	  kagglesdk==0.1.28 sentencepiece==0.2.3
+	if $(PY) -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then \
+	  $(PY) -m pip install --quiet --no-deps torchvision==0.28.0; fi
+	$(PY) -m benchmarks.real_models --rounds $(REAL_ROUNDS) $(REAL_ARGS)
 
 # Which runner torch's module_db and the tiny transformers models take on the
 # default path (benchmarks/results/runner_coverage.{json,md}), and which

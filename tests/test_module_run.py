@@ -564,3 +564,19 @@ def test_translated_ops_carry_the_module_name_in_the_graph_and_tf_profiler(tmp_p
   paths = glob.glob(str(tmp_path / "**" / "*.xplane.pb"), recursive=True)
   data = b"".join(pathlib.Path(p).read_bytes() for p in paths)
   assert re.search(rb"actor/MatMul", data) and re.search(rb"critic/MatMul", data)
+
+
+def test_building_a_functional_model_captures_nothing():
+  """Keras reads a functional model's output specs from a scratch graph it
+  never runs: no capture there (a large model's costs seconds); a graph
+  that runs captures once."""
+  from torchbridge._capture import _shared_export  # pylint: disable=import-outside-toplevel
+
+  before = _shared_export.SharedExport.exports
+  layer = tb.keras.TorchLayer(torch.nn.Linear(4, 2), name="functional_linear")
+  inputs = tf.keras.Input((4,))
+  model = tf.keras.Model(inputs, layer(inputs))
+  assert model.output_shape == (None, 2)
+  assert _shared_export.SharedExport.exports == before
+  tf.function(lambda x: model(x, training=False))(tf.ones([8, 4]))
+  assert _shared_export.SharedExport.exports == before + 1  # a graph that runs

@@ -33,7 +33,7 @@ _FENCE = re.compile(r"^```(.*)$")
 _TIMEOUT_S = 300
 
 # Optional packages: a block that imports one is skipped when it is missing.
-_OPTIONAL = ("ray", "keras")
+_OPTIONAL = ("ray", "keras", "transformers")
 
 _TAIL_CHARS = 4000
 

@@ -131,11 +131,21 @@ def test_forward_in_tf_function_equals_pure_torch(name):
     want = _first_output(reference(**{k: torch.from_numpy(v) for k, v in inputs.items()})).numpy()
   assert got.shape == want.shape
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  _assert_translated(name)
   # The output's static shape is fully known, found while tracing.
   spec = forward.get_concrete_function(
     {k: tf.TensorSpec(v.shape, tf.as_dtype(v.dtype)) for k, v in inputs.items()}
   ).structured_outputs
   assert spec.shape.as_list() == list(want.shape)
+
+
+def _assert_translated(name):
+  """The default runner took the TF translation (values alone would pass
+  on any runner: a model sent to the Python path by mistake went unseen)."""
+  from torchbridge._runners import _record  # pylint: disable=import-outside-toplevel
+
+  choice = _record.choices()[name]
+  assert choice["runner"] == "tf", choice
 
 
 def _loss_weights(shape):
@@ -179,6 +189,7 @@ def test_gradients_and_sgd_steps_in_tf_function_equal_pure_torch(name):
     return (_first_output(reference(**inputs_torch)) * weights_torch).sum()
 
   loss_tf, grads_tf = gradients(inputs_tf)
+  _assert_translated(name)
   loss_torch = torch_loss()
   grads_torch = torch.autograd.grad(loss_torch, list(params.values()), allow_unused=True)
   np.testing.assert_allclose(loss_tf.numpy(), loss_torch.item(), rtol=1e-5)

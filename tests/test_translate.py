@@ -637,3 +637,37 @@ def test_linear_reads_the_weight_in_torchs_layout_in_the_form_each_compiler_runs
   assert len(forward) == 1, [(op.inputs[0].shape, op.inputs[1].shape) for op in matmuls]
   weight_first = forward[0].inputs[0].shape == [4, 6]
   assert weight_first == jit
+
+
+class _MaskedAttention(torch.nn.Module):
+  def __init__(self, additive):
+    super().__init__()
+    self.project = torch.nn.Linear(4, 12)
+    self.additive = additive
+
+  def forward(self, x, keep):
+    q, k, v = self.project(x).chunk(3, dim=-1)
+    mask = keep[:, None, :].bool()
+    if self.additive:  # -inf where blocked
+      mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_attention_gives_zeros_for_a_query_that_may_attend_nothing(additive):
+  """torch's attention returns zeros for a fully masked row (a sequence all
+  padding); a softmax over nothing would give the mean of the values, or
+  NaN."""
+  torch.manual_seed(0)
+  net = _MaskedAttention(additive).eval()
+  x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+  keep = np.array([[1, 1, 0], [0, 0, 0]], np.float32)
+  served = tb.translate(
+    tb.TorchModule(net, name="masked"),
+    [tf.TensorSpec([None, 3, 4]), tf.TensorSpec([None, 3])],
+    example_inputs=[x, keep],
+  )
+  got = served(tf.constant(x), tf.constant(keep)).numpy()
+  want = net(torch.from_numpy(x), torch.from_numpy(keep)).detach().numpy()
+  assert not np.any(want[1]) and np.any(want[0])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -14,9 +14,11 @@ hold the graph to that state (`_capture/_guard.py`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
@@ -77,6 +79,18 @@ class Runners:
     self.state = state
     self.run = run
     self._said: set[str] = set()
+    self._specs_only = threading.local()  # .on: graph calls capture nothing
+
+  @contextlib.contextmanager
+  def specs_only(self) -> Iterator[None]:
+    """Graph calls on this thread capture nothing and take the Python
+    path: a graph only their output specs are read from (Keras' scratch
+    graph while a functional model is built), never run."""
+    self._specs_only.on = True
+    try:
+      yield
+    finally:
+      self._specs_only.on = False
 
   @functools.cached_property
   def tf_runner(self) -> _tf_runner.TFRunner | None:
@@ -133,7 +147,7 @@ class Runners:
     call = _call.bind_arguments(state.name, (args, kwargs))
     _distribute.check_call_context(state.name, state.variables.values())
     mode_key = state.mode_key(training)
-    if not tf.executing_eagerly():
+    if not tf.executing_eagerly() and not getattr(self._specs_only, "on", False):
       captured = self._captured_call(call, training, mode_key, output_signature)
       if captured is not None:
         result, writes = captured

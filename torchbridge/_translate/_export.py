@@ -100,7 +100,10 @@ def lowered_export(
   its dynamic sizes checked."""
   with _quiet() as printed:
     try:
-      program = _decompose.decomposed(program_torch, _decompose.table() if decompose else {})
+      if not decompose and _decompose.runs_as_exported(program_torch):
+        program = program_torch
+      else:
+        program = _decompose.decomposed(program_torch, _decompose.table() if decompose else {})
     except Exception as err:  # torch's decompositions, on the user's graph
       raise _export_error(err, specs, name, "".join(printed)) from err
   _check_dynamic_dims(program, specs, name)

@@ -135,11 +135,8 @@ class TorchLayer(keras.layers.Layer):
     self._output_signature = _call.check_output_signature(output_signature, f"TorchLayer {name!r}")
     self._torch_state = _torch_state.TorchState(module, self.name, self._make_weight)
     self._runners = _runners.Runners(self._torch_state, run)
-    # Tracked by torch name, in a trackable holder, so that
-    # tf.train.Checkpoint and tf.saved_model find them through the layer's
-    # attributes, as they find a Dense layer's kernel (Keras' own tracking,
-    # which `weights` and `save_weights` use, keeps them once, through
-    # add_weight, and ignores the holder).
+    # By torch name in a trackable holder, for tf.train.Checkpoint and SavedModel
+    # (Keras' `weights` keep them once, through add_weight, and ignore it).
     holder = tf.Module()
     for name, variable in self._torch_state.variables.items():
       setattr(holder, name, variable)
@@ -194,6 +191,11 @@ class TorchLayer(keras.layers.Layer):
       The forward's result with TF tensors in place of torch tensors.
     """
     return self._runners.call(args, kwargs, training, self._output_signature)
+
+  def compute_output_spec(self, *args: Any, **kwargs: Any) -> Any:
+    # A functional model's build reads specs from a graph never run: no capture.
+    with self._runners.specs_only():
+      return super().compute_output_spec(*args, **kwargs)
 
   def get_weights_by_name(self) -> dict[str, np.ndarray]:
     """The weights as `{torch state_dict name: np.ndarray}`.

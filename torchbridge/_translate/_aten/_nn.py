@@ -97,16 +97,22 @@ def _attention(
   if scale is None:
     scale = 1.0 / math.sqrt(q.shape[-1])
   logits = tf.matmul(q, k, transpose_b=True) * scale
+  allowed = None  # where a query may attend; torch gives a row with none zeros
   if is_causal:
     rows = tf.range(_table.dim_size(q, -2))[:, None]
     cols = tf.range(_table.dim_size(k, -2))[None, :]
-    logits = tf.where(cols <= rows, logits, logits.dtype.min)
+    allowed = cols <= rows
   if attn_mask is not None:
-    if attn_mask.dtype == tf.bool:
-      logits = tf.where(attn_mask, logits, logits.dtype.min)
-    else:
-      logits = logits + attn_mask
-  return tf.matmul(tf.nn.softmax(logits, axis=-1), v)
+    if attn_mask.dtype != tf.bool:  # an additive mask; -inf blocks, as False does
+      finite = attn_mask > float("-inf")
+      logits = logits + tf.where(finite, attn_mask, tf.zeros_like(attn_mask))
+      attn_mask = finite
+    allowed = attn_mask if allowed is None else tf.logical_and(allowed, attn_mask)
+  if allowed is None:
+    return tf.matmul(tf.nn.softmax(logits, axis=-1), v)
+  weights = tf.nn.softmax(tf.where(allowed, logits, logits.dtype.min), axis=-1)
+  any_allowed = tf.reduce_any(allowed, axis=-1, keepdims=True)
+  return tf.matmul(weights, v) * tf.cast(any_allowed, v.dtype)
 
 
 @translates("aten._softmax.default", "aten.softmax.int")
