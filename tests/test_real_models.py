@@ -202,3 +202,27 @@ def test_the_committed_table_is_written_from_the_committed_json():
   assert set(data["tasks"]) == set(real_models.TASKS)
   if data["tiny"]:
     assert "Tiny smoke run" in real_models.markdown(data)
+
+
+@pytest.mark.slow
+def test_the_first_call_breakdown_times_each_part_and_reads_the_capture_back(tmp_path):
+  """benchmarks/first_call_breakdown.py at one layer and a batch of 4 (a
+  module of over a million parameters: checked at a batch of 3): the
+  first process captures, a second reads the capture from disk."""
+  env = dict(os.environ, TORCHBRIDGE_CAPTURE_CACHE=str(tmp_path), OMP_NUM_THREADS="1")
+  command = [sys.executable, "benchmarks/first_call_breakdown.py", "--layers", "1"]
+  command += ["--batch", "4", "--length", "8", "--steps", "1"]
+  reports = []
+  for _ in range(2):
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports.append(json.loads(done.stdout.strip().splitlines()[-1]))
+  first, second = reports
+  tracing = "TF: tracing (twice where Adam's slots are made)"
+  for report in reports:
+    parts = report["parts_s"]
+    assert parts[tracing] >= report["capture_s"] > 0, report
+    assert report["first_step_s"] >= parts[tracing], report
+  assert "torch.export" in first["parts_s"] and "capture written to disk" in first["parts_s"]
+  assert "torch.export" not in second["parts_s"], second
+  assert "capture read from disk" in second["parts_s"], second

@@ -75,13 +75,16 @@ def difference(
     return Difference(0.0 if same else float("inf"), same, Tolerance(0.0, 0.0), 0.0)
   if np.isfinite(want).all() and not np.iscomplexobj(want):
     # One pass for the largest difference, a second only where it exceeds
-    # the absolute bound (a model's gradients: ~10^8 elements to check).
+    # the absolute bound (a model's gradients: ~10^8 elements to check). In
+    # float32 below float64: its rounding (6e-8 relative) is far inside
+    # every float32 tolerance.
+    work = np.float64 if np.float64 in (got.dtype, want.dtype) else np.float32
     scale = max(1.0, float(np.abs(want).max(initial=0.0))) if scaled else 1.0
     bound = tolerance.atol * scale
-    apart = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    apart = np.abs(got.astype(work, copy=False) - want.astype(work, copy=False))
     largest = float(apart.max(initial=0.0))  # nan where got has one
     ok = largest <= bound or bool(
-      np.all(apart <= bound + tolerance.rtol * np.abs(want.astype(np.float64)))
+      np.all(apart <= bound + tolerance.rtol * np.abs(want.astype(work, copy=False)))
     )
     return Difference(largest, ok, tolerance, bound)
   got64 = got.astype(np.complex128 if np.iscomplexobj(want) else np.float64)
