@@ -8,7 +8,9 @@ last hidden state squared as the loss), with each part of the capture
 timed where it runs: torch.export, its lowering (per runner), the
 translation's op check, the parity check (its torch and its candidate's
 side), and what is left (TF's tracing, graph optimisation, the first run).
-`--run pure` times the same steps in torch alone, `--run keras-hub` keras-hub's
+`--run pure` times the same steps in torch alone, `--run tf-floor` the TF
+side alone (Adam on the same variables, the loss their mean squares: no
+model, no torch), `--run keras-hub` keras-hub's
 TF-native `BertBackbone` of the same sizes (its sequence output for the
 last hidden state). For the TF contenders the first step is split where
 TF splits it: `get_concrete_function` (both of TF's traces: the first
@@ -91,7 +93,9 @@ class _Hidden(torch.nn.Module):
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--run", default="auto", choices=["auto", "torch", "pure", "keras-hub"])
+  parser.add_argument(
+    "--run", default="auto", choices=["auto", "torch", "pure", "keras-hub", "tf-floor"]
+  )
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--length", type=int, default=128)
   parser.add_argument("--layers", type=int, default=12)
@@ -128,9 +132,11 @@ def main():
       _timed(_parity, "check", "parity check")
       _timed(_tf_runner, "_translated_side", "parity check: its TF side")
       _timed(_torch_runner, "_cpp_side", "parity check: its C++ side")
-      module = tb.TorchModule(net, name="bert", run=args.run)
+      module = tb.TorchModule(net, name="bert", run="auto" if args.run == "tf-floor" else args.run)
 
       def forward(ids_tf):
+        if args.run == "tf-floor":  # what TF's step costs with no model in it
+          return tf.stack([tf.reduce_mean(v**2) for v in module.trainable_variables])
         return module(ids_tf, training=True)
 
     opt = tf.keras.optimizers.Adam(1e-4)
