@@ -65,8 +65,11 @@ test: $(STAMP)
 # The long suites (those marked slow), on the native op: module_db,
 # transformers, the examples, Ray, the installs, the benchmarks' smoke
 # runs, the docs' code.
+# DOCS_BLOCKS=optional (CI): the docs' code blocks that need no optional
+# package run in `make test-user` only, in what users install.
+DOCS_BLOCKS ?= all
 test-long: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) --durations=25 -m slow tests
+	TORCHBRIDGE_DOCS_BLOCKS=$(DOCS_BLOCKS) $(PY) -m pytest -q $(XDIST) --durations=25 -m slow tests
 
 # The contributor's loop, under 5 minutes here: lint, type check, and the
 # tests of the call path, the exchange and the layering on the native op,
