@@ -580,3 +580,14 @@ def test_building_a_functional_model_captures_nothing():
   assert _shared_export.SharedExport.exports == before
   tf.function(lambda x: model(x, training=False))(tf.ones([8, 4]))
   assert _shared_export.SharedExport.exports == before + 1  # a graph that runs
+
+
+def test_a_name_starting_with_an_underscore_runs_in_a_graph():
+  """A valid `tf.Module` name that no root name scope accepts."""
+  torch.manual_seed(0)
+  net = torch.nn.Linear(3, 2)
+  module = tb.TorchModule(net, name="_private_linear")
+  x = tf.random.normal([4, 3])
+  y = tf.function(lambda x: module(x))(x)
+  np.testing.assert_allclose(y.numpy(), net(torch.from_numpy(x.numpy())).detach().numpy(), 1e-6)
+  assert _runners.choices()["_private_linear"]["runner"] == "tf"

@@ -216,4 +216,5 @@ def _name_scope(name: str) -> Any:
   scope = tf.compat.v1.get_default_graph().get_name_scope()
   if re.fullmatch(re.escape(name) + r"(_\d+)?", scope.rsplit("/", 1)[-1]):
     return contextlib.nullcontext()
-  return tf.name_scope(name)
+  # A root scope may not start with "_" (a valid tf.Module name may).
+  return tf.name_scope(re.sub(r"^[^A-Za-z0-9.]+", "", name) or "torch_module")
