@@ -61,10 +61,10 @@ def main():
   torch.manual_seed(0)
   nets = {"scaled": Scaled(float(sys.argv[1])), "spectrum": Spectrum(), "counting": Counting()}
   x = tf.random.stateless_normal([2, 4], seed=[1, 2])
-  report = {}
+  report, calls = {}, {}
   for name, net in nets.items():
     module = tb.TorchModule(net, name=name)
-    call = tf.function(lambda x, module=module: module(x))
+    call = calls[name] = tf.function(lambda x, module=module: module(x))
     got = call(x).numpy()
     want = net(torch.from_numpy(x.numpy())).detach().numpy()
     choice = _record.choices()[name]
@@ -74,6 +74,14 @@ def main():
       "equal": bool(np.allclose(got, want, rtol=1e-6, atol=1e-6)),
     }
   report["counting"]["calls"] = nets["counting"].calls
+  # The Python state a capture read is watched whether it was made here or
+  # read from disk: a changed attribute is refused by name, never stale.
+  nets["scaled"].scale += 1.0
+  try:
+    calls["scaled"](x)
+    report["stale"] = "ran"
+  except tb.StaleCaptureError as err:
+    report["stale"] = "refused: scale" if "scale" in str(err) else f"refused: {err}"
   report["exports"] = _shared_export.SharedExport.exports
   report["checks"] = len(checks)
   print(json.dumps(report))

@@ -59,6 +59,7 @@ def test_a_second_process_takes_every_capture_and_refusal_from_disk(kept, tmp_pa
   assert second["scaled"]["runner"] == "tf"
   assert second["spectrum"]["runner"] == "torch" and second["spectrum"]["path"] == "C++"
   assert second["counting"]["path"] == "Python"  # its refusal, kept
+  assert first["stale"] == second["stale"] == "refused: scale", (first, second)
 
 
 @pytest.mark.slow

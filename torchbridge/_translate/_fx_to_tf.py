@@ -35,24 +35,21 @@ def untranslated(
 ) -> dict[str, str]:
   """`{op name: reason}` for every node of `graph` that cannot become TF
   ops: no table entry, or one that refuses the node's arguments. `only`:
-  just the ops it is true of, and only their entries' refusals (the ops
-  decomposition keeps whole, on torch.export's graph before decomposing:
-  a refusal found there holds after it)."""
+  just the ops it is true of (the ops decomposition keeps whole, on
+  torch.export's graph before decomposing: a refusal found there holds
+  after it)."""
   found: dict[str, str] = {}
   for node in graph.nodes:
-    if only is not None:
-      if node.op == "call_function" and only(node.target):
-        entry = _table.OPS.get(_table.op_key(node.target))
-        if entry is not None and entry[2] is not None and (reason := entry[2](node)):
-          found.setdefault(_table.op_key(node.target), reason)
-    elif node.op == "call_function":
+    if node.op == "call_function":
+      if only is not None and not only(node.target):
+        continue
       key = _table.op_key(node.target)
       entry = _table.OPS.get(key)
       if entry is None:
         found.setdefault(key, "no TensorFlow translation")
       elif entry[2] is not None and (reason := entry[2](node)):
         found.setdefault(key, reason)
-    elif node.op in ("call_module", "call_method", "get_attr"):
+    elif only is None and node.op in ("call_module", "call_method", "get_attr"):
       found.setdefault(
         f"{node.op} {node.target}", "control flow or submodule call in the exported graph"
       )
