@@ -10,6 +10,7 @@ temporary directory as its working directory: the files a block writes
 imported, not a copy shadowed by the current directory.
 """
 
+import ast
 import importlib.util
 import os
 from pathlib import Path
@@ -83,11 +84,17 @@ _BLOCK_IDS = [where for where, _ in BLOCKS]
 
 
 def _needs(code, package):
-  """Whether `code` imports `package` or uses `tb.<package>`."""
-  imports = re.search(
-    rf"^\s*(import\s+([\w.]+\s*,\s*)*{package}\b|from\s+{package}\b)", code, re.MULTILINE
-  )
-  return imports is not None or f"tb.{package}." in code
+  """Whether `code` imports `package` (in any import form) or uses `tb.<package>`."""
+  for node in ast.walk(ast.parse(code)):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      names = [node.module or ""]
+    else:
+      continue
+    if any(name.split(".")[0] == package for name in names):
+      return True
+  return f"tb.{package}." in code
 
 
 def _output(stdout, stderr):
@@ -147,3 +154,15 @@ def test_readme_block_runs(where, code, tmp_path):
     f"{where}: the block was killed by signal {-result.returncode}\n{output}"
   )
   assert result.returncode == 0, f"{where}: the block exited with {result.returncode}\n{output}"
+
+
+def test_optional_imports_are_found_in_every_import_form():
+  # `import numpy as np, transformers` slipped past a regex once: CI's user
+  # venv (no transformers) then ran the Hugging Face guide's blocks.
+  assert _needs("import numpy as np, tensorflow as tf, transformers\n", "transformers")
+  assert _needs("from transformers.models import bert\n", "transformers")
+  assert _needs("import ray.util\n", "ray")
+  assert _needs("x = tb.ray.remote\n", "ray")
+  assert not _needs("import transformers_extra\nimport numpy as np\n", "transformers")
+  needing = {w for w, code in BLOCKS if _needs(code, "transformers")}
+  assert any(w.startswith("docs/guides/hugging-face.md") for w in needing)
