@@ -9,7 +9,7 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
 - `tb.TorchModule(..., run="torch")` as users get it: the C++ torch runner,
   and the stale-state check before each call of the `tf.function` (a
   call-time capture of TF's that runs Python, `_guard.add_guard`);
-- the same module with that check left out (`add_guard` made a no-op while
+- the same module with that check left out (`_before_calls.before_each_call` made a no-op while
   the call is traced): what the runner costs without it;
 - the bare op the runners table compares against
   (`scripted_native.NoPythonFloorModule`: the same variables read, one
@@ -26,7 +26,7 @@ of `benchmarks/runners.py`), in one process, the contenders interleaved
 - TF's call-time capture alone: a `tf.function` multiplying its input by
   a captured variable (as the module's call reads its variables) with a
   call-time capture whose closure returns a constant, typed as the check's
-  is (`_guard.CheckType`) and by a `tf.TensorSpec` (what TF's own
+  is (`_before_calls.CheckType`) and by a `tf.TensorSpec` (what TF's own
   validation of the value costs), against the same function without it:
   TF's mechanism for running Python before each call, what a check
   through it pays whatever the check does;
@@ -64,7 +64,7 @@ import torchbridge as tb  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from torchbridge._frameworks import _compat  # noqa: E402
 from torchbridge._native import _loader  # noqa: E402
-from torchbridge._capture import _guard  # noqa: E402
+from torchbridge._state import _before_calls  # noqa: E402
 
 RUNNER = 'run="torch" (C++ torch runner), as users get it'
 NO_CHECK = 'run="torch", the stale-state check left out'
@@ -95,13 +95,13 @@ def contenders():
     torch.manual_seed(0)
     module = tb.TorchModule(torch.nn.Linear(4, 4), name="linear", run="torch")
     call = tf.function(lambda v: module(v))
-    real = _guard.add_guard
+    real = _before_calls.before_each_call
     if not check:
-      _guard.add_guard = lambda *args, **kwargs: None
+      _before_calls.before_each_call = lambda *args, **kwargs: None
     try:
       call(x)
     finally:
-      _guard.add_guard = real
+      _before_calls.before_each_call = real
     return lambda: call(x)
 
   bare_module = scripted_native.NoPythonFloorModule(torch.nn.Linear(4, 4))
@@ -125,7 +125,7 @@ def contenders():
 
     return times_scale
 
-  with_check_type = with_capture(_guard.CheckType())
+  with_check_type = with_capture(_before_calls.CheckType())
   with_spec = with_capture(tf.TensorSpec([], tf.int32))
 
   @tf.function
@@ -138,15 +138,17 @@ def contenders():
 
   runner_call = module_call(check=True)
   # What the check before each call of the runner's graph runs
-  # (`_guard.check` on its entries: the capture's watch, and the modes of a
-  # training=None call): the only graph with a check here, of one module.
-  graphs = list(_guard._CHECKS.values())
-  if len(graphs) != 1 or len({name for _, name, _ in graphs[0].values()}) != 1:
-    raise RuntimeError(f"expected the runner's one checked module, found {graphs}")
-  entries = graphs[0].values()
+  # (its callbacks: `_guard.check` on the capture's watch and the modes of
+  # a training=None call, the views of the variables taken back): the only
+  # graph with callbacks here, of one module.
+  graphs = [g for g in _before_calls._CALLBACKS.values() if g]
+  if len(graphs) != 1:
+    raise RuntimeError(f"expected the runner's one checked graph, found {graphs}")
+  callbacks = graphs[0].values()
 
   def guard():
-    _guard.check(entries)
+    for callback in list(callbacks):
+      callback()
 
   calls = {
     PRE_CAPTURE: before_execution(with_check_type, x),

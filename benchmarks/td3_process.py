@@ -182,6 +182,11 @@ def run_script(
           "--out",
           out,
           *(["--run", run] if backend == "torchbridge" else []),
+          # The per-step schedule, the policy through its tf.function: what
+          # this benchmark has timed since before the burst schedule.
+          "--schedule",
+          "step",
+          *(["--policy-call", "function"] if backend != "torch" else []),
           *(["--jit-compile"] if jit_compile else []),
         ]
       )

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchbridge as tb  # noqa: E402
 from ppo import agents  # noqa: E402
 from ppo import networks  # noqa: E402
+from ppo import normalize  # noqa: E402
 from ppo import reporting  # noqa: E402
 from ppo import sequences  # noqa: E402
 
@@ -60,6 +61,20 @@ def parse_args(argv=None):
     type=int,
     default=agents.Hyper.max_seq_len,
     help="the padded length T of the training sequences",
+  )
+  p.add_argument(
+    "--schedule",
+    choices=("burst", "step"),
+    default="burst",
+    help="burst (default): a rollout's PPO epochs in one graph call (a tf.while_loop) "
+    "when a rollout is one minibatch; step: a graph call per epoch",
+  )
+  p.add_argument(
+    "--reward-scale",
+    choices=("on", "off"),
+    default="on",
+    help="on (default, the RL Zoo's `normalize`): rewards divided by the running "
+    "standard deviation of the discounted return, as SB3's VecNormalize does",
   )
   p.add_argument("--threads", type=int, default=1, help="threads for each framework's kernels")
   return p.parse_args(argv)
@@ -102,6 +117,11 @@ class Run:
         self.agent.checkpoint(), os.path.join(args.out, "checkpoints"), max_to_keep=2
       )
     self.rollout = sequences.Rollout(self.hyper.n_steps, self.hyper.n_envs, obs_dim)
+    self.reward_scale = (
+      normalize.RewardScale(self.hyper.n_envs, self.hyper.gamma)
+      if args.reward_scale == "on"
+      else None
+    )
     self.rng = np.random.default_rng(args.seed)
     self.progress = {
       "env_step": 0,
@@ -127,6 +147,8 @@ class Run:
     else:
       self.tf_checkpoint.save(checkpoint_number=step)
     state = dict(self.progress, rng=self.rng.bit_generator.state)
+    if self.reward_scale is not None:
+      state["reward_scale"] = self.reward_scale.state()
     tmp = self._progress_path() + ".tmp"
     with open(tmp, "w") as f:
       json.dump(state, f)
@@ -147,6 +169,9 @@ class Run:
         os.path.join(ckpt_dir, f"ckpt-{step}")
       ).assert_consumed()
     self.rng.bit_generator.state = state.pop("rng")
+    scale = state.pop("reward_scale", None)
+    if scale is not None and self.reward_scale is not None:
+      self.reward_scale.load(scale)
     self.progress = dict(state, resumed_from=step)
     return True
 
@@ -179,6 +204,8 @@ class Run:
             truncated_obs[i] = next_obs
           next_obs, _ = env.reset()
         obs[i] = next_obs
+      if self.reward_scale is not None:
+        rollout.rewards[t] = self.reward_scale(rollout.rewards[t], done)
       if truncated_obs:
         # Cut by the time limit, not ended: the return goes on past the
         # cut, so its value is bootstrapped (SB3's and RLlib's handling).
@@ -223,6 +250,14 @@ class Run:
       1.0 - pieces[:, 2].sum() / (len(pieces) * hyper.max_seq_len)
     )
     stats = None
+    if hyper.minibatches == 1 and args.schedule == "burst":
+      # One minibatch: every epoch trains on the same batch, in one call.
+      batch = self.rollout.padded(pieces, advantages, returns, hyper.max_seq_len)
+      start = time.perf_counter()
+      stats = self.agent.update_epochs(batch, clip_range, lr, hyper.epochs)
+      self.progress["update_seconds"] += time.perf_counter() - start
+      self.progress["updates"] += hyper.epochs
+      return stats, len(pieces)
     for _ in range(hyper.epochs):
       order = self.rng.permutation(len(pieces))
       for part in np.array_split(order, hyper.minibatches):

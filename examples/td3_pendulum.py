@@ -49,9 +49,12 @@ def parse_args(argv=None):
   p.add_argument(
     "--start-steps",
     type=int,
-    default=1000,
-    help="steps of uniform random actions before the policy acts",
+    default=10000,
+    help="steps of uniform random actions before the policy acts and training "
+    "starts (the RL Zoo's learning_starts for Pendulum)",
   )
+  p.add_argument("--gamma", type=float, default=agents.Hyper.gamma, help="discount")
+  p.add_argument("--lr", type=float, default=agents.Hyper.lr, help="Adam's learning rate")
   p.add_argument("--eval-every", type=int, default=2000)
   p.add_argument("--eval-episodes", type=int, default=5)
   p.add_argument("--checkpoint-every", type=int, default=2000)
@@ -72,6 +75,23 @@ def parse_args(argv=None):
     "(tf.function(jit_compile=True))",
   )
   p.add_argument(
+    "--schedule",
+    choices=("burst", "step"),
+    default="burst",
+    help="burst (default, as the RL Zoo schedules TD3): after each episode, as many "
+    "train steps as environment steps it collected, for the TF backends in one graph "
+    "call (the replay buffer in TF variables, the batches drawn in the graph); step: "
+    "one train step after each environment step, a graph call each",
+  )
+  p.add_argument(
+    "--policy-call",
+    choices=("auto", "torch", "function"),
+    default="auto",
+    help="the policy's call each environment step: auto (torch for the torchbridge "
+    "backend, function for tf), torch (the torch actor's own eager call, "
+    "actor.torch_module), function (the actor through a tf.function)",
+  )
+  p.add_argument(
     "--export",
     action="store_true",
     help="torchbridge backend: at the end, translate the actor to "
@@ -81,6 +101,10 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   if args.run != "auto" and args.backend != "torchbridge":
     p.error(f"--run is for the torchbridge backend, not --backend {args.backend}")
+  if args.policy_call != "auto" and args.backend == "torch":
+    p.error("--policy-call is for the TF backends, not --backend torch")
+  if args.policy_call == "torch" and args.backend != "torchbridge":
+    p.error(f"--policy-call torch is for the torchbridge backend, not --backend {args.backend}")
   return args
 
 
@@ -100,7 +124,7 @@ class Run:
     obs_dim = self.env.observation_space.shape[0]
     act_dim = self.env.action_space.shape[0]
     self.max_action = float(self.env.action_space.high[0])
-    self.hyper = agents.Hyper()
+    self.hyper = agents.Hyper(gamma=args.gamma, lr=args.lr)
     if args.backend == "torch":
       self.agent = agents.TorchAgent(obs_dim, act_dim, self.max_action, args.seed, self.hyper)
     else:
@@ -113,6 +137,8 @@ class Run:
         self.hyper,
         run=args.run,
         jit_compile=args.jit_compile,
+        capacity=max(args.steps, 1) if args.schedule == "burst" else None,
+        policy_call=args.policy_call,
       )
       self.tf_checkpoint = tf.train.CheckpointManager(
         tf.train.Checkpoint(**self.agent.checkpoint_items()),
@@ -127,6 +153,10 @@ class Run:
       "eval_returns": [],
       "train_steps": 0,
       "train_seconds": 0.0,
+      "train_calls": 0,
+      # Environment steps since the start steps not yet trained on (the
+      # burst schedule trains on them at the episode's end).
+      "untrained_steps": 0,
       "resumed_from": None,
     }
     # This process's time in the policy's calls (exploration and
@@ -182,6 +212,36 @@ class Run:
     self.progress = dict(state, resumed_from=step)
     return True
 
+  # --- learning --------------------------------------------------------
+  def train(self, steps):
+    """`steps` train steps (one graph call for a TF agent's burst); returns
+    the last critic and actor losses (the actor's NaN when it was not
+    updated)."""
+    start = time.perf_counter()
+    if steps == 1 and self.args.schedule == "step":
+      critic_loss, actor_loss = self.agent.train_step(
+        *self.buffer.sample(self.rng, self.hyper.batch_size)
+      )
+    elif self.args.backend == "torch":
+      actor_loss = float("nan")
+      for _ in range(steps):
+        critic_loss, loss = self.agent.train_step(
+          *self.buffer.sample(self.rng, self.hyper.batch_size)
+        )
+        actor_loss = actor_loss if np.isnan(loss) else loss
+    else:
+      self.agent.replay.sync_from(self.buffer)
+      critic_loss, actor_loss = self.agent.train_burst(tf.constant(steps, tf.int32))
+    critic_loss, actor_loss = float(critic_loss), float(actor_loss)
+    seconds = time.perf_counter() - start
+    progress = self.progress
+    progress["train_seconds"] += seconds
+    if self.timing["first_train_step_s"] is None:
+      self.timing["first_train_step_s"] = seconds
+    progress["train_steps"] += steps
+    progress["train_calls"] += 1
+    return critic_loss, actor_loss
+
   # --- acting ----------------------------------------------------------
   def policy(self, obs):
     start = time.perf_counter()
@@ -236,26 +296,24 @@ def train(args):
       next_obs = next_obs.astype(np.float32)
       run.buffer.add(obs, action, reward, next_obs, terminated)
       obs, episode_return = next_obs, episode_return + float(reward)
-      if terminated or truncated:
+      if step >= args.start_steps:
+        run.progress["untrained_steps"] += 1
+      episode_over = terminated or truncated
+      if args.schedule == "step" or (episode_over or step + 1 == args.steps):
+        steps = run.progress["untrained_steps"]
+        if steps:
+          run.progress["untrained_steps"] = 0
+          critic_loss, actor_loss = run.train(steps)
+          if args.schedule == "burst" or step % 100 == 0:
+            tf.summary.scalar("critic_loss", critic_loss, step=step)
+            if not np.isnan(actor_loss):
+              tf.summary.scalar("actor_loss", actor_loss, step=step)
+      if episode_over:
         run.progress["episodes"] += 1
         last_return = episode_return
         tf.summary.scalar("episode_return", episode_return, step=step)
         obs, _ = run.env.reset(seed=args.seed + 1000 * run.progress["episodes"])
         obs, episode_return = obs.astype(np.float32), 0.0
-      if step >= args.start_steps:
-        batch = run.buffer.sample(run.rng, run.hyper.batch_size)
-        start = time.perf_counter()
-        critic_loss, actor_loss = run.agent.train_step(*batch)
-        critic_loss, actor_loss = float(critic_loss), float(actor_loss)
-        seconds = time.perf_counter() - start
-        run.progress["train_seconds"] += seconds
-        if run.timing["first_train_step_s"] is None:
-          run.timing["first_train_step_s"] = seconds
-        run.progress["train_steps"] += 1
-        if step % 100 == 0:
-          tf.summary.scalar("critic_loss", critic_loss, step=step)
-          if not np.isnan(actor_loss):
-            tf.summary.scalar("actor_loss", actor_loss, step=step)
       run.progress["env_step"] = step = step + 1
       if step % args.eval_every == 0 or step == args.steps:
         last_eval = run.evaluate()
@@ -273,8 +331,10 @@ def train(args):
     "seed": args.seed,
     "steps": args.steps,
     "eval_returns": run.progress["eval_returns"],
+    "schedule": args.schedule,
     "sec_per_train_step": run.progress["train_seconds"] / max(run.progress["train_steps"], 1),
     "train_steps": run.progress["train_steps"],
+    "train_calls": run.progress["train_calls"],
     "episodes": run.progress["episodes"],
     "resumed_from": run.progress["resumed_from"],
     "wall_seconds_this_process": time.time() - wall_start,

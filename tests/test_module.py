@@ -88,6 +88,85 @@ def test_variable_updates_stay_in_place_after_torch_module_is_read():
   assert after == pointer  # no copy-on-write: updated in place
 
 
+def _out(module_torch):
+  with torch.no_grad():
+    return module_torch(torch.ones(1, 3)).numpy().copy()
+
+
+def _out_tf(actor):
+  return actor(tf.ones([1, 3])).numpy()
+
+
+@pytest.mark.parametrize("write", ["assign_add", "assign", "optimizer", "restore"])
+def test_a_held_torch_module_never_computes_with_values_tf_replaced_eagerly(write, tmp_path):
+  # The torch module kept from `torch_module` (as an environment loop keeps
+  # its policy) and called after an eager write: TF copies a buffer a view
+  # holds before an in-place update, and `assign` swaps in a new one. The
+  # write takes the views back; the next torch call lends the new values.
+  actor = tb.TorchModule(seeded(0, torch.nn.Linear, 3, 2), name="actor")
+  module = actor.torch_module
+  checkpoint = tf.train.Checkpoint(actor=actor)
+  saved = checkpoint.save(str(tmp_path / "ckpt"))
+  before = _out(module)
+  bias = var(actor, "bias")
+  if write == "assign_add":
+    bias.assign_add([1.0, 2.0])
+  elif write == "assign":
+    bias.assign([3.0, -3.0])
+  elif write == "optimizer":
+    opt = tf.keras.optimizers.SGD(0.5)
+    opt.apply_gradients([(tf.ones([2]), bias)])
+  else:
+    bias.assign([7.0, 7.0])
+    _out(module)  # views of the assigned values lent
+    checkpoint.restore(saved).assert_consumed()
+  after = _out(module)
+  np.testing.assert_allclose(after, _out_tf(actor), rtol=1e-6)
+  if write != "restore":
+    assert not np.allclose(after, before)
+  else:
+    np.testing.assert_allclose(after, before, rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_held_torch_module_follows_a_graph_that_writes_without_calling_it(jit_compile):
+  # A target network's Polyak update in a tf.function of its own, which
+  # never calls the module (so no capture's check runs): the graph's calls
+  # take the views back too.
+  online = tb.TorchModule(seeded(0, torch.nn.Linear, 3, 2), name="online")
+  target = tb.TorchModule(seeded(1, torch.nn.Linear, 3, 2), name="target")
+  target_torch = target.torch_module
+
+  @tf.function(jit_compile=jit_compile)
+  def polyak():
+    for v, t in zip(online.variables, target.variables):
+      t.assign(0.5 * v + 0.5 * t)
+
+  for _ in range(3):
+    before = _out(target_torch)
+    polyak()
+    after = _out(target_torch)
+    assert not np.allclose(after, before)
+    np.testing.assert_allclose(after, _out_tf(target), rtol=1e-6)
+
+
+@pytest.mark.usefixtures("own_crossings_only")
+def test_reading_the_torch_module_again_lends_nothing_while_its_views_are_current():
+  # The views are current until a TF op takes a variable's handle: reading
+  # `torch_module` again (a policy that reads it each call) costs no lend.
+  actor = tb.TorchModule(seeded(0, torch.nn.Linear, 3, 2), name="actor")
+  weight = actor.torch_module.weight
+  pointer = weight.data_ptr()
+  tb.reset_exchange_stats()
+  for _ in range(3):
+    _out(actor.torch_module)
+  assert tb.exchange_stats()["zero_copy"] == 0  # nothing crossed again
+  assert actor.torch_module.weight.data_ptr() == pointer
+  var(actor, "weight").assign_add(tf.ones([2, 3]))
+  _out(actor.torch_module)
+  assert tb.exchange_stats()["zero_copy"] > 0  # lent again, the new values
+
+
 _COPIES_WHEN_THE_WRAPPER_IS_GONE = """
 import gc, json, torch, tensorflow as tf, torchbridge as tb
 torch.manual_seed(0)

@@ -191,6 +191,72 @@ def test_update_steps_agree_with_the_torch_twin():
     )
 
 
+def test_epochs_in_one_graph_call_are_the_epochs_one_by_one():
+  # update_epochs: a rollout's epochs in one tf.while_loop. The same weights
+  # and batch, one update call per epoch, end at the same weights (and
+  # the torch twin, epoch after epoch, too).
+  hyper = agents.Hyper(max_seq_len=5)
+  one_call = agents.BridgeAgent("lstm", OBS_DIM, N_ACTIONS, 6, hyper)
+  per_epoch = agents.BridgeAgent("lstm", OBS_DIM, N_ACTIONS, 6, hyper)
+  twin = agents.TorchAgent("lstm", OBS_DIM, N_ACTIONS, 6, hyper)
+  for agent in (one_call, per_epoch):
+    agent.optimizer = tf.keras.optimizers.SGD(0.1)
+  twin.optimizer = torch.optim.SGD(twin.model.parameters(), 0.1)
+  _, _, batch = _batch(np.random.default_rng(5))
+  stats = one_call.update_epochs(batch, 0.2, 0.1, 4)
+  for _ in range(4):
+    expected = per_epoch.update(batch, 0.2, 0.1)
+  twin_stats = twin.update_epochs(batch, 0.2, 0.1, 4)
+  np.testing.assert_allclose(stats["loss"], expected["loss"], rtol=1e-5)
+  np.testing.assert_allclose(stats["loss"], twin_stats["loss"], rtol=1e-4)
+  start = agents.BridgeAgent("lstm", OBS_DIM, N_ACTIONS, 6, hyper).get_weights()
+  for name, value in per_epoch.get_weights().items():
+    np.testing.assert_allclose(one_call.get_weights()[name], value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(twin.get_weights()[name], value, rtol=1e-4, atol=1e-5)
+  assert any(not np.allclose(start[n], v) for n, v in one_call.get_weights().items())
+
+
+def test_acting_reads_the_weights_the_last_update_trained():
+  # act() is the torch network's own eager call on views of the variables;
+  # an update in a graph call must not leave it on the old values.
+  hyper = agents.Hyper(max_seq_len=5)
+  agent = agents.BridgeAgent("lstm", OBS_DIM, N_ACTIONS, 7, hyper)
+  agent.optimizer = tf.keras.optimizers.SGD(0.5)
+  obs = np.random.default_rng(1).standard_normal((3, OBS_DIM)).astype(np.float32)
+  state = networks.zero_state(3)
+  before = agent.act(obs, state)[0]
+  _, _, batch = _batch(np.random.default_rng(6))
+  agent.update_epochs(batch, 0.2, 0.5, 2)
+  after = agent.act(obs, state)[0]
+  ones = tf.ones([3], tf.int64)
+  expected = agent.model(tf.constant(obs[:, None]), ones, state)[0].numpy()[:, 0]
+  assert not np.allclose(before, after)
+  np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_reward_scale_is_sb3_vecnormalizes():
+  # Against code nobody here wrote: SB3's VecNormalize (reward only) on the
+  # same rewards and episode ends gives the same scaled rewards.
+  vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+  from ppo import normalize  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(0)
+  n_envs, gamma = 3, 0.98
+  reference = vec_env.VecNormalize.__new__(vec_env.VecNormalize)
+  reference.ret_rms = vec_env.vec_normalize.RunningMeanStd(shape=())
+  reference.returns = np.zeros(n_envs)
+  reference.gamma, reference.epsilon, reference.clip_reward = gamma, 1e-8, 10.0
+  reference.training, reference.norm_reward = True, True
+  scale = normalize.RewardScale(n_envs, gamma)
+  for _ in range(200):
+    rewards = rng.uniform(0.0, 2.0, n_envs)
+    dones = rng.random(n_envs) < 0.05
+    reference._update_reward(rewards)  # pylint: disable=protected-access
+    expected = reference.normalize_reward(rewards)
+    reference.returns[dones] = 0
+    np.testing.assert_allclose(scale(rewards, dones), expected, rtol=1e-5)
+
+
 def _run(out, *extra):
   return subprocess.run(
     [sys.executable, SCRIPT, "--out", str(out), "--eval-episodes", "2", *extra],

@@ -80,6 +80,118 @@ def test_torchbridge_target_networks_follow_polyak_averaging():
     np.testing.assert_allclose(target.numpy(), expected, rtol=1e-6, atol=1e-7)
 
 
+def _filled_buffer(rows=500, seed=2):
+  from td3 import replay  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(seed)
+  buffer = replay.ReplayBuffer(3, 1, capacity=rows)
+  for _ in range(rows):
+    buffer.add(
+      rng.standard_normal(3),
+      rng.uniform(-2, 2, 1),
+      rng.standard_normal(),
+      rng.standard_normal(3),
+      rng.random() < 0.1,
+    )
+  return buffer
+
+
+@pytest.mark.parametrize("backend", ["torchbridge", "tf"])
+def test_a_burst_in_one_graph_call_is_its_steps_one_by_one(backend):
+  # The burst's while_loop draws each batch in the graph, then the step's
+  # target noise, from the agent's generator; a twin agent (same seed, so
+  # the same stream) drawing the same indices eagerly, one train_step
+  # each, ends at the same losses and weights.
+  hyper = agents.Hyper(batch_size=32)
+  buffer = _filled_buffer()
+  burst = agents.TFAgent(backend, 3, 1, 2.0, seed=4, hyper=hyper, capacity=buffer.capacity)
+  twin = agents.TFAgent(backend, 3, 1, 2.0, seed=4, hyper=hyper)
+  burst.replay.sync_from(buffer)
+  critic_loss, actor_loss = burst.train_burst(tf.constant(5))
+  expected_actor_loss = None
+  for _ in range(5):
+    index = twin.rng_tf.uniform([32], 0, buffer.size, dtype=tf.int32).numpy()
+    expected_critic_loss, loss = twin.train_step(*(column[index] for column in buffer.columns()))
+    if not np.isnan(loss):
+      expected_actor_loss = loss
+  assert int(burst.updates.numpy()) == int(twin.updates.numpy()) == 5
+  np.testing.assert_allclose(float(critic_loss), float(expected_critic_loss), rtol=1e-5)
+  np.testing.assert_allclose(float(actor_loss), float(expected_actor_loss), rtol=1e-5)
+  for module in ("actor", "critic", "actor_target", "critic_target"):
+    for a, b in zip(getattr(burst, module).variables, getattr(twin, module).variables):
+      np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+  # The weights moved: a burst that trained nothing would fail above only
+  # if the twin trained, so check it did.
+  fresh = agents.TFAgent(backend, 3, 1, 2.0, seed=4, hyper=hyper)
+  assert not np.allclose(fresh.critic.variables[0].numpy(), burst.critic.variables[0].numpy())
+
+
+def test_a_burst_compiled_by_xla_trains_as_the_graph_does():
+  # The same batches (XLA draws the same uniform integers), no target noise
+  # (XLA's normal samples differ from TF's kernel's for the same state).
+  hyper = agents.Hyper(batch_size=32, policy_noise=0.0, noise_clip=0.0)
+  buffer = _filled_buffer()
+  results = []
+  for jit_compile in (False, True):
+    agent = agents.TFAgent(
+      "torchbridge",
+      3,
+      1,
+      2.0,
+      seed=5,
+      hyper=hyper,
+      capacity=buffer.capacity,
+      jit_compile=jit_compile,
+    )
+    agent.replay.sync_from(buffer)
+    agent.train_burst(tf.constant(4))
+    results.append([v.numpy() for v in agent.critic.variables + agent.actor.variables])
+  for a, b in zip(*results):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_policys_torch_call_reads_what_the_last_burst_trained():
+  # policy_call="torch" (the default): the actor's own eager torch call, on
+  # views of the variables. A burst updates them in a graph call; the next
+  # policy call must see the new values (a stale view would be the old
+  # actor), equal to the actor's TF call.
+  hyper = agents.Hyper(batch_size=32, lr=0.05)
+  buffer = _filled_buffer()
+  agent = agents.TFAgent("torchbridge", 3, 1, 2.0, seed=6, hyper=hyper, capacity=buffer.capacity)
+  assert agent.policy_call == "torch"
+  obs = np.array([0.3, -0.2, 0.5], np.float32)
+  before = agent.policy(obs)
+  agent.replay.sync_from(buffer)
+  agent.train_burst(tf.constant(6))
+  after = agent.policy(obs)
+  assert not np.allclose(before, after)
+  np.testing.assert_allclose(after, agent.actor(tf.constant(obs[None])).numpy()[0], rtol=1e-6)
+  # And again after a second burst, with the views lent by the last call.
+  agent.train_burst(tf.constant(6))
+  np.testing.assert_allclose(
+    agent.policy(obs), agent.actor(tf.constant(obs[None])).numpy()[0], rtol=1e-6
+  )
+  with pytest.raises(ValueError, match="policy_call='torch' is for the torchbridge backend"):
+    agents.TFAgent("tf", 3, 1, 2.0, seed=0, hyper=hyper, policy_call="torch")
+
+
+def test_the_replay_mirror_copies_only_new_rows_and_wraps():
+  from td3 import replay  # pylint: disable=import-outside-toplevel
+
+  buffer = replay.ReplayBuffer(3, 1, capacity=8)
+  mirror = replay.TFReplay(3, 1, capacity=8)
+  for i in range(5):
+    buffer.add(np.full(3, i), [i], i, np.full(3, i), False)
+  mirror.sync_from(buffer)
+  for i in range(5, 11):  # wraps: rows 0..2 now hold 8, 9, 10
+    buffer.add(np.full(3, i), [i], i, np.full(3, i), i == 10)
+  mirror.sync_from(buffer)
+  assert int(mirror.size.numpy()) == 8
+  for column_tf, column_np in zip(mirror.columns, buffer.columns()):
+    np.testing.assert_array_equal(column_tf.numpy(), column_np)
+  np.testing.assert_array_equal(mirror.columns[1].numpy()[:, 0], [8, 9, 10, 3, 4, 5, 6, 7])
+
+
 def _run(out, backend="torchbridge", steps=300, extra=(), **popen):
   cmd = [
     sys.executable,

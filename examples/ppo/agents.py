@@ -66,12 +66,11 @@ class BridgeAgent:
     self._update = tf.function(
       self._update_step, input_signature=[batch, tf.TensorSpec([], tf.float32)]
     )
-    self._act = tf.function(
-      self._act_step,
-      input_signature=[
-        tf.TensorSpec([None, obs_dim], tf.float32),
-        ((state, state), (state, state)),
-      ],
+    # Every epoch of one rollout's minibatch in one graph call (a
+    # tf.while_loop): `update_epochs`.
+    self._update_epochs = tf.function(
+      self._update_epoch_loop,
+      input_signature=[batch, tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32)],
     )
 
   def loss(self, batch, clip_range):
@@ -88,18 +87,31 @@ class BridgeAgent:
     self.optimizer.apply_gradients(zip(grads, variables))
     return dict(stats, loss=loss, grad_norm=grad_norm)
 
-  def _act_step(self, obs, state):
-    ones = tf.ones(tf.shape(obs)[:1], tf.int64)
-    logits, values, state = self.model(obs[:, None], ones, state)
-    return logits[:, 0], values[:, 0], state
+  def _update_epoch_loop(self, batch, clip_range, epochs):
+    stats = self._update_step(batch, clip_range)  # the first epoch fixes the structure
+
+    def epoch(i, stats):
+      del stats
+      return i + 1, self._update_step(batch, clip_range)
+
+    _, stats = tf.while_loop(lambda i, _: i < epochs, epoch, (tf.constant(1), stats))
+    return stats
 
   def act(self, obs, state):
-    """(logits, values, next state) for one step of each environment; numpy."""
-    return _numpy(self._act(obs, state))
+    """(logits, values, next state) for one step of each environment; numpy.
+
+    The torch network's own eager call (`torch_module`, its tensors viewing
+    the variables the updates train): what acting costs in pure torch."""
+    return _torch_act(self.model.torch_module, obs, state)
 
   def update(self, batch, clip_range, lr):
     self.optimizer.learning_rate = lr
     return _numpy(self._update(batch, np.float32(clip_range)))
+
+  def update_epochs(self, batch, clip_range, lr, epochs):
+    """`epochs` updates on one minibatch in one graph call; the last's stats."""
+    self.optimizer.learning_rate = lr
+    return _numpy(self._update_epochs(batch, np.float32(clip_range), np.int32(epochs)))
 
   def get_weights(self):
     return self.model.get_weights()
@@ -121,15 +133,12 @@ class TorchAgent:
     return losses.ppo_loss_torch(logits, values, batch, clip_range, self.masked)
 
   def act(self, obs, state):
-    with torch.no_grad():
-      state_torch = tf.nest.map_structure(torch.from_numpy, state)
-      ones = torch.ones(obs.shape[0], dtype=torch.int64)
-      logits, values, state_torch = self.model(torch.from_numpy(obs)[:, None], ones, state_torch)
-    return (
-      logits[:, 0].numpy(),
-      values[:, 0].numpy(),
-      tf.nest.map_structure(lambda t: t.numpy(), state_torch),
-    )
+    return _torch_act(self.model, obs, state)
+
+  def update_epochs(self, batch, clip_range, lr, epochs):
+    for _ in range(epochs):
+      stats = self.update(batch, clip_range, lr)
+    return stats
 
   def update(self, batch, clip_range, lr):
     for group in self.optimizer.param_groups:
@@ -151,6 +160,19 @@ class TorchAgent:
   def load_state_dict(self, state):
     self.model.load_state_dict(state["model"])
     self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _torch_act(model_torch, obs, state):
+  """One step of each environment through the torch network; numpy."""
+  with torch.no_grad():
+    state_torch = tf.nest.map_structure(torch.from_numpy, state)
+    ones = torch.ones(obs.shape[0], dtype=torch.int64)
+    logits, values, state_torch = model_torch(torch.from_numpy(obs)[:, None], ones, state_torch)
+  return (
+    logits[:, 0].numpy(),
+    values[:, 0].numpy(),
+    tf.nest.map_structure(lambda t: t.numpy(), state_torch),
+  )
 
 
 def make_agent(backend, *args, **kwargs):

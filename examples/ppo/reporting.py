@@ -36,6 +36,8 @@ def results(run, args, wall_seconds):
     "backend": args.backend,
     "policy": args.policy,
     "loss": args.loss,
+    "schedule": args.schedule,
+    "reward_scale": args.reward_scale,
     "seed": args.seed,
     "steps": args.steps,
     "eval_returns": progress["eval_returns"],

@@ -15,6 +15,7 @@ import torch
 
 import torchbridge as tb
 from td3 import networks
+from td3 import replay
 
 
 @dataclasses.dataclass
@@ -48,6 +49,8 @@ class TFAgent:
     hyper,
     run="auto",
     jit_compile=False,
+    capacity=None,
+    policy_call="auto",
   ):
     self.hyper, self.max_action = hyper, max_action
     actor_torch, critic_torch = torch_networks(obs_dim, act_dim, max_action, seed)
@@ -90,6 +93,13 @@ class TFAgent:
     self.actor_opt.build(self.actor.trainable_variables)
     self.critic_opt.build(self.critic.trainable_variables)
     self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="updates")
+    # The train steps' random numbers (target policy noise, a burst's
+    # batches), checkpointed with the run.
+    self.rng_tf = tf.random.Generator.from_seed(seed)
+    # Training bursts (`train_burst`): the replay buffer's rows in TF
+    # variables, the batches drawn in the graph.
+    self.replay = replay.TFReplay(obs_dim, act_dim, capacity) if capacity else None
+    self.train_burst = tf.function(self._train_burst, jit_compile=jit_compile or None)
     # jit_compile=True: the train step compiled by XLA (the Keras port, or
     # torch modules whose graph calls run as their TF translation).
     self.train_step = tf.function(self._train_step, jit_compile=jit_compile or None)
@@ -102,6 +112,15 @@ class TFAgent:
     # TorchModule's alike; torchbridge's check of the Python state a capture
     # read runs on concrete calls too).
     self._act_concrete = None
+    # policy_call "torch" (torchbridge's default): the policy's call, one
+    # observation at a time, is the torch actor's own eager call
+    # (`actor.torch_module`, its tensors viewing the variables the train
+    # steps update): torch's cost. "function": through `act`.
+    if policy_call == "auto":
+      policy_call = "torch" if backend == "torchbridge" else "function"
+    if policy_call == "torch" and backend != "torchbridge":
+      raise ValueError(f"policy_call='torch' is for the torchbridge backend, not {backend!r}")
+    self.policy_call = policy_call
 
   def checkpoint_items(self):
     return dict(
@@ -112,12 +131,16 @@ class TFAgent:
       actor_opt=self.actor_opt,
       critic_opt=self.critic_opt,
       updates=self.updates,
+      rng=self.rng_tf,
     )
 
   def _act(self, obs):
     return self.actor(obs[None])[0]
 
   def policy(self, obs_np):
+    if self.policy_call == "torch":
+      with torch.no_grad():
+        return self.actor.torch_module(torch.from_numpy(obs_np)[None])[0].numpy()
     obs = tf.constant(obs_np, tf.float32)
     if self._act_concrete is None:
       self._act_concrete = self.act.get_concrete_function(tf.TensorSpec(obs.shape, tf.float32))
@@ -126,7 +149,7 @@ class TFAgent:
   def _train_step(self, obs, action, reward, next_obs, not_done):
     h = self.hyper
     noise = tf.clip_by_value(
-      tf.random.normal(tf.shape(action)) * h.policy_noise * self.max_action,
+      self.rng_tf.normal(tf.shape(action)) * h.policy_noise * self.max_action,
       -h.noise_clip * self.max_action,
       h.noise_clip * self.max_action,
     )
@@ -155,6 +178,23 @@ class TFAgent:
 
     actor_loss = tf.cond(
       self.updates % h.policy_freq == 0, update_actor, lambda: tf.constant(np.nan, tf.float32)
+    )
+    return critic_loss, actor_loss
+
+  def _train_burst(self, steps):
+    """`steps` train steps in one graph call (a `tf.while_loop`), each on a
+    batch drawn from `self.replay`; returns the last critic loss and the
+    last actor loss."""
+
+    def step(i, critic_loss, actor_loss):
+      batch = self.replay.sample(self.rng_tf, self.hyper.batch_size)
+      critic_loss, new_actor_loss = self._train_step(*batch)
+      actor_loss = tf.where(tf.math.is_nan(new_actor_loss), actor_loss, new_actor_loss)
+      return i + 1, critic_loss, actor_loss
+
+    nan = tf.constant(np.nan, tf.float32)
+    _, critic_loss, actor_loss = tf.while_loop(
+      lambda i, *_: i < steps, step, (tf.constant(0), tf.constant(0.0), nan)
     )
     return critic_loss, actor_loss
 

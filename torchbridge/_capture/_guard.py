@@ -12,15 +12,13 @@ ever computes with a stale value.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch  # noqa: F401  (before TensorFlow, as everywhere in torchbridge)
-import tensorflow as tf
 
-from torchbridge._frameworks import _compat
 from torchbridge._capture import _watch
+from torchbridge._state import _before_calls
 
 _STALE = """\
 {name}: {change}.
@@ -73,61 +71,6 @@ class StaleCaptureError(RuntimeError):
   """
 
 
-_ZERO: list[tf.Tensor] = []
-
-
-# graph -> {key: (snapshot, module name, before_call)}: the
-# captures its one check covers.
-_CHECKS: weakref.WeakKeyDictionary[Any, dict[Any, tuple[Any, str, Any]]] = (
-  weakref.WeakKeyDictionary()
-)
-
-
-class CheckType(tf.types.experimental.TraceType):
-  """The check's call-time capture's type: an int32 scalar whose TraceType
-  methods do nothing they need not.
-
-  TF runs a call-time capture's type on every call of the function (its
-  `cast` and `to_tensors`, and its hash and comparisons in the lookup of
-  the traced function): a `tf.TensorSpec`'s are Python that validates the
-  value, 84 of the 217 Python calls the capture adds to a call (counted
-  by cProfile; in wall time within this machine's noise,
-  benchmarks/guard_cost.py). The check always returns the same eager
-  int32 scalar (`_ZERO`), so there is nothing to validate."""
-
-  _SPEC = tf.TensorSpec([], tf.int32)
-
-  def is_subtype_of(self, other: Any) -> bool:
-    return isinstance(other, CheckType)
-
-  def most_specific_common_supertype(self, others: Any) -> Any:
-    return self if all(isinstance(o, CheckType) for o in others) else None
-
-  def placeholder_value(self, placeholder_context: Any) -> Any:
-    return self._SPEC.placeholder_value(placeholder_context)
-
-  def to_tensors(self, value: Any) -> list[Any]:
-    return [value]
-
-  def from_tensors(self, tensors: Any) -> Any:
-    return next(tensors)
-
-  def flatten(self) -> list[Any]:
-    return [self._SPEC]
-
-  def cast(self, value: Any, casting_context: Any) -> Any:
-    return value
-
-  def __eq__(self, other: Any) -> bool:
-    return isinstance(other, CheckType)
-
-  def __hash__(self) -> int:
-    return hash(CheckType)
-
-  def __repr__(self) -> str:
-    return "torchbridge check (int32 scalar)"
-
-
 def check(entries: Iterable[tuple[_watch.Snapshot | _watch.Modes, str, Any]]) -> None:
   """What `add_guard`'s check runs before each call of a graph, for the
   graph's `(snapshot, module name, before_call)` entries: each module's
@@ -145,33 +88,14 @@ def add_guard(
 ) -> None:
   """Makes every call of the graph being traced check, in Python, that the
   state the capture read (or the modes a `training=None` call took) is
-  unchanged (a call-time capture of TF's: run before each call of the
+  unchanged (`_before_calls.before_each_call`: before each call of the
   outermost `tf.function`, XLA's included), and run `before_call()`
-  (taking the torch module's views back, as a bridged call does). One such
-  capture per graph checks all its captures; `key` (default: the
-  snapshot) makes one check of several calls."""
-  if _compat.in_saved_model_trace():
-    return  # a SavedModel runs without the Python objects
-  if not _ZERO:
-    with tf.init_scope():
-      _ZERO.append(tf.constant(0))
-  graph = _compat.function_graph()
-  checks = _CHECKS.get(graph)
-  if checks is None:
-    checks = _CHECKS[graph] = {}
-    entries = checks.values()
-
-    def guard() -> tf.Tensor:
-      check(entries)
-      return _ZERO[0]
-
-    with graph.as_default():
-      # default_value: what `tf.saved_model.save` feeds a function traced
-      # before it (a SavedModel runs without the Python objects).
-      graph.capture_call_time_value(
-        guard, CheckType(), key="torchbridge check", default_value=_ZERO[0]
-      )
-  checks[id(snapshot) if key is None else key] = (snapshot, name, before_call)
+  (taking the torch module's views back, as a bridged call does) first.
+  `key` (default: the snapshot) makes one check of several calls."""
+  entry = [(snapshot, name, before_call)]
+  _before_calls.before_each_call(
+    ("check", id(snapshot) if key is None else key), lambda: check(entry)
+  )
 
 
 def hold_to_modes(module: torch.nn.Module, name: str, before_call: Any) -> None:

@@ -7,15 +7,14 @@ call. Where a public equivalent exists it is used instead (and listed here
 for the record): `torch.compiled_with_cxx11_abi`,
 `tf.distribute.has_strategy`, `Module.register_forward_pre_hook`.
 
-setup.py promises torch >= 2.3 and TensorFlow >= 2.16; everything below is
-tested on the pinned set (TF 2.21, torch 2.13) and the user-install set of
-`make test-user` (torch 2.14 from the package index).
+Tested on the pinned set (TF 2.21, torch 2.13) and `make test-user`'s.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,9 +35,8 @@ def _missing(what: str, framework: str, detail: str = "") -> MissingAPIError:
   return MissingAPIError(
     f"torchbridge needs {what} from {framework}, which this installation "
     f"({versions}) does not have{': ' + detail if detail else ''}. "
-    "Install the versions torchbridge supports (see setup.py: torch >= "
-    "2.3, tensorflow >= 2.16) or stay on a version this torchbridge "
-    "release was tested with, and report the versions that failed."
+    "Install the versions torchbridge supports (setup.py: torch >= 2.3, tensorflow "
+    ">= 2.16) or one this release was tested with, and report the versions that failed."
   )
 
 
@@ -59,11 +57,8 @@ def _tf_record() -> Callable[[], bool]:
 
 
 def tape_could_record() -> bool:
-  """Whether a `tf.GradientTape` (or a backward function) may record now.
-
-  TF's own test before recording a custom gradient; no public API answers
-  it, and without it every eager call would build torch's autograd graph.
-  """
+  """Whether a `tf.GradientTape` (or a backward function) may record now:
+  TF's own test before recording a custom gradient (no public API)."""
   return _tf_record()()
 
 
@@ -76,20 +71,50 @@ def read_values(variables: list[Any]) -> list[tf.Tensor]:
   """`[tf.convert_to_tensor(v) for v in variables]`, faster where it can be.
 
   Eagerly, with no tape that could record the reads, a plain `tf.Variable`
-  (no caching device) is read by one raw `ReadVariableOp`: about 6 us a
-  variable here against 15 us through the variable's Python (which also
-  tells the tapes about the read: none could record it). Keras, distributed
-  and other variables, graphs and taped code take the general path.
-  """
+  is read by one raw `ReadVariableOp` (6 us against 15 us through its
+  Python); other variables, graphs and taped code take the general path."""
   if not tf.executing_eagerly() or tape_could_record():
     return [tf.convert_to_tensor(v) for v in variables]
-  plain: Any = _resource_variable_type()
+  plain = (_resource_variable_type(), _watched_type())
   return [
     tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype)
-    if type(v) is plain and getattr(v, "_caching_device", None) is None  # pylint: disable=unidiomatic-typecheck
+    if type(v) in plain and getattr(v, "_caching_device", None) is None
     else tf.convert_to_tensor(v)
     for v in variables
   ]
+
+
+def watch_handle(variable: Any, on_handle: Callable[[], None]) -> bool:
+  """`variable` (plain, or a `keras.Variable`'s) calls `on_handle()` where an
+  op may write it (its `handle` taken outside a read); False if it cannot."""
+  inner = getattr(variable, "_value", variable)
+  if type(inner) is not _resource_variable_type():  # pylint: disable=unidiomatic-typecheck
+    return False
+  inner.__class__ = _watched_type()
+  inner._torchbridge_on_handle = on_handle  # pylint: disable=protected-access
+  return True
+
+
+_READING = threading.local()
+
+
+@functools.cache
+def _watched_type() -> type:
+  class WatchedVariable(_resource_variable_type()):  # type: ignore[misc]
+    @property
+    def handle(self) -> Any:
+      if not getattr(_READING, "on", False):
+        self._torchbridge_on_handle()
+      return self._handle
+
+    def _read_variable_op(self, no_copy: bool = False) -> Any:
+      reading, _READING.on = getattr(_READING, "on", False), True
+      try:
+        return super()._read_variable_op(no_copy)
+      finally:
+        _READING.on = reading
+
+  return WatchedVariable
 
 
 @functools.cache
@@ -98,8 +123,7 @@ def _should_record() -> Callable[[list[Any]], bool]:
 
 
 def tape_watches(tensor_tf: tf.Tensor) -> bool:
-  """Whether a recording tape watches `tensor_tf` (eagerly), so that a
-  gradient with respect to it can be asked for."""
+  """Whether a recording tape watches `tensor_tf` (eagerly)."""
   return _should_record()([tensor_tf])
 
 
@@ -116,8 +140,7 @@ def in_xla_context() -> bool:
 
 
 def eager_device_name() -> str:
-  """The device scope of the eager caller (`with tf.device(...)` around a
-  tf.function call), visible while that call traces; "" when none."""
+  """The eager caller's device scope, visible while a call traces ("": none)."""
   context = _attribute("tensorflow.python.eager.context", "context", "TensorFlow")()
   return context.device_name or ""
 
@@ -193,9 +216,8 @@ def forward_pre_hook_table(module: torch.nn.Module) -> dict[int, Any]:
   return table
 
 
-# The capsule-level DLPack import; torch.utils.dlpack.from_dlpack is a Python
-# wrapper that first asks whether its argument is a capsule. Optional: the
-# public function serves where it is gone.
+# The capsule-level DLPack import (torch.utils.dlpack.from_dlpack, a Python
+# wrapper, serves where it is gone).
 _from_capsule = getattr(torch._C, "_from_dlpack", None)  # pylint: disable=protected-access
 if _from_capsule is None:
   import torch.utils.dlpack  # pylint: disable=g-import-not-at-top
@@ -209,9 +231,8 @@ autograd_engine = getattr(getattr(torch.autograd, "Variable", None), "_execution
 stash_obj_in_tls = getattr(torch._C, "_stash_obj_in_tls", None)  # pylint: disable=protected-access
 remove_obj_from_tls = getattr(torch._C, "_remove_obj_from_tls", None)  # pylint: disable=protected-access
 
-# Grad mode set by one C call; `torch.set_grad_enabled(mode)` makes a Python
-# context-manager object each time (its `__init__` sets the mode), which
-# costs the per-call path a frame. The public one serves where it is gone.
+# Grad mode set by one C call (`torch.set_grad_enabled` makes a Python
+# object each time); the public one serves where it is gone.
 set_grad_enabled: Callable[[bool], Any] = getattr(
   torch._C,  # pylint: disable=protected-access
   "_set_grad_enabled",
@@ -226,25 +247,18 @@ def in_saved_model_trace() -> bool:
   return save_context.in_save_context()
 
 
-# The graph collection that holds what a graph holds (`held_by_graph`).
-_HELD = "torchbridge_held"
+_HELD = "torchbridge_held"  # the graph collection of `held_by_graph`
 
 
 def held_by_graph(
   function: Callable[..., Any], graph: Any, on_death: Callable[[Any], None] | None = None
 ) -> Callable[..., Any]:
   """`graph` holds `function`; returns a callable that runs it while it
-  lives and holds it only weakly (TypeError where it cannot be weakly
-  referenced). `on_death(ref)` runs when it dies, with its graph.
-
-  For what a process-wide table holds for a graph: TF's gradient registry
-  (`gradient_dies_with_graph`), TF's table of `tf.py_function` bodies
-  (pinned to the outermost graph, in TF 2 the process's) and the native
-  op's callback registry. A function whose closure reaches the graph's
-  tensors (a bridged call's bound arguments, a custom gradient's outputs)
-  would otherwise keep its graph, and with it the bridged module, alive for
-  the process. The graph, its functions and what they hold die together.
-  """
+  lives and holds it only weakly. `on_death(ref)` runs when it dies, with
+  its graph. For what a process-wide table holds for a graph (TF's gradient
+  registry, its `tf.py_function` bodies, the native op's callbacks): a
+  function whose closure reaches the graph's tensors would otherwise keep
+  the graph, and the bridged module, alive for the process."""
   ref = weakref.ref(function, on_death)
   graph.add_to_collection(_HELD, function)  # graphs take no attributes
 
@@ -270,16 +284,11 @@ def gradient_dies_with_graph(outputs_tf: list[Any]) -> list[Any]:
   """Lets a graph-mode `tf.custom_gradient` call's gradient function die
   with its graph; returns the call's `outputs_tf`.
 
-  In a graph, `tf.custom_gradient` registers its gradient function in TF's
-  process-wide gradient registry under a fresh name ("CustomGradient-N",
-  the `_gradient_op_type` of the IdentityN op its outputs come from), and
-  nothing ever removes it. The function's closure holds the outputs, so
-  their graph and all the graph holds (its captures, the bridged module's
-  state, the callbacks registered for the graph) would live as long as the
+  `tf.custom_gradient` registers its gradient function in TF's process-wide
+  registry ("CustomGradient-N") and nothing removes it; its closure holds
+  the outputs, so their graph and all it holds would live as long as the
   process. Here the graph holds the function (`held_by_graph`) and the
-  registry's entry, removed with it, only a weak reference: TF looks it up
-  only to differentiate an op of that graph, while the graph is alive.
-  """
+  registry only a weak reference, removed with it."""
   if tf.executing_eagerly() or not outputs_tf:
     return outputs_tf
   op = outputs_tf[0].op
@@ -302,10 +311,8 @@ def gradient_dies_with_graph(outputs_tf: list[Any]) -> list[Any]:
 
 
 def function_graph() -> Any:
-  """The graph of the `tf.function` being traced: the default graph, or,
-  inside `tf.cond` / `tf.while_loop` branches, the function graph they
-  belong to (a call-time capture made in a branch cannot compile with
-  XLA)."""
+  """The graph of the `tf.function` being traced, outside any `tf.cond` /
+  `tf.while_loop` branch (a call-time capture there cannot compile with XLA)."""
   from tensorflow.python.ops import control_flow_v2_func_graphs as cf  # pylint: disable=import-outside-toplevel
 
   graph = tf.compat.v1.get_default_graph()

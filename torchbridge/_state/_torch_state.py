@@ -87,6 +87,7 @@ class TorchState:
       module,
       {n: (t, self.variables[n]) for n, t in list(params.items()) + list(buffers.items())},
     )
+    _torch_views.watch_variables(self._views, self.take_views_back)
 
   def take_views_back(self) -> None:
     """Takes back the torch module's views of the variables (lent when it

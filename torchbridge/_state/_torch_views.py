@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 from torchbridge._frameworks import _compat
 from torchbridge._crossing import _exchange
 from torchbridge._crossing import _stats
+from torchbridge._state import _before_calls
 
 _HOLDERS: dict[
   int, tuple[weakref.ref[torch.Tensor], weakref.ref[TorchViews]]
@@ -56,6 +57,8 @@ class TorchViews:
     # canonical name -> (torch tensor, variable)
     self._pairs = pairs
     self.lent = False
+    # Every variable watched (`watch_variables`): lent views are current.
+    self.watched = False
     self.calls_running = 0
     ref = weakref.ref(self)
     for t, _ in pairs.values():
@@ -75,7 +78,10 @@ class TorchViews:
     finalizer.atexit = False  # at exit nothing reads the torch module again
 
   def lend(self) -> None:
-    """Points every torch tensor at a zero-copy view of its variable."""
+    """Points every torch tensor at a zero-copy view of its variable (no
+    work where the views lent are current: lent and watched)."""
+    if self.lent and self.watched:
+      return
     with tf.init_scope(), torch.no_grad():
       pairs = list(self._pairs.values())
       values_tf = _compat.read_values([var for _, var in pairs])
@@ -108,6 +114,35 @@ class TorchViews:
         t.data = _placeholder(t)
         t.__class__ = _lending_class(type(t))
     self.lent = False
+
+
+def watch_variables(views: TorchViews, take_back: Callable[[], None]) -> None:
+  """Keeps lent views current: every op that reads or writes a variable
+  takes its handle (`_compat.watch_handle`), and then `take_back()` runs,
+  eagerly at once, and before each call of a graph being traced. An update
+  while a view is lent would otherwise copy the variable's buffer (or
+  `assign` swap in a new one), and a torch module held by the user would
+  compute with the old values; with the views taken back the update
+  needs no copy, and the next torch call lends the new values. Sets
+  `views.watched` where every variable could be watched (not a
+  distributed one): `lend` then skips views already lent."""
+  # Held weakly, by the variables and by every graph that takes them.
+  owner = weakref.ref(take_back.__self__)  # type: ignore[attr-defined]
+  method = take_back.__func__  # type: ignore[attr-defined]
+
+  def take_back_now() -> None:
+    state = owner()
+    if state is not None:
+      method(state)
+
+  def on_handle() -> None:
+    if tf.executing_eagerly():
+      take_back_now()
+    else:
+      _before_calls.before_each_call(("views", id(take_back_now)), take_back_now)
+
+  watched = [_compat.watch_handle(var, on_handle) for _, var in views._pairs.values()]
+  views.watched = all(watched)
 
 
 class _LendOnUse:
