@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo ppo test test-long check test-user user-venv test-pythons bench bench-user bench-runners bench-load bench-real runner-coverage bench-build soak venv clean docs lint
+.PHONY: demo ppo test test-long check test-user user-venv test-pythons bench bench-user bench-runners bench-load bench-real bench-rl runner-coverage bench-build soak venv clean docs lint
 
 venv: $(STAMP)
 
@@ -261,6 +261,12 @@ bench-real: $(STAMP)
 	if $(PY) -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then \
 	  $(PY) -m pip install --quiet --no-deps torchvision==0.28.0; fi
 	$(PY) -m benchmarks.real_models --rounds $(REAL_ROUNDS) $(REAL_ARGS)
+
+# The main jobs against Stable-Baselines3 (benchmarks/results/rl_jobs.{json,md}):
+# TD3 20k and PPO-LSTM 150k, three seeds each, about 75 minutes on 2 cores.
+RL_ARGS ?=
+bench-rl: $(STAMP)
+	$(PY) -m benchmarks.rl_jobs $(RL_ARGS)
 
 # Which runner torch's module_db and the tiny transformers models take on the
 # default path (benchmarks/results/runner_coverage.{json,md}), and which

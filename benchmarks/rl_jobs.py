@@ -83,20 +83,29 @@ def _one(job, argv):
   print(json.dumps(record))
 
 
-def _runs(job, seed, out):
+# --tiny: a smoke run of every contender (no learning to speak of).
+TINY = {
+  "td3": (600, ["--start-steps", "400", "--eval-every", "200"]),
+  "ppo": (1024, ["--eval-every", "512"]),
+}
+
+
+def _runs(job, seed, out, tiny=False):
   contenders = TD3 if job == "td3" else PPO
-  steps = 20_000 if job == "td3" else 150_000
+  steps, tiny_flags = TINY[job] if tiny else (20_000 if job == "td3" else 150_000, [])
   jobs = {}
   for name, flags in contenders.items():
     run_dir = os.path.join(out, job, f"{name.replace(' ', '_')}_s{seed}")
     if flags is None:
       algo = "td3" if job == "td3" else "recurrent-ppo"
       args = [algo, "--seed", seed, "--out", run_dir]
+      if tiny:
+        args += ["--steps", steps, *(["--eval-every", "512"] if job == "ppo" else [])]
       jobs[name] = lambda args=args: _sb3(
         harness.run_process("benchmarks.sb3_process", args, timeout=1800)
       )
     else:
-      argv = [*flags, "--steps", str(steps), "--seed", str(seed), "--out", run_dir]
+      argv = [*flags, *tiny_flags, "--steps", str(steps), "--seed", str(seed), "--out", run_dir]
       args = ["one", job, "--", *argv]
       jobs[name] = lambda args=args: harness.run_process("benchmarks.rl_jobs", args, timeout=1800)
   return jobs
@@ -152,6 +161,11 @@ def _summary(job, by_seed):
   return rows
 
 
+def _commit(source):
+  changed = " (torchbridge changed since)" if source["changed_since"] else ""
+  return f"{(source['commit'] or 'unknown')[:12]}{changed}"
+
+
 def _markdown(data):
   lines = [
     "# The main jobs against Stable-Baselines3",
@@ -159,7 +173,7 @@ def _markdown(data):
     f"Measured by `python -m benchmarks.rl_jobs` ({len(data['seeds'])} seeds, each "
     "contender a process of its own, one after another, the order rotating), on "
     f"{data['environment']['cpu']} ({data['environment']['cpu_count']} cores), at "
-    f"commit {data['environment']['source']}.",
+    f"commit {_commit(data['environment']['source'])}.",
     "",
   ]
   titles = {
@@ -213,10 +227,11 @@ def main(argv=None):
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   p.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
   p.add_argument("--runs", default=None, help="directory for the runs (default: a temporary one)")
+  p.add_argument("--tiny", action="store_true", help="a smoke run: a few hundred steps each")
   args = p.parse_args(argv)
   jobs = ("td3", "ppo") if args.job == "both" else (args.job,)
   runs = args.runs or tempfile.mkdtemp(prefix="rl_jobs_")
-  data = {"seeds": args.seeds, "jobs": {}, "runs": {}}
+  data = {"seeds": args.seeds, "tiny": args.tiny, "jobs": {}, "runs": {}}
   previous = os.path.join(args.out, "rl_jobs.json")
   if os.path.exists(previous):  # a job measured alone keeps the other's rows
     with open(previous) as f:
@@ -227,10 +242,10 @@ def main(argv=None):
     by_seed = {}
     for k, seed in enumerate(args.seeds):
       by_seed[seed] = {}
-      for name, run in _rotated(_runs(job, seed, runs), k).items():
+      for name, run in _rotated(_runs(job, seed, runs, args.tiny), k).items():
         print(f"{job} seed {seed}: {name}", file=sys.stderr, flush=True)
         by_seed[seed][name] = run()
-      order = list(_runs(job, seed, runs))
+      order = list(_runs(job, seed, runs, args.tiny))
       by_seed[seed] = {name: by_seed[seed][name] for name in order}
     data["jobs"][job] = _summary(job, by_seed)
     data["runs"][job] = by_seed

@@ -2,8 +2,13 @@
 
 The main job of torchbridge: torch networks (actor, twin-Q critic, 256-256
 as in the TD3 paper's reference code) wrapped in `tb.TorchModule`, trained by
-Keras Adam in a `tf.function` train step, target networks updated by Polyak
-averaging with TF `assign`, checkpointed by `tf.train.CheckpointManager`,
+Keras Adam, target networks updated by Polyak averaging with TF `assign`,
+trained in bursts as the RL Zoo schedules TD3 on Pendulum (10,000 random
+steps, then after each episode as many train steps as it had steps, all
+in one graph call: the replay buffer mirrored in TF variables, batches
+drawn in a `tf.while_loop`), the policy called as the torch module itself
+(torch's cost, on views of the trained variables), checkpointed by
+`tf.train.CheckpointManager`,
 logged to TensorBoard with `tf.summary`. The same algorithm runs in pure
 PyTorch (`--backend torch`) and in Keras layers (`--backend tf`), from the
 same initial weights, for comparison.

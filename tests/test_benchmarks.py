@@ -901,7 +901,7 @@ def test_demo_wall_table_has_each_seed_the_ratios_and_the_split():
 
 def test_demo_wall_runs_make_demos_command_in_one_process(tmp_path):
   out = subprocess.run(
-    [sys.executable, "-m", "benchmarks.demo_wall", "--one", "torchbridge", "1", "1100"]
+    [sys.executable, "-m", "benchmarks.demo_wall", "--one", "torchbridge", "1", "10200"]
     + [str(tmp_path / "run")],
     cwd=ROOT,
     capture_output=True,
@@ -912,17 +912,19 @@ def test_demo_wall_runs_make_demos_command_in_one_process(tmp_path):
   record = json.loads(out.stdout.strip().splitlines()[-1])
   script = json.loads((tmp_path / "run" / "results.json").read_text())
   assert record["argv"][-1] == "--jit-compile" and "--export" not in record["argv"]
-  assert script["seed"] == 1 and script["steps"] == 1100
-  assert record["train_steps"] == script["train_steps"] == 100  # after 1,000 random steps
+  assert script["seed"] == 1 and script["steps"] == 10200
+  # After 10,000 random steps, one episode's burst: 200 train steps, one call.
+  assert record["train_steps"] == script["train_steps"] == 200
+  assert script["train_calls"] == 1
   assert record["final_return"] == script["eval_returns"][-1][1]
-  assert record["train_s"] == pytest.approx(script["sec_per_train_step"] * 100)
+  assert record["train_s"] == pytest.approx(script["sec_per_train_step"] * 200)
   assert 0 < record["train_s"] < record["script_s"]
-  # The policy's calls, timed by the script: 100 exploring (after the 1,000
-  # random steps) and the evaluation's 5 episodes of 200.
-  assert record["policy_calls"] == 100 + 5 * 200
+  # The policy's calls, timed by the script: 200 exploring (after the
+  # 10,000 random steps) and six evaluations' 5 episodes of 200.
+  assert record["policy_calls"] == 200 + 6 * 5 * 200
   assert 0 < record["first_policy_call_s"] < record["policy_s"]
   assert record["policy_s"] + record["train_s"] < record["script_s"]
-  assert 0 < record["first_train_step_s"] < record["train_s"]
+  assert 0 < record["first_train_step_s"] <= record["train_s"]  # one burst
   # make demo's graph calls take the TF runner (each module's translation).
   assert {r["runner"] for r in record["runners"].values()} == {"tf"}
 
@@ -979,3 +981,49 @@ def test_weight_layouts_compute_the_same_step():
   for _ in range(3):
     losses = [float(step()) for step in steps]
     np.testing.assert_allclose(losses[:2], [losses[2]] * 2, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_rl_jobs_runs_every_contender_against_sb3_and_tables_what_they_measured(tmp_path):
+  # A smoke run (--tiny: a few hundred steps each) of benchmarks/rl_jobs.py:
+  # every contender is a process of its own, SB3's included, and the table
+  # holds each one's own figures.
+  pytest.importorskip("sb3_contrib")
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "benchmarks.rl_jobs",
+      "both",
+      "--tiny",
+      "--seeds",
+      "0",
+      "--out",
+      str(tmp_path),
+      "--runs",
+      str(tmp_path / "runs"),
+    ],
+    cwd=harness.ROOT,
+    capture_output=True,
+    text=True,
+    timeout=1500,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  data = json.loads((tmp_path / "rl_jobs.json").read_text())
+  table = (tmp_path / "rl_jobs.md").read_text()
+  assert set(data["jobs"]["td3"]) == {"torchbridge", "pure torch", "Keras port", "SB3 TD3"}
+  assert set(data["jobs"]["ppo"]) == {"torchbridge", "pure torch", "SB3-contrib RecurrentPPO"}
+  runs = data["runs"]["td3"]["0"]
+  assert runs["torchbridge"]["gradient_steps"] == 200  # steps 400..599, in bursts
+  assert runs["torchbridge"]["train_calls"] < runs["torchbridge"]["gradient_steps"]
+  assert runs["torchbridge"]["runners"]["critic"]["runner"] == "tf"
+  assert runs["SB3 TD3"]["gradient_steps"] == 0  # the RL Zoo starts learning at 10k
+  ours = data["jobs"]["td3"]["torchbridge"]
+  assert ours["policy_call_vs_pure_torch"] == pytest.approx(
+    runs["torchbridge"]["policy_call_us"] / runs["pure torch"]["policy_call_us"]
+  )
+  for job, rows in data["jobs"].items():
+    for name, row in rows.items():
+      assert row["loop_s_mean"] > 0 and np.isfinite(row["final_return_mean"]), (job, name)
+      assert f"| {name} | {row['loop_s_mean']:.1f} s |" in table
+  assert data["environment"]["source"]["commit"][:12] in table
