@@ -167,6 +167,21 @@ def test_reading_the_torch_module_again_lends_nothing_while_its_views_are_curren
   assert tb.exchange_stats()["zero_copy"] > 0  # lent again, the new values
 
 
+def test_a_users_forward_pre_hook_sees_the_lent_values_after_a_bridged_call():
+  # torchbridge's lending hook runs before the user's own, even after a
+  # bridged call took the views back and put its hook back.
+  net = seeded(0, torch.nn.Linear, 3, 2)
+  actor = tb.TorchModule(net, name="actor")
+  seen = []
+  net.register_forward_pre_hook(lambda module, args: seen.append(module.weight.sum().item()))
+  actor(tf.ones([1, 3]))  # takes the views back: placeholders (NaN)
+  var(actor, "weight").assign_add(tf.ones([2, 3]))
+  with torch.no_grad():
+    net(torch.ones(1, 3))
+  assert seen and np.isfinite(seen[-1])
+  np.testing.assert_allclose(seen[-1], var(actor, "weight").numpy().sum(), rtol=1e-6)
+
+
 _COPIES_WHEN_THE_WRAPPER_IS_GONE = """
 import gc, json, torch, tensorflow as tf, torchbridge as tb
 torch.manual_seed(0)

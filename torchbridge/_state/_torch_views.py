@@ -91,6 +91,8 @@ class TorchViews:
         if original is not None:
           t.__class__ = original
     self.lent = True
+    if self.watched:  # current until taken back: torch calls need no hook
+      self.suspend_hooks()
 
   def hook_ids(self) -> set[int]:
     """The ids of the forward hooks these views put on the module."""
@@ -102,8 +104,15 @@ class TorchViews:
       table.pop(key, None)
 
   def resume_hooks(self) -> None:
+    """Puts the forward hooks back, first in each module's order (none
+    while the views lent are current)."""
+    if self.lent and self.watched:
+      return
     for table, key, hook in self._forward_hooks:
       table[key] = hook
+      move_to_end = getattr(table, "move_to_end", None)
+      if move_to_end is not None:
+        move_to_end(key, last=False)
 
   def take_back(self) -> None:
     """Replaces the views with placeholders (no-op when none are lent)."""
@@ -114,6 +123,8 @@ class TorchViews:
         t.data = _placeholder(t)
         t.__class__ = _lending_class(type(t))
     self.lent = False
+    if not self.calls_running:  # a bridged call puts them back after it
+      self.resume_hooks()
 
 
 def watch_variables(views: TorchViews, take_back: Callable[[], None]) -> None:
@@ -143,6 +154,8 @@ def watch_variables(views: TorchViews, take_back: Callable[[], None]) -> None:
 
   watched = [_compat.watch_handle(var, on_handle) for _, var in views._pairs.values()]
   views.watched = all(watched)
+  if views.watched and views.lent:
+    views.suspend_hooks()
 
 
 class _LendOnUse:
