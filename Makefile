@@ -22,7 +22,9 @@ $(STAMP): requirements-dev.txt setup.py pyproject.toml
 	touch $(STAMP)
 
 # The main job: TD3 on Pendulum with a torch actor-critic in a TF loop,
-# a short budget (about 5 minutes on 2 cores). Its modules are plain
+# 20,000 steps as the RL Zoo schedules them (10,000 random, then each
+# episode's train steps in one graph call; about a minute and a half on 2
+# cores). Its modules are plain
 # tb.TorchModule(...): graph calls run each module's exact TF translation
 # (captured and checked against torch once; torch through the bridge where
 # it cannot hold, said once). Starts afresh each time. Ends
@@ -35,7 +37,8 @@ demo: $(STAMP)
 	$(PY) examples/td3_pendulum.py --backend torchbridge --steps $(DEMO_STEPS) --seed 0 --out runs/demo --export --jit-compile
 
 # The recurrent job: PPO with a torch LSTM actor-critic on CartPole without
-# velocities, one seed, the README's budget (about 6 minutes on 2 cores).
+# velocities, one seed, the README's budget (about 5 minutes on 2 cores): a
+# rollout's PPO epochs in one graph call, acting through the torch network.
 ppo: $(STAMP)
 	rm -rf runs/ppo_demo
 	$(PY) examples/ppo_lstm_cartpole.py --steps 150000 --seed 0 --out runs/ppo_demo/lstm_masked_torchbridge_s0
