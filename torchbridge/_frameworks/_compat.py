@@ -77,7 +77,7 @@ def read_values(variables: list[Any]) -> list[tf.Tensor]:
     return [tf.convert_to_tensor(v) for v in variables]
   plain = (_resource_variable_type(), _watched_type())
   return [
-    tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype)
+    tf.raw_ops.ReadVariableOp(resource=v._handle, dtype=v.dtype)  # a read: no write callback
     if type(v) in plain and getattr(v, "_caching_device", None) is None
     else tf.convert_to_tensor(v)
     for v in variables
