@@ -153,5 +153,8 @@ def test_td3_bound_counts_its_replay_buffer():
   assert soak.rss_bound_mb("td3", 100_000) == pytest.approx(
     soak.BOUNDS["rss_growth_mb"] + 3.43, abs=0.01
   )
-  assert soak.warmup_step("td3", 100_000, 1000) == 10_900
+  # TD3: 10% of the steps after its first training episode (1,000 random
+  # steps, then the episode that ends at 1,200 in the first burst).
+  assert soak.warmup_step("td3", 100_000, 1000) == 11_080
+  assert soak.warmup_step("td3", 1_000, 200) == 460
   assert soak.warmup_step("mlp_function", 100_000, 1000) == 10_000
