@@ -13,6 +13,17 @@
   number that rounds to it. Generated tables (`<!-- include PATH -->`) are
   checked where they are written, so the check reads the page before its
   includes.
+- `workshop(html)`: in a built user page, generated tables included, what
+  belongs to the workshop and not to a user: commit hashes, issue numbers,
+  repository paths a user cannot import or run (`csrc/`, `tests/`,
+  `benchmarks/`, private modules; `examples/` is the user's), the names of
+  the benchmarks' own classes, benchmark words ("contender", "floor", "bare
+  op", "development venv") and targets tables.
+- `microseconds(html)`: one unit on every user page: "us" after a figure
+  or in a column's "(us)" becomes "µs" outside code, generated tables
+  included.
+- `missing_exceptions(names, troubleshooting_html, api_html)`: public
+  exceptions without a Troubleshooting heading or an API reference entry.
 
 Example:
   >>> run_on_lists("<p>Two kinds:\\n- one\\n- two</p>")
@@ -21,7 +32,10 @@ Example:
   ['3301fe3', 'issue 40']
 """
 
+import ast
 from collections.abc import Callable
+from collections.abc import Iterable
+from html import unescape
 import json
 from pathlib import Path
 import re
@@ -165,3 +179,125 @@ def unsourced_figures(markdown: str, read: Callable[[str], str]) -> list[str]:
       where = f"from {', '.join(sources)}" if sources else "(the page declares no results file)"
       problems.append(f"{match.group(0)!r} (prose line {line}) is not in the results {where}")
   return problems
+
+
+# --- the built page -----------------------------------------------------------
+
+_HIDDEN = re.compile(r"<!--.*?-->|<script\b.*?</script>|<style\b.*?</style>", re.S)
+_WORKSHOP = re.compile(
+  r"(?<![\w/.-])(?:csrc|tests|benchmarks|docs|\.ci)/[\w./*-]*"  # a repository path
+  r"|(?<![\w/.-])torchbridge/(?:_[\w./*-]+|[\w/]+\.(?:py|h|cc))"  # a source file
+  r"|\btorchbridge\._[a-z]\w*(?:\.\w+)*"  # a private module
+  r"|(?<![\w./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/-]|\.\w)"  # a commit
+  r"|(?<![\w.])benchmarks\.\w+"  # python -m benchmarks.x
+  r"|\bcontenders?\b|\bfloors?\b|\bbare op\b|\bdevelopment venv\b",
+  re.I,
+)
+_HEX = re.compile(r"[0-9a-fA-F]{7,40}")
+_TABLE_HEAD = re.compile(r"<thead>(.*?)</thead>", re.S)
+
+
+def _text(html: str) -> str:
+  """A built page's visible text: no comments, scripts, styles or tags."""
+  text = re.sub(r"<[^>]+>", " ", _HIDDEN.sub("", html))
+  return unescape(text)
+
+
+def benchmark_class_names(root: Path) -> set[str]:
+  """The classes benchmarks/ defines whose names are no plain word (two
+  capitals or more: `LeanTorchModule`, not `Recorder`)."""
+  names = set()
+  for path in (root / "benchmarks").rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ClassDef) and len(re.findall(r"[A-Z]", node.name)) >= 2:
+        names.add(node.name)
+  return names
+
+
+def workshop(html: str, class_names: Iterable[str] = ()) -> list[str]:
+  """The workshop in a built user page's content.
+
+  Args:
+    html: the page's content as MkDocs built it, its included tables in it.
+    class_names: names no user page may show (`benchmark_class_names`).
+
+  Returns:
+    Each find, in order: the word, path or name, or "a targets table".
+
+  Example:
+    >>> workshop("<p>see <code>csrc/torch_thread.h</code> at 3301fe3</p>")
+    ['csrc/torch_thread.h', '3301fe3']
+  """
+  text = _text(html)
+  found = [
+    (m.start(), m.group(0)) for m in _JARGON.finditer(text) if not _HEX.fullmatch(m.group(0))
+  ]
+  found += [(m.start(), m.group(0)) for m in _WORKSHOP.finditer(text)]
+  for name in class_names:
+    found += [(m.start(), name) for m in re.finditer(rf"\b{re.escape(name)}\b", text)]
+  found = [
+    (at, word)
+    for at, word in found
+    if not (re.fullmatch(r"[0-9a-fA-F]{7,40}", word) and word != word.lower())
+  ]
+  words = [word for _, word in sorted(found)]
+  for head in _TABLE_HEAD.finditer(html):
+    if re.search(r"<th\b[^>]*>\s*targets?\b", head.group(1), re.I):
+      words.append("a targets table")
+  return words
+
+
+def missing_exceptions(names: Iterable[str], troubleshooting_html: str, api_html: str) -> list[str]:
+  """The public exceptions that Troubleshooting gives no heading of their
+  own, or that the API reference does not document.
+
+  Example:
+    >>> missing_exceptions(["ParityError"], "<h2 id='x'>ParityError</h2>", "")
+    ['ParityError: no entry in the API reference']
+  """
+  headings = " ".join(
+    _text(m.group(0)) for m in re.finditer(r"<h[1-4]\b.*?</h[1-4]>", troubleshooting_html, re.S)
+  )
+  problems = []
+  for name in sorted(names):
+    if not re.search(rf"\b{name}\b", headings):
+      problems.append(f"{name}: no Troubleshooting heading names it")
+    if f'id="torchbridge.{name}"' not in api_html:
+      problems.append(f"{name}: no entry in the API reference")
+  return problems
+
+
+def public_exceptions(root: Path) -> set[str]:
+  """The names in torchbridge's `__all__` that name exceptions (by their
+  name: tests/test_docs_checks.py holds it to the imported classes)."""
+  tree = ast.parse((root / "torchbridge" / "__init__.py").read_text())
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and any(
+      isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    ):
+      names = ast.literal_eval(node.value)
+      return {n for n in names if re.search(r"(Error|Exception|Warning)$", n)}
+  raise ValueError("torchbridge/__init__.py has no __all__")
+
+
+_CODE = re.compile(r"(<pre\b.*?</pre>|<code\b.*?</code>|<[^>]+>)", re.S)
+_US = re.compile(r"(?<=\d)(?P<space>\s?)us\b|\((?P<column>us)\)|\b(?P<word>us) (?=per\b)")
+
+
+def microseconds(html: str) -> str:
+  """The page with microseconds written one way, "µs", outside code.
+
+  Example:
+    >>> microseconds("<td>111 us</td><th>call (us)</th><code>5 us</code>")
+    '<td>111 µs</td><th>call (µs)</th><code>5 us</code>'
+  """
+
+  def unit(match: re.Match) -> str:
+    if match.group("column"):
+      return "(µs)"
+    if match.group("word"):
+      return "µs "
+    return match.group("space") + "µs"
+
+  parts = _CODE.split(html)
+  return "".join(part if i % 2 else _US.sub(unit, part) for i, part in enumerate(parts))

@@ -14,7 +14,12 @@
   the date it was committed.
 - Every page is checked (docs/_checks.py): no list run into a paragraph;
   outside contributing/, no repository jargon and no figure its declared
-  results files do not hold. A failed check fails the build.
+  results files do not hold (in its Markdown), and no workshop (commit
+  hashes, repository paths, the benchmarks' class names, targets tables)
+  in its built HTML, generated tables included; microseconds are written
+  "µs". Every public exception has a Troubleshooting heading and an API
+  reference entry. A failed check fails the build, after every page is
+  built, with every problem listed.
 """
 
 import json
@@ -136,6 +141,16 @@ def _check_markdown(markdown, page):
     )
 
 
+# What the built pages showed, checked once the site is built.
+_BUILT = {"workshop": {}, "html": {}}
+_CLASS_NAMES = _checks.benchmark_class_names(ROOT)
+
+
+def on_pre_build(config):
+  _BUILT["workshop"].clear()
+  _BUILT["html"].clear()
+
+
 def on_page_content(html, page, config, files):
   run_on = _checks.run_on_lists(html)
   if run_on:
@@ -143,7 +158,38 @@ def on_page_content(html, page, config, files):
       f"{page.file.src_uri}: list items run into one paragraph (put a blank line before "
       f"a list, and indent nested items 4 spaces): {run_on[:3]}"
     )
+  uri = page.file.src_uri
+  if not uri.startswith("contributing/"):
+    html = _checks.microseconds(html)
+    found = _checks.workshop(html, _CLASS_NAMES)
+    if found:
+      _BUILT["workshop"][uri] = found
+  if uri in (TROUBLESHOOTING_PAGE, API_PAGE):
+    _BUILT["html"][uri] = html
   return html
+
+
+TROUBLESHOOTING_PAGE = "troubleshooting.md"
+API_PAGE = "api.md"
+
+
+def on_post_build(config):
+  """The checks on the built user pages, generated tables included: no
+  workshop, and every public exception in Troubleshooting and the API."""
+  problems = [
+    f"{uri}: the workshop shows: {', '.join(dict.fromkeys(words))}"
+    for uri, words in sorted(_BUILT["workshop"].items())
+  ]
+  html = _BUILT["html"]
+  if TROUBLESHOOTING_PAGE in html and API_PAGE in html:
+    problems += _checks.missing_exceptions(
+      _checks.public_exceptions(ROOT), html[TROUBLESHOOTING_PAGE], html[API_PAGE]
+    )
+  if problems:
+    raise ValueError(
+      "the built site fails its checks (docs/_checks.py says why each is one):\n  "
+      + "\n  ".join(problems)
+    )
 
 
 def on_page_markdown(markdown, page, config, files):

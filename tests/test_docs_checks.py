@@ -7,6 +7,8 @@ site's build.
 """
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,118 @@ def test_getting_started_and_every_guide_open_with_code(page):
   first = blocks[0]
   lead_in = first.count("\n") <= 4 and blocks[1].startswith("```")
   assert first.startswith("```") or lead_in, first[:200]
+
+
+# --- the built pages ----------------------------------------------------------
+
+
+def test_the_workshop_is_found_in_built_html_generated_tables_included():
+  names = {"LeanTorchModule"}
+  html = (
+    "<!-- figures from benchmarks/results/x.json -->"
+    "<table><thead><tr><th>run</th><th>commit</th></tr></thead>"
+    "<tbody><tr><td><code>bare_native.LeanTorchModule</code></td><td>3301fe3</td></tr>"
+    "</tbody></table><p>see csrc/torch_thread.h, tests/test_module.py and "
+    "torchbridge/_runtime/_omp_team.py; run python -m benchmarks.load; every "
+    "contender above the floor</p>"
+  )
+  assert checks.workshop(html, names) == [
+    "LeanTorchModule",
+    "3301fe3",
+    "csrc/torch_thread.h",
+    "tests/test_module.py",
+    "torchbridge/_runtime/_omp_team.py",
+    "benchmarks.load",
+    "contender",
+    "floor",
+  ]
+  targets = "<table><thead><tr><th>target</th><th>met</th></tr></thead></table>"
+  assert checks.workshop(targets) == ["a targets table"]
+
+
+def test_what_a_user_runs_or_reads_is_no_workshop():
+  html = (
+    "<p>run <code>python examples/td3_pendulum.py</code> or <code>make bench-rl</code>; "
+    "the trace names torchbridge/kernel and torchbridge/C++ call; "
+    "<code>torchbridge.__version__</code>; the library "
+    "~/.cache/torchbridge/torchbridge_op-cc72f7252676d7372f98.so; an address 0x7F3A2B1C4D</p>"
+    "<!-- include benchmarks/results/runners.md -->"
+  )
+  assert checks.workshop(html, {"LeanTorchModule"}) == []
+
+
+def test_public_exceptions_by_name_are_the_exception_classes_torchbridge_exports():
+  import torchbridge as tb  # pylint: disable=import-outside-toplevel
+
+  exported = {n for n in tb.__all__ if isinstance(getattr(tb, n), type)}
+  classes = {n for n in exported if issubclass(getattr(tb, n), BaseException)}
+  assert checks.public_exceptions(ROOT) == classes
+  assert "StaleCaptureError" in classes
+
+
+def test_a_public_exception_without_its_entries_is_named():
+  troubleshooting = '<h2 id="stale">tb.StaleCaptureError: the mode changed</h2><p>ParityError</p>'
+  api = '<h2 id="torchbridge.StaleCaptureError">StaleCaptureError</h2>'
+  assert checks.missing_exceptions(["StaleCaptureError", "ParityError"], troubleshooting, api) == [
+    "ParityError: no Troubleshooting heading names it",
+    "ParityError: no entry in the API reference",
+  ]
+
+
+def _hooks():
+  spec = importlib.util.spec_from_file_location("_doc_hooks", ROOT / "docs" / "_hooks.py")
+  hooks = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(hooks)
+  return hooks
+
+
+class _Page:
+  def __init__(self, uri):
+    self.file = type("File", (), {"src_uri": uri})()
+
+
+def test_the_build_fails_on_workshop_in_a_user_page_only():
+  hooks = _hooks()
+  hooks.on_pre_build({})
+  html = "<table><tr><td>LeanTorchModule at 3301fe3</td></tr></table>"
+  assert hooks.on_page_content(html, _Page("contributing/measurements.md"), {}, None) == html
+  hooks.on_post_build({})  # the workshop's own pages may show it
+  hooks.on_page_content("<p>111 us per call</p>" + html, _Page("guides/threads.md"), {}, None)
+  with pytest.raises(ValueError, match=r"guides/threads.md: the workshop shows: .*LeanTorchModule"):
+    hooks.on_post_build({})
+
+
+def test_the_build_fails_on_a_public_exception_missing_from_troubleshooting():
+  hooks = _hooks()
+  hooks.on_pre_build({})
+  api = "".join(f'<h2 id="torchbridge.{n}">{n}</h2>' for n in checks.public_exceptions(ROOT))
+  hooks.on_page_content(api, _Page("api.md"), {}, None)
+  hooks.on_page_content("<h2>tb.ParityError</h2>", _Page("troubleshooting.md"), {}, None)
+  with pytest.raises(ValueError, match="StaleCaptureError: no Troubleshooting heading names it"):
+    hooks.on_post_build({})
+
+
+def test_user_pages_write_microseconds_one_way():
+  hooks = _hooks()
+  out = hooks.on_page_content("<td>106 us</td><code>5 us</code>", _Page("index.md"), {}, None)
+  assert out == "<td>106 µs</td><code>5 us</code>"
+
+
+def test_mkdocs_fails_a_site_whose_built_page_shows_the_workshop(tmp_path):
+  # The hooks wired into a real build: a user page whose code shows a
+  # repository path fails `mkdocs build`; the same under contributing/ passes.
+  (tmp_path / "docs" / "contributing").mkdir(parents=True)
+  (tmp_path / "docs" / "contributing" / "index.md").write_text("# C\n\n`csrc/torch_thread.h`\n")
+  (tmp_path / "docs" / "index.md").write_text("# Home\n\nNothing of the workshop.\n")
+  config = tmp_path / "mkdocs.yml"
+  config.write_text(
+    f"site_name: t\ndocs_dir: docs\nsite_dir: {tmp_path / 'site'}\n"
+    f"hooks:\n  - {ROOT / 'docs' / '_hooks.py'}\n"
+  )
+  build = [sys.executable, "-m", "mkdocs", "build", "--quiet", "-f", str(config)]
+  ok = subprocess.run(build, capture_output=True, text=True, check=False)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  (tmp_path / "docs" / "index.md").write_text("# Home\n\n```\nvim csrc/torch_thread.h\n```\n")
+  failed = subprocess.run(build, capture_output=True, text=True, check=False)
+  assert failed.returncode != 0
+  assert "index.md: the workshop shows: csrc/torch_thread.h" in failed.stderr

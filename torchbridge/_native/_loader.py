@@ -101,7 +101,7 @@ def load() -> Any:
           )
         else:
           reason = _build.build_record(path).get("reason") or (
-            "built without csrc/torch_interop.cc"
+            "built without its torch side (torch_interop.cc)"
           )
           _status = (
             f"torchbridge: native TF op loaded from {path} without "
@@ -139,7 +139,7 @@ def native_available() -> bool:
   """Whether bridged graph calls use torchbridge's native TF op.
 
   Inside `tf.function`, a call that runs torch goes through a custom TF op
-  (`TorchbridgeCall`, C++ from csrc/) when it is available, and through
+  (`TorchbridgeCall`, built from the package's C++ sources) when it is available, and through
   `tf.py_function` otherwise: both give the same results, the native op
   at a lower cost per call. The first call builds the op (or reuses the
   cached build; `python -m torchbridge build` builds it ahead of time) and
