@@ -1,7 +1,9 @@
-"""Targets, the printed table, the JSON file, the plots, the README tables.
+"""Targets, the printed table, the JSON file, the plots, the docs' tables.
 
 `python -m benchmarks.report [benchmarks/results/latest.json]` prints the
-README's tables ("What it costs") from a run's JSON file.
+costs page's tables and the run's targets from a run's JSON file. The
+docs' tables are written into their pages when the site is built
+(`page_table`, called by docs/_hooks.py for `<!-- report NAME -->`).
 """
 
 import json
@@ -365,7 +367,7 @@ def _plot_exchange(results, out_dir):
     return None
   labels = list(ex)
   fig, ax = plt.subplots(figsize=(PLOT_WIDTH_IN, 4.5))
-  for name, shown in (("torchbridge", "torchbridge"), ("numpy_copy", "numpy copies")):
+  for name, shown in (("torchbridge", "tb.to_tf(tb.to_torch(x))"), ("numpy_copy", "numpy copies")):
     ax.plot(
       labels,
       [ex[label]["timings"][name]["median_us"] for label in labels],
@@ -376,9 +378,9 @@ def _plot_exchange(results, out_dir):
   ax.set_yscale("log")
   ax.tick_params(labelsize=11)
   ax.set_xlabel("tensor size (float32)", fontsize=11)
-  ax.set_ylabel("us, median (log scale)", fontsize=11)
+  ax.set_ylabel("µs, median (log scale)", fontsize=11)
   ax.legend(fontsize=11)
-  ax.set_title("A tensor's round trip TF -> torch -> TF", fontsize=12)
+  ax.set_title("A tensor's round trip TF → torch → TF", fontsize=12)
   path = os.path.join(out_dir, "exchange.png")
   fig.tight_layout()
   fig.savefig(path, dpi=PLOT_DPI)
@@ -453,7 +455,7 @@ def _plot_steps(results, out_dir):
 
 
 def _us(us):
-  return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+  return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
 
 
 def _sig(value):
@@ -461,16 +463,101 @@ def _sig(value):
   return f"{value:#.3g}".rstrip(".")
 
 
+# --- the user pages' tables ---------------------------------------------------
+#
+# The user pages ("What it costs") show what each row measured in the words
+# the API uses: "torchbridge" is the default runner (each module's TF
+# translation where it holds), other runners are `run="torch"` (torch from
+# C++) and `run="torch"` on its Python path (the forward's Python through the
+# native op). The suite's own names (its contenders, the TF program with the
+# bridge doing nothing it calls a floor, its classes) stay in the results
+# files and in Contributing's pages.
+
+# latest.json's train-step contenders (benchmarks/train_step.py): its
+# "torchbridge" is `TorchModule(..., run="torch")` with the C++ runner turned
+# off, the Python path: what the bridge itself costs per call.
+PYTHON_PATH = '`run="torch"`, Python path'
+STEP_ROWS = {
+  BRIDGED: f"{PYTHON_PATH}, in a `tf.function`",
+  "torchbridge tf.function (tf.py_function path)": (
+    f"{PYTHON_PATH}, through `tf.py_function` (no native op)"
+  ),
+  PURE_TORCH: "pure torch (torch Adam)",
+  KERAS: "the Keras model, in a `tf.function`",
+  "numpy-copy bridge tf.function": "a bridge that copies through numpy, in a `tf.function`",
+  TORCH_FORWARD_BACKWARD: "pure torch, forward and backward only",
+  "torchbridge eager": "`tb.TorchModule`, eager calls (torch)",
+  "keras eager": "the Keras model, eager",
+}
+# The suite's "floor:" rows: the same TF program, each bridged call a native
+# op whose callback hands its inputs back.
+NOTHING = "the same TF program with the bridge doing nothing"
+STEP_MODELS = {"small_mlp": "small MLP", "cnn": "CNN", "large_mlp": "large MLP"}
+# latest.json's per-call contenders (benchmarks/suite.py's `overhead`).
+CALL_ROWS = {
+  "tf.function identity": "`tf.identity` in a `tf.function` (no bridge)",
+  "tf.py_function identity (in tf.function)": "`tf.py_function` identity (no bridge)",
+  "torchbridge identity, tf.py_function path (in tf.function)": (
+    "`tb.torch_function` identity through `tf.py_function` (no native op)"
+  ),
+  "native op doing nothing (in tf.function)": (
+    f"{NOTHING}: the native op, its callback handing the input back"
+  ),
+  "native op doing nothing, in tf.custom_gradient (in tf.function)": (
+    "the same inside `tf.custom_gradient`"
+  ),
+  "native op, torch DLPack round trip only (in tf.function)": (
+    "the native op, its callback a DLPack round trip through torch"
+  ),
+  "native op, torch tensors handed back (in tf.function)": (
+    "the native op, its C++ making torch tensors and handing them back"
+  ),
+  "torchbridge identity, native op (in tf.function)": (
+    "`tb.torch_function` identity through the native op"
+  ),
+  "eager tf.py_function identity": "eager `tf.py_function` identity",
+  "eager torchbridge identity": "eager `tb.torch_function` identity",
+}
+DECOMPOSITION_ROWS = {
+  "torchbridge tf.function step": f"{PYTHON_PATH}: the step",
+  "pure torch step (torch Adam)": "pure torch: the step (torch Adam)",
+  "pure torch forward and backward only": "pure torch: forward and backward only",
+  "bridged - pure torch: what running it from TF adds": (
+    "the step less pure torch's: what running it from TF adds"
+  ),
+  "bridged - floor: torch's compute and the bridge's own work": (
+    f"the step less {NOTHING}: torch's compute and the bridge's own work"
+  ),
+  "bridged - floor - torch forward and backward: the bridge's own work (hand-overs, "
+  "Python) and torch slowed between TF calls": (
+    f"the step less {NOTHING} and torch's forward and backward: the bridge's own "
+    "work (hand-overs, Python) and torch slowed between TF calls"
+  ),
+}
+
+
+def _label(name, labels):
+  """A row's label on a user page: `labels`' word for it, the suite's
+  "floor:" rows as the same TF program with the bridge doing nothing."""
+  if name.startswith("floor:"):
+    return f"{NOTHING} (Keras Adam, native ops that hand their inputs back)"
+  return labels.get(name, name)
+
+
 def markdown(results):
-  """The README's tables from a run's results."""
+  """The costs page's tables from a `make bench` run (latest.json): the
+  exchange, the cost per call, and the train steps of `run="torch"` on its
+  Python path against pure torch and Keras. TD3 and the targets are not
+  here: the TD3 step per runner is the runners page's
+  (`runners_markdown`), the targets Contributing's (`targets_markdown`)."""
   out = []
   ex = results.get("exchange", {})
   if ex:
-    out.append("| round trip TF -> torch -> TF | " + " | ".join(ex) + " |")
+    out.append("| a tensor's round trip TF → torch → TF | " + " | ".join(ex) + " |")
     out.append("|---|" + "---|" * len(ex))
     for name, label in (
-      ("torchbridge", "torchbridge (0 bytes copied)"),
-      ("numpy_copy", "numpy copies (2x the size copied)"),
+      ("torchbridge", "`tb.to_tf(tb.to_torch(x))` (DLPack, 0 bytes copied)"),
+      ("numpy_copy", "through numpy copies (2x the size copied)"),
     ):
       out.append(
         f"| {label} | "
@@ -479,54 +566,58 @@ def markdown(results):
       )
     out.append("")
   if "overhead" in results:
-    out.append("| per call, identity | median |")
+    out.append("| one call of an identity on a 64 x 32 tensor, in a `tf.function` | median |")
     out.append("|---|---|")
     for name, t in results["overhead"].items():
-      out.append(f"| {name} | {_us(t['median_us'])} |")
+      out.append(f"| {_label(name, CALL_ROWS)} | {_us(t['median_us'])} |")
     out.append("")
-  if results.get("headline"):
-    out.append("| step, separate processes | torchbridge / pure torch | torchbridge / Keras |")
+  headline_ = {m: r for m, r in results.get("headline", {}).items() if m in STEP_MODELS}
+  if headline_:
+    out.append(
+      f"| train step, each in processes of its own | {PYTHON_PATH} / pure torch "
+      f"| {PYTHON_PATH} / the Keras model |"
+    )
     out.append("|---|---|---|")
-    for name, r in results["headline"].items():
+    for name, r in headline_.items():
       out.append(
-        f"| {name} | {_range(r['torchbridge / pure torch'])} | {_range(r['torchbridge / keras'])} |"
+        f"| {STEP_MODELS[name]} | {_range(r['torchbridge / pure torch'])} "
+        f"| {_range(r['torchbridge / keras'])} |"
       )
     out.append("")
-  floor = "floor: the same TF program, each bridged call a bare native op"
-
-  def row(name):  # TD3's and the small MLP's names on the rows they share
-    if name.startswith("floor:"):
-      return floor
-    return {"torchbridge": BRIDGED, "keras": KERAS}.get(name, name)
-
-  sets = {
-    name: ({row(c): t for c, t in timings.items()}, *rest)
-    for name, (timings, *rest) in _step_sets(results).items()
-  }
-  if sets:
-    contenders = []
-    for timings, *_ in sets.values():
-      contenders += [c for c in timings if c not in contenders]
-    out.append("| ms per step (median [min-max]) | " + " | ".join(sets) + " |")
-    out.append("|---|" + "---|" * len(sets))
-    for c in contenders:
+  steps = {m: t for m, t in results.get("train_steps", {}).items() if m in STEP_MODELS}
+  if steps:
+    rows = []
+    for timings in steps.values():
+      rows += [c for c in timings if c not in rows]
+    out.append(
+      "| ms per train step (median [min-max]) | " + " | ".join(STEP_MODELS[m] for m in steps) + " |"
+    )
+    out.append("|---|" + "---|" * len(steps))
+    for c in rows:
       cells = []
-      for timings, key, *_ in sets.values():
-        scale = 1e3 if key == "median_us" else 1.0
+      for timings in steps.values():
         t = timings.get(c)
         cells.append(
           ""
           if t is None
-          else f"{_sig(t[key] / scale)} [{_sig(t['min'] / scale)}-{_sig(t['max'] / scale)}]"
+          else f"{_sig(t['median_us'] / 1e3)} [{_sig(t['min'] / 1e3)}-{_sig(t['max'] / 1e3)}]"
         )
-      out.append(f"| {c} | " + " | ".join(cells) + " |")
+      out.append(f"| {_label(c, STEP_ROWS)} | " + " | ".join(cells) + " |")
     out.append("")
-  for name, rows in results.get("decomposition", {}).items():
-    out.append(f"| {name}, ms per step | |")
+  rows = results.get("decomposition", {}).get("small_mlp")
+  if rows:
+    out.append("| the small MLP's step, part by part | ms |")
     out.append("|---|---|")
     for label, ms in rows:
-      out.append(f"| {label} | {ms:.2f} |")
+      out.append(f"| {_label(label, DECOMPOSITION_ROWS)} | {ms:.2f} |")
     out.append("")
+  return "\n".join(out).rstrip("\n") + "\n"
+
+
+def targets_markdown(results):
+  """The targets of a `make bench` run and the same measures taken on the
+  suite's other bridges: Contributing's (docs/contributing/measurements.md)."""
+  out = []
   if results.get("targets"):
     out.append("| target | measured | met |")
     out.append("|---|---|---|")
@@ -536,7 +627,7 @@ def markdown(results):
       out.append(f"| {t['name']} ({t['limit']}) | {shown} | {'yes' if t['met'] else '**no**'} |")
   if results.get("floors"):
     out += ["", *floors_markdown(results["floors"])]
-  return "\n".join(out)
+  return "\n".join(out) + "\n"
 
 
 def floors_markdown(records):
@@ -553,4 +644,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1
     else os.path.join(os.path.dirname(__file__), "results", "latest.json")
   ) as f:
-    print(markdown(json.load(f)))
+    _results = json.load(f)
+  print(markdown(_results))
+  print(targets_markdown(_results))

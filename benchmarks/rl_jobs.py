@@ -1,6 +1,8 @@
 """The main jobs against Stable-Baselines3, each run a process of its own.
 
 `python -m benchmarks.rl_jobs [td3|ppo|both] [--seeds 0 1 2] [--out DIR]`
+`python -m benchmarks.rl_jobs plot [--results PATH] [--out DIR]`: the
+learning curves again from the committed rl_jobs.json (`benchmarks.rl_plots`)
 
 TD3 on Pendulum-v1, 20k steps: examples/td3_pendulum.py as `make demo`
 runs it (the default `tb.TorchModule`, `--jit-compile`, the burst
@@ -20,7 +22,8 @@ evaluations at the same steps are timed and taken out). The final return
 is each run's last evaluation (TD3: 5 episodes, PPO: 10; the examples'
 seeds, SB3's model evaluated the same way). `policy call` is the mean
 time of a policy call in the TD3 run (one observation; exploration and
-evaluation alike). Writes rl_jobs.json and rl_jobs.md.
+evaluation alike). Writes rl_jobs.json and rl_jobs.md, and from them the
+learning curves rl_jobs_td3.png and rl_jobs_ppo.png (`benchmarks.rl_plots`).
 """
 
 import argparse
@@ -222,6 +225,10 @@ def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["one"]:
     return _one(argv[1], argv[3:])
+  if argv[:1] == ["plot"]:
+    from benchmarks import rl_plots  # pylint: disable=import-outside-toplevel
+
+    return rl_plots.main(argv[1:])
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("job", choices=("td3", "ppo", "both"), nargs="?", default="both")
   p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -255,6 +262,9 @@ def main(argv=None):
   data["environment"] = harness.environment(2, "cpu")
   data["failures"] = harness.FAILURES
   harness.write_results(args.out, "rl_jobs", data, _markdown(data))
+  from benchmarks import rl_plots  # pylint: disable=import-outside-toplevel
+
+  rl_plots.write(data, args.out)
   return 0
 
 

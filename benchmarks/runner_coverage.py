@@ -1,8 +1,9 @@
 """Which runner models take by default, and whether they match torch.
 
 Usage:
-  python -m benchmarks.runner_coverage [--quick]
+  python -m benchmarks.runner_coverage [--quick] [--run torch]
       [--out benchmarks/results/runner_coverage.json]
+  python -m benchmarks.runner_coverage --render [--run torch] [--out ...]
 
 Every module of torch's own `module_db` (its first float32 sample, as
 `tests/_module_db_cases.py` enumerates them; `--quick`: the first 20
@@ -21,7 +22,8 @@ a copy of the module; a module whose torch output is random in that mode
 
 Writes the records (`--out`, with the commit) and the tally as markdown
 beside them (`runner_coverage.md`, which docs/coverage/runners.md
-includes); prints the tally.
+includes); prints the tally. `--render` measures nothing: it writes the
+markdown again from the committed records (`--out`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import copy
 import json
 import logging
 import os
+import re
 import sys
 import time
 import warnings
@@ -236,9 +239,21 @@ def main(argv=None):
     help='the modules\' run= ("torch": the torch runner, from C++ or on its Python path)',
   )
   parser.add_argument("--out", default=None)
+  parser.add_argument(
+    "--render",
+    action="store_true",
+    help="write the markdown again from the records in --out, measuring nothing",
+  )
   args = parser.parse_args(argv)
   stem = "runner_coverage" if args.run == "auto" else "torch_runner_coverage"
   args.out = args.out or os.path.join(harness.ROOT, "benchmarks", "results", f"{stem}.json")
+  if args.render:
+    with open(args.out) as f:
+      text = markdown(json.load(f))
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+      f.write(text)
+    print(text)
+    return 0
   names = sorted(db_cases.MODULES)[: 20 if args.quick else None]
   records = []
   for k, name in enumerate(names):
@@ -276,20 +291,49 @@ def main(argv=None):
   return 0
 
 
+_MODE = {False: "inference", True: "training"}
+# The name the benchmark gave each module (`translate('m16_0'): ...`) means
+# nothing to a reader; the reason is the same without it.
+_OWN_NAME = re.compile(r"^translate\('[^']*'\): ")
+
+
+def _escaped(text):
+  """Free text as Markdown shows it: no emphasis, code or HTML from it."""
+  for char in "\\`*_[]":
+    text = text.replace(char, "\\" + char)
+  return text.replace("<", "&lt;")
+
+
+def _why(record):
+  """What a record says beyond its outcome, or "" (a call that matched)."""
+  detail = _OWN_NAME.sub("", record.get("detail") or "")
+  if record.get("path"):
+    path = f"from {record['path']}"
+    if record.get("path_reason"):
+      path += f" ({record['path_reason']})"
+    detail = f"{path}; {detail}" if detail else path
+  return detail
+
+
 def markdown(data):
-  """The tally by source and mode, then each model's line."""
+  """The tally by source and mode; each model's outcome in both modes, in
+  a table narrow enough for a page; then, below it, why each call that did
+  not run as a matching TF translation went as it did."""
+  cpp_known = any(r.get("path") for r in data["records"])
   lines = [
     f"Measured at {data['source']['commit'][:10]} (torch {data['torch']}, TF "
-    f"{data['tensorflow']}), `benchmarks/runner_coverage.py`: each model "
+    f"{data['tensorflow']}): each model "
     + (
       'in a `tf.function` through `tb.TorchModule(run="torch")` (torch from C++, '
       "or on the Python path), compared with torch."
       if data.get("run") == "torch"
-      else "in a `tf.function` through the default `tb.TorchModule`."
+      else "in a `tf.function` through the default `tb.TorchModule`, compared with torch."
     ),
     "",
-    "| models | mode | tf, matches | torch (reason below) | of which from C++ | MISMATCH | error | n/a |",
-    "|---|---|---|---|---|---|---|---|",
+    "| models | mode | tf, matches | torch (reason below) | "
+    + ("of which from C++ | " if cpp_known else "")
+    + "MISMATCH | error | n/a |",
+    "|---|---|---|---|---|---|---|" + ("---|" if cpp_known else ""),
   ]
   for source in ("module_db", "transformers"):
     for training in (False, True):
@@ -299,25 +343,41 @@ def markdown(data):
       count = collections.Counter(r["outcome"] for r in rows)
       cpp = sum(1 for r in rows if r["outcome"] == "torch" and r.get("path") == "C++")
       lines.append(
-        f"| {source} | {'training' if training else 'inference'} | {count['tf, matches']} | "
-        f"{count['torch']} | {cpp} | {count['MISMATCH']} | {count['error']} | {count['n/a']} |"
+        f"| {source} | {_MODE[training]} | {count['tf, matches']} | {count['torch']} | "
+        + (f"{cpp} | " if cpp_known else "")
+        + f"{count['MISMATCH']} | {count['error']} | {count['n/a']} |"
       )
+  by_model = {}
+  for r in data["records"]:
+    by_model.setdefault(r["model"], {})[r["training"]] = r
   lines += [
     "",
-    "| model | mode | outcome | capture, s | detail |",
-    "|---|---|---|---|---|",
+    "| model | inference | training | capture, s |",
+    "|---|---|---|---|",
   ]
-  for r in data["records"]:
-    detail = (r.get("detail") or "").replace("|", "\\|")
-    if r.get("path"):
-      detail = (
-        f"from {r['path']}"
-        + (f" ({r['path_reason']})".replace("|", "\\|") if r.get("path_reason") else "")
-        + (f"; {detail}" if detail else "")
-      )
-    mode = "training" if r["training"] else "inference"
-    capture = f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else ""
-    lines.append(f"| {r['model']} | {mode} | {r['outcome']} | {capture} | {detail} |")
+  reasons = []  # (model, modes, why), in the table's order
+  for model, modes in by_model.items():
+    cells, captures, whys = [], [], {}
+    for training in (False, True):
+      r = modes.get(training)
+      if r is None:
+        cells.append("")
+        continue
+      outcome = r["outcome"]
+      if outcome == "torch" and r.get("path"):
+        outcome = f"torch, {r['path']}"
+      why = _why(r)
+      if why:
+        whys.setdefault(why, []).append(_MODE[training])
+        outcome += " (below)"
+      cells.append(outcome)
+      if r.get("capture_s") is not None:
+        captures.append(f"{r['capture_s']:.2f}")
+    lines.append(f"| {model} | {cells[0]} | {cells[1]} | {' / '.join(captures)} |")
+    reasons += [(model, " and ".join(m), why) for why, m in whys.items()]
+  if reasons:
+    lines += ["", "Why each call that did not run as a matching TF translation went as it did:", ""]
+    lines += [f"- **{model}**, {modes}: {_escaped(why)}" for model, modes, why in reasons]
   return "\n".join(lines) + "\n"
 
 

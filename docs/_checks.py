@@ -242,7 +242,7 @@ def workshop(html: str, class_names: Iterable[str] = ()) -> list[str]:
   ]
   words = [word for _, word in sorted(found)]
   for head in _TABLE_HEAD.finditer(html):
-    if re.search(r"<th\b[^>]*>\s*targets?\b", head.group(1), re.I):
+    if re.search(r"<th\b[^>]*>\s*targets?\s*</th>", head.group(1), re.I):
       words.append("a targets table")
   return words
 

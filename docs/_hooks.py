@@ -4,8 +4,10 @@
   (benchmarks/results/, examples/results/), not in docs/; they are added to
   the site from there, so a page's link to one resolves and a missing one
   fails `mkdocs build --strict`.
-- "What it costs" gets its tables from benchmarks/results/latest.json,
-  written by benchmarks/report.py at build time, never pasted.
+- `<!-- report NAME -->` in any page is replaced by the tables
+  benchmarks/user_tables.py writes from the committed results at build time,
+  in the user pages' words, never pasted ("What it costs" gets its tables
+  from benchmarks/results/latest.json so).
 - `<!-- include PATH -->` in any page is replaced by the committed results
   file PATH (a table a benchmark or a tally wrote); a missing file fails
   the build.
@@ -49,11 +51,12 @@ def on_files(files, config):
 
 
 COSTS_PAGE = "performance/costs.md"
-COSTS_MARKER = (
-  "<!-- latest.json tables: docs/_hooks.py writes them here "
-  "from benchmarks/results/latest.json, with "
-  "benchmarks/report.py -->"
-)
+# `<!-- report NAME -->` in a page: the tables benchmarks/user_tables.py's
+# `page_table(NAME)` writes from the committed results, in the user pages'
+# words (the costs page's from latest.json, the runners page's from
+# runners.json, a benchmark's own table with its suite words replaced).
+REPORT = re.compile(r"<!-- report (\S+) -->")
+COSTS_MARKER = "<!-- report costs -->"
 
 
 INCLUDE = re.compile(r"<!-- include (\S+) -->")
@@ -197,14 +200,13 @@ def on_page_markdown(markdown, page, config, files):
   if RESULTS_MARKER in markdown:
     markdown = markdown.replace(RESULTS_MARKER, results_table(config))
   markdown = INCLUDE.sub(_include, markdown)
-  if page.file.src_uri != COSTS_PAGE:
-    return markdown
-  if COSTS_MARKER not in markdown:
+  if page.file.src_uri == COSTS_PAGE and COSTS_MARKER not in markdown:
     raise ValueError(f"{COSTS_PAGE} lost the marker its tables go to")
+  if not REPORT.search(markdown):
+    return markdown
   sys.path.insert(0, str(ROOT))
   try:
-    from benchmarks import report  # pylint: disable=import-outside-toplevel
+    from benchmarks import user_tables  # pylint: disable=import-outside-toplevel
   finally:
     sys.path.remove(str(ROOT))
-  results = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
-  return markdown.replace(COSTS_MARKER, report.markdown(results))
+  return REPORT.sub(lambda match: user_tables.page_table(match.group(1), _read), markdown)

@@ -1011,6 +1011,8 @@ def test_rl_jobs_runs_every_contender_against_sb3_and_tables_what_they_measured(
   assert proc.returncode == 0, proc.stderr[-3000:]
   data = json.loads((tmp_path / "rl_jobs.json").read_text())
   table = (tmp_path / "rl_jobs.md").read_text()
+  for job in ("td3", "ppo"):  # the learning curves, drawn from what it wrote
+    assert (tmp_path / f"rl_jobs_{job}.png").stat().st_size > 1000
   assert set(data["jobs"]["td3"]) == {"torchbridge", "pure torch", "Keras port", "SB3 TD3"}
   assert set(data["jobs"]["ppo"]) == {"torchbridge", "pure torch", "SB3-contrib RecurrentPPO"}
   runs = data["runs"]["td3"]["0"]

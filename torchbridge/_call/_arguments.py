@@ -15,13 +15,14 @@ from torchbridge._frameworks import _compat
 
 _XLA_UNSUPPORTED = """\
 {name} cannot run inside a tf.function compiled with XLA (jit_compile=True)
-here: torchbridge's XLA custom call (csrc/xla/) could not be built or
-loaded (see below). Compile without XLA instead: `tf.function(fn)` or
+here: torchbridge's XLA custom call could not be built or loaded (see
+below). Compile without XLA instead: `tf.function(fn)` or
 `tf.function(fn, jit_compile=False)`, and in Keras `model.compile(...,
 jit_compile=False)`. The rest of the model can stay compiled if it lives in a
 separate tf.function. To run a trained `tb.TorchModule` under XLA, translate
 it into TF ops that read the same variables: `tb.translate(module,
-input_signature)` (docs/guides/translate.md, "Serving without torch")."""
+input_signature)` (the guide "Serving with tb.translate"), or leave the
+module's `run=` at its default, "auto", which runs its TF translation."""
 
 
 class _BoundCall:

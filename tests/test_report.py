@@ -1,0 +1,106 @@
+"""benchmarks/report.py's tables for the docs: the user pages' tables say
+what each row measured in the API's words and show none of the workshop;
+the targets go to Contributing's page."""
+
+import importlib.util
+import json
+from pathlib import Path
+import re
+
+import pytest
+
+from benchmarks import report
+from benchmarks import user_tables
+
+# No bridged call: `make test` runs it in the native pass only.
+pytestmark = pytest.mark.one_pass
+
+ROOT = Path(__file__).parents[1]
+_spec = importlib.util.spec_from_file_location("_doc_checks", ROOT / "docs" / "_checks.py")
+checks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checks)
+CLASS_NAMES = checks.benchmark_class_names(ROOT)
+
+
+def _read(path):
+  return (ROOT / path).read_text()
+
+
+def _html_of_tables(markdown):
+  """The Markdown tables' header rows as the site's HTML heads them, so
+  that `workshop` finds a targets table in them."""
+  heads = [
+    "<thead><tr>" + "".join(f"<th>{c.strip()}</th>" for c in line.strip("|").split("|")) + "</tr>"
+    "</thead>"
+    for line, rule in zip(markdown.splitlines(), markdown.splitlines()[1:])
+    if rule.startswith("|---")
+  ]
+  return markdown + "".join(heads)
+
+
+@pytest.mark.parametrize(
+  "name", ["costs", "runners", "runner-calls", *sorted(user_tables.USER_VIEWS)]
+)
+def test_every_user_table_shows_no_workshop(name):
+  table = user_tables.page_table(name, _read)
+  assert table.strip()
+  assert checks.workshop(_html_of_tables(table), CLASS_NAMES) == []
+  assert "contender" not in table.lower()
+  assert not re.search(r"(?<![\w'])us\b", table), "microseconds are µs on the user pages"
+
+
+def test_costs_tables_name_the_python_path_and_leave_td3_and_the_targets_out():
+  results = json.loads(_read("benchmarks/results/latest.json"))
+  table = report.markdown(results)
+  # latest.json's "torchbridge tf.function" ran run="torch" with its C++
+  # runner off: the Python path, said so on every row and column.
+  assert '| `run="torch"`, Python path, in a `tf.function` |' in table
+  assert "torchbridge tf.function" not in table
+  assert "td3" not in table.lower() and "target" not in table
+  small = results["train_steps"]["small_mlp"]["torchbridge tf.function"]
+  assert f"{small['median_us'] / 1e3:.2f}" in table
+  targets = report.targets_markdown(results)
+  assert targets.startswith("| target | measured | met |")
+  assert all(t["name"] in targets for t in results["targets"])
+
+
+def test_runners_tables_label_each_runner_and_hold_xla_to_keras_under_xla():
+  def row(us):
+    return {"median_us": us, "torch": "2.13.0+cpu"}
+
+  rows = {
+    "torchbridge": row(1100.0),
+    "torchbridge, XLA": row(900.0),
+    'torchbridge, run="torch" (C++ torch runner)': row(1300.0),
+    'torchbridge, run="torch", Python path': row(1500.0),
+    "Keras port": row(1000.0),
+    "Keras port, XLA": row(600.0),
+    "pure torch": row(1250.0),
+  }
+  runners = {"rounds": 3, "threads": 2, "venvs": {"python": {"small_mlp": rows}}}
+  table = user_tables.runners_markdown(runners)
+  assert "**torch 2.13 (CPU build)**" in table
+  assert "| torchbridge (the default runner) | 1.10 | 1.10x | 0.88x |" in table
+  # Under XLA, against the Keras port under XLA.
+  assert "| torchbridge, the train step `jit_compile=True` | 0.90 | 1.50x | 0.72x |" in table
+  assert '| `run="torch"` (torch from C++) | 1.30 | 1.30x | 1.04x |' in table
+  assert '| `run="torch"`, Python path | 1.50 | 1.50x | 1.20x |' in table
+  assert "| pure torch | 1.25 |" in table  # one pure torch: no "as written"
+  assert user_tables.torch_build("2.15.0+cu132").startswith(
+    "torch 2.15 as `pip install torch` gives it"
+  )
+
+
+def test_a_user_view_fails_when_its_table_no_longer_holds_what_it_replaces():
+  path = "benchmarks/results/load_torch_remedies.md"
+  assert "at 3ab7de1" not in user_tables.user_view(
+    path, "Pure torch's step, at 3ab7de1: torch 2.13"
+  )
+  user_tables.USER_VIEWS["benchmarks/results/missing.md"] = (("| contender |", "| |"),)
+  try:
+    with pytest.raises(ValueError, match="no longer holds"):
+      user_tables.user_view("benchmarks/results/missing.md", "| runner | ms |")
+  finally:
+    del user_tables.USER_VIEWS["benchmarks/results/missing.md"]
+  with pytest.raises(ValueError, match="no user view"):
+    user_tables.user_view("benchmarks/results/runners.md", "")
