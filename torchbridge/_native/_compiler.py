@@ -151,7 +151,7 @@ def run(plan: Plan, log_path: Path) -> str | None:
   first = next(
     (line for line in failed[0].splitlines() if "error" in line), failed[0].strip()[:200]
   )
-  return f"compiling the native op (csrc/) failed: {first.strip()} (full log: {log_path})"
+  return f"compiling the native op failed: {first.strip()} (full log: {log_path})"
 
 
 def find_compiler() -> str:

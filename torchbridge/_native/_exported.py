@@ -92,7 +92,7 @@ _LIBRARY = _side_library.SideLibrary(
   headers=_HEADERS,
   flags=_torch_flags,
   load=_load,
-  what="the C++ torch runner (csrc/exported/)",
+  what="the C++ torch runner",
   # AttributeError: a file without the library's functions.
   errors=(_compiler.BuildError, OSError, AttributeError),
   describe=_library_failure,

@@ -176,7 +176,7 @@ class SideLibrary:
       )
       failure = _compiler.run(plan, target.with_suffix(".log"))
       if failure:
-        raise _compiler.BuildError(failure.replace("the native op (csrc/)", self._what))
+        raise _compiler.BuildError(failure.replace("the native op", self._what, 1))
       os.chmod(output, 0o755)  # a shared cache reads it
       os.replace(output, target)
     _build._say(

@@ -90,7 +90,7 @@ _LIBRARY = _side_library.SideLibrary(
   flags=_flags,
   load=_load,
   requires=_require_the_op,
-  what="the XLA custom call (xla_call.cc, for jit_compile=True)",
+  what="the XLA custom call (for jit_compile=True)",
   optimize="-O1",
   takes="about 25 s on 2 cores",
 )

@@ -13,7 +13,7 @@ translation:
 The way out: keep calling the module through the bridge
 (`tb.TorchModule` / `tb.keras.TorchLayer`), which runs any torch code but
 needs torch and Python at run time; or change the model to use ops with a
-translation (the README lists them)."""
+translation (the guide "Serving with tb.translate" lists them, under Coverage)."""
 
 MISMATCH = """\
 translate({name!r}): the TF graph does not compute what torch computes on

@@ -29,7 +29,8 @@ def torch_function(
   comes back as TF tensors sharing torch's memory.
 
   Eagerly, the torch code runs directly, with no `tf.py_function`. Inside
-  `tf.function` it runs as one stateful op (a `tf.py_function`), and its
+  `tf.function` it runs as one stateful op (the native op `TorchbridgeCall`,
+  or a `tf.py_function` where that is unavailable), and its
   outputs carry static shapes: torchbridge runs the code once on torch "meta"
   tensors while tracing, which costs no computation; dimensions that depend
   on unknown (None) input dimensions stay unknown. Code that cannot run on

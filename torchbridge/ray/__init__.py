@@ -1,6 +1,6 @@
 """Ray for torchbridge: ship `TorchModule` weights to actors, train data-parallel.
 
-Needs Ray (`pip install torchbridge[ray]`); `import torchbridge` alone never
+Needs Ray (`pip install ray`, or `pip install ".[ray]"` in a clone); `import torchbridge` alone never
 imports it.
 """
 

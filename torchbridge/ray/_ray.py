@@ -5,8 +5,8 @@ try:
 except ImportError as err:
   raise ImportError(
     "torchbridge.ray needs Ray, which is not installed in this environment "
-    f"({err}). Install the extra: `pip install torchbridge[ray]` (or "
-    "`pip install ray`). The rest of torchbridge works without it."
+    f"({err}). Install it: `pip install ray` (or, in a clone of torchbridge, "
+    '`pip install ".[ray]"`). The rest of torchbridge works without it.'
   ) from err
 
 __all__ = ["ray"]
