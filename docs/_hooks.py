@@ -77,7 +77,7 @@ def _include(match):
     text = _read(match.group(1))
   except FileNotFoundError:
     raise ValueError(f"a page includes {match.group(1)}, which does not exist") from None
-  return _AT_COMMIT.sub(lambda m: ("I" if m.group(1) == "A" else "i") + "n one committed run", text)
+  return _AT_COMMIT.sub(lambda m: ("I" if m.group(1) == "A" else "i") + "n one run", text)
 
 
 def _commit_of(results):

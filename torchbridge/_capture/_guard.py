@@ -54,7 +54,7 @@ class StaleCaptureError(RuntimeError):
   `tf.function`) runs the new value; the message names the fix. A
   `RuntimeError`.
 
-  Example:
+  Examples:
     >>> import torch, tensorflow as tf, torchbridge as tb
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5))
     >>> actor = tb.TorchModule(net, name="actor")

@@ -181,7 +181,7 @@ class Runners:
           translation, snapshot = entry
           self._say(
             "tf",
-            f"{state.name}: graph calls run as TF ops (its exact translation, captured and "
+            f"torchbridge: {state.name}: graph calls run as TF ops (its exact translation, captured and "
             f"checked against torch in {translation.seconds:.2f} s)",
             capture_s=translation.seconds,
           )
@@ -194,7 +194,8 @@ class Runners:
         why_torch = entry.said()
         self._say(
           "torch",
-          f"{state.name}: graph calls run torch through the bridge (run={self.run!r}): {why_torch}",
+          f"torchbridge: {state.name}: graph calls run torch through the bridge "
+          f"(run={self.run!r}): {why_torch}",
           why_torch,
           detail=entry.detail,
         )

@@ -68,7 +68,9 @@ class TorchModule(tf.Module):
   they can (each signature captured once with `torch.export` and checked
   against the Python path, as for the TF runner); elsewhere (a refused
   capture, a GPU, a `tf.distribute` replica, no native op) they run the
-  forward's Python on every call, said once at WARNING;
+  forward's Python on every call, said once (at WARNING where the capture
+  was refused, at INFO on a GPU or in a replica; without the native op its
+  own line says so);
   `TORCHBRIDGE_TORCH_RUNNER=python` asks for that path.
 
   Args:
