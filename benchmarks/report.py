@@ -465,7 +465,7 @@ def _sig(value):
 
 # --- the user pages' tables ---------------------------------------------------
 #
-# The user pages ("What it costs") show what each row measured in the words
+# The user pages ("The bridge's cost") show what each row measured in the words
 # the API uses: "torchbridge" is the default runner (each module's TF
 # translation where it holds), other runners are `run="torch"` (torch from
 # C++) and `run="torch"` on its Python path (the forward's Python through the
@@ -483,11 +483,11 @@ STEP_ROWS = {
     f"{PYTHON_PATH}, through `tf.py_function` (no native op)"
   ),
   PURE_TORCH: "pure torch (torch Adam)",
-  KERAS: "the Keras model, in a `tf.function`",
+  KERAS: "the Keras port, in a `tf.function`",
   "numpy-copy bridge tf.function": "a bridge that copies through numpy, in a `tf.function`",
   TORCH_FORWARD_BACKWARD: "pure torch, forward and backward only",
   "torchbridge eager": "`tb.TorchModule`, eager calls (torch)",
-  "keras eager": "the Keras model, eager",
+  "keras eager": "the Keras port, eager",
 }
 # The suite's "floor:" rows: the same TF program, each bridged call a native
 # op whose callback hands its inputs back.
@@ -546,10 +546,15 @@ def _label(name, labels):
 
 def markdown(results):
   """The costs page's tables from a `make bench` run (latest.json): the
-  exchange, the cost per call, and the train steps of `run="torch"` on its
-  Python path against pure torch and Keras. TD3 and the targets are not
-  here: the TD3 step per runner is the runners page's
-  (`runners_markdown`), the targets Contributing's (`targets_markdown`)."""
+  crossings (`crossings_markdown`), then the steps split into their parts
+  (`steps_markdown`). TD3 and the targets are not here: the TD3 step per
+  runner is the runners page's (`user_tables.runners_markdown`), the
+  targets Contributing's (`targets_markdown`)."""
+  return crossings_markdown(results) + "\n" + steps_markdown(results)
+
+
+def crossings_markdown(results):
+  """The exchange and the cost of one call (latest.json)."""
   out = []
   ex = results.get("exchange", {})
   if ex:
@@ -571,26 +576,30 @@ def markdown(results):
     for name, t in results["overhead"].items():
       out.append(f"| {_label(name, CALL_ROWS)} | {_us(t['median_us'])} |")
     out.append("")
-  headline_ = {m: r for m, r in results.get("headline", {}).items() if m in STEP_MODELS}
-  if headline_:
-    out.append(
-      f"| train step, each in processes of its own | {PYTHON_PATH} / pure torch "
-      f"| {PYTHON_PATH} / the Keras model |"
-    )
-    out.append("|---|---|---|")
-    for name, r in headline_.items():
-      out.append(
-        f"| {STEP_MODELS[name]} | {_range(r['torchbridge / pure torch'])} "
-        f"| {_range(r['torchbridge / keras'])} |"
-      )
-    out.append("")
+  return "\n".join(out).rstrip("\n") + "\n"
+
+
+# The train steps the costs page splits: what the crossings add to a step,
+# at each size. Not a runner comparison (the runners page's, from its own
+# side-by-side run): no ratio between rows, and no Keras step in a
+# `tf.function` (the runners page's Keras port).
+SPLIT_STEP_ROWS = tuple(n for n in STEP_ROWS if n != KERAS)
+
+
+def steps_markdown(results):
+  """The steps the costs page splits (latest.json), `run="torch"` on its
+  Python path: their times at each size (`SPLIT_STEP_ROWS`), and the small
+  MLP's step part by part."""
+  out = []
   steps = {m: t for m, t in results.get("train_steps", {}).items() if m in STEP_MODELS}
   if steps:
     rows = []
     for timings in steps.values():
-      rows += [c for c in timings if c not in rows]
+      rows += [c for c in timings if c not in rows and _split_row(c)]
     out.append(
-      "| ms per train step (median [min-max]) | " + " | ".join(STEP_MODELS[m] for m in steps) + " |"
+      "| ms per train step, in the run of this page's tables (median [min-max]) | "
+      + " | ".join(STEP_MODELS[m] for m in steps)
+      + " |"
     )
     out.append("|---|" + "---|" * len(steps))
     for c in rows:
@@ -612,6 +621,10 @@ def markdown(results):
       out.append(f"| {_label(label, DECOMPOSITION_ROWS)} | {ms:.2f} |")
     out.append("")
   return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _split_row(name):
+  return name in SPLIT_STEP_ROWS or name.startswith("floor:")
 
 
 def targets_markdown(results):

@@ -486,11 +486,47 @@ def _lane_labels(placed, order):
   return labels
 
 
-def plot_step(name, last_step, path):
+# What the pages call each step, each placement and each runner measured.
+STEP_TITLES = {"td3": "TD3 train step", "small_mlp": "Small MLP train step"}
+PLACEMENT_TITLES = {"torch-thread": "the torch thread", "tf-thread": "TF's thread"}
+PYTHON_PATH_TITLE = '`run="torch"`, Python path'
+CPP_RUNNER_TITLE = '`run="torch"` from C++'
+# The TF ops' row of each step, by what its kernels run (the small MLP's
+# step has no target networks, so no Polyak updates).
+TF_OPS_TITLES = {"small_mlp": "TF ops (kernels: the loss, Keras Adam)"}
+PLOT_STEPS = {"td3": "TD3", "small_mlp": "small-MLP"}
+
+
+def torch_build(version):
+  """A torch version as a picture's title names it: "torch 2.13 (CPU
+  build)", "torch 2.15 (CUDA build)"; None: not recorded."""
+  if not version:
+    return "torch build not recorded"
+  release = ".".join(version.split("+")[0].split(".")[:2])
+  if version.endswith("+cpu"):
+    return f"torch {release} (CPU build)"
+  if "+cu" in version:
+    return f"torch {release} (CUDA build)"
+  return f"torch {release}"
+
+
+def plot_title(name, placement, torch_version):
+  """A step picture's title: the step, the runner (`run="torch"`'s Python
+  path, the one these pictures record), where graph calls run, and the
+  torch build (`torch_version`, None where it was not recorded)."""
+  return (
+    f"One {PLOT_STEPS.get(name, name)} train step, phase by phase: "
+    f"{PYTHON_PATH_TITLE.replace('`', '')}\n"
+    f"graph calls on {PLACEMENT_TITLES.get(placement, placement)}; {torch_build(torch_version)}"
+  )
+
+
+def plot_step(title, last_step, path):
   """One recorded step's spans, a lane per thread and nesting depth,
-  coloured by kind, drawn to be read at the docs' column width (~690 px).
-  `last_step`: {"begin_ns", "end_ns", "events"}; with "bounds": False the
-  bounds are the spans' own (a trace saved without the step's)."""
+  coloured by kind, drawn to be read at the docs' column width (~690 px),
+  under `title` (`plot_title`). `last_step`: {"begin_ns", "end_ns",
+  "events"}; with "bounds": False the bounds are the spans' own (a trace
+  saved without the step's)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
 
   matplotlib.use("Agg")
@@ -514,7 +550,7 @@ def plot_step(name, last_step, path):
     first.setdefault(e["thread"], len(first))
   lanes = sorted(ends, key=lambda lane: (first[lane[0]], lane[1]))
   order = {lane: k for k, lane in enumerate(lanes)}
-  fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(order) + 2.3))
+  fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(order) + 2.7))
   used = {}
   for e, lane in placed:
     label, color, _ = next(k for k in PLOT_KINDS if k[2](e["name"]))
@@ -540,7 +576,8 @@ def plot_step(name, last_step, path):
     else "ms from the step's first bridged call to its last",
     fontsize=10,
   )
-  ax.set_title(f"One {name} train step, phase by phase", fontsize=12)
+  # Centred on the figure, not the axes (its lane labels take the left).
+  fig.suptitle(title, fontsize=11)
   ax.legend(
     handles=[Patch(color=c, label=k) for k, c in used.items()],
     loc="upper center",
@@ -583,9 +620,11 @@ def last_step_from_trace(path):
   }
 
 
-def replot(out):
+def replot(out, torch_version=None):
   """Draws step_trace_NAME.png again from each step_trace_NAME.json in
-  `out`: no measuring."""
+  `out`: no measuring. `torch_version`: the torch the traces were recorded
+  with, for the titles (the traces do not record it); None: "not
+  recorded"."""
   for path in sorted(Path(out).glob("step_trace_*.json")):
     stem = path.stem[len("step_trace_") :]
     name, placement = (
@@ -593,7 +632,11 @@ def replot(out):
       if stem.endswith("_tf_thread")
       else (stem, "torch-thread")
     )
-    plot_step(f"{name} ({placement})", last_step_from_trace(path), path.with_suffix(".png"))
+    plot_step(
+      plot_title(name, placement, torch_version),
+      last_step_from_trace(path),
+      path.with_suffix(".png"),
+    )
 
 
 def _profiled(step, steps):
@@ -690,6 +733,15 @@ def _table(title, rows_ms, step_label, step_ms, clocks=()):
   return lines + [""]
 
 
+def _cost(how, ratio):
+  """What recording (`how`: "recorded", "profiled") costs, as the recorded
+  step over the unrecorded one says it: under 1, within the noise."""
+  doing = how.replace("ed", "ing")
+  if ratio < 1:
+    return f"{how} / un{how} step: {ratio:.3f}x (under 1: what {doing} costs is within the noise)"
+  return f"{how} / un{how} step: {ratio:.3f}x (what {doing} costs)"
+
+
 def _clocks(rows_sum, recorded_ms, unrecorded_ms, wall_ms, rows_all_ms, steps, how):
   """`_table`'s independent clocks of a recorded (`how`: "recorded",
   "profiled") step: the wall time of the very same steps, where measured
@@ -709,20 +761,30 @@ def _clocks(rows_sum, recorded_ms, unrecorded_ms, wall_ms, rows_all_ms, steps, h
     (
       f"the un{how} step ({off}; time.perf_counter, blocks alternated with the {how} ones)",
       unrecorded_ms,
-      f"the rows {rows_sum / unrecorded_ms - 1:+.1%} of it; {how} / un{how} "
-      f"step: {recorded_ms / unrecorded_ms:.3f}x (what {how.replace('ed', 'ing')} costs)",
+      f"the rows {rows_sum / unrecorded_ms - 1:+.1%} of it; "
+      + _cost(how, recorded_ms / unrecorded_ms),
     )
   )
   return clocks
 
 
+def _heading(name, runner, placement):
+  """A step's heading: the step, the runner, where graph calls run."""
+  return (
+    f"## {STEP_TITLES.get(name, name)}, {runner}, graph calls on "
+    f"{PLACEMENT_TITLES.get(placement, placement)}"
+  )
+
+
 def _step_markdown(name, r, placement):
   t = r["timeline"]
   step_ms = t["unrecorded_mean_ms"]
+  tf_ops = TF_OPS_TITLES.get(name, TF_OPS)
   lines = _table(
-    f"### {name}, {placement}, recorded by tb.timeline(annotate=False): "
-    f"{t['step_mean_ms']:.2f} ms a step; unrecorded, in alternated "
-    f"blocks: {step_ms:.2f} (the middle 80% of {t['steps']} each)",
+    f"{_heading(name, PYTHON_PATH_TITLE, placement)}\n\n"
+    f"Recorded by `tb.timeline(annotate=False)`: {t['step_mean_ms']:.2f} ms a "
+    f"step; unrecorded, in alternated blocks: {step_ms:.2f} ms (the mean of "
+    f"the middle 80% of {t['steps']} steps each).",
     t["rows_ms"],
     "recorded",
     t["step_mean_ms"],
@@ -765,14 +827,15 @@ def _step_markdown(name, r, placement):
       f"{lean_ms - (t['floor_torch_outputs_mean_ms'] or t['floor_mean_ms']) - t['torch_compute_ms']:.2f} ms."
     )
   if t.get("cpp_runner_mean_ms") is not None:
-    lines += _scripted_markdown(t, step_ms)
+    lines += _scripted_lines(t, step_ms)
   lines.append("")
   lines += _table(
-    f"### {name}, {placement}, under TF's profiler: "
-    f"{r['profiled_mean_ms']:.2f} ms a step (unprofiled: "
-    f"{r['unprofiled_mean_ms']:.2f}, median "
-    f"{r['unprofiled_median_ms']:.2f}; the middle 80% of {r['steps']})",
-    r["rows_ms"],
+    "### The same step under TF's profiler\n\n"
+    f"Under TF's profiler, with the bridge's annotations: "
+    f"{r['profiled_mean_ms']:.2f} ms a step; unprofiled: "
+    f"{r['unprofiled_mean_ms']:.2f} ms (median "
+    f"{r['unprofiled_median_ms']:.2f}; the middle 80% of {r['steps']} steps).",
+    {(tf_ops if row == TF_OPS else row): ms for row, ms in r["rows_ms"].items()},
     "profiled",
     r["profiled_mean_ms"],
     _clocks(
@@ -801,11 +864,13 @@ def _step_markdown(name, r, placement):
     + f"; the floor's step {sum(floor_rows.values()):.2f} ms.",
     "",
   ]
+  if t.get("cpp_runner_mean_ms") is not None:
+    lines += _scripted_markdown(name, t, placement)
   return lines
 
 
-def _scripted_markdown(t, step_ms):
-  """The C++ torch runner's lines and its recorded rows."""
+def _scripted_lines(t, step_ms):
+  """The C++ torch runner's line among the Python path's comparisons."""
   scripted_ms, floor_ms = t["cpp_runner_mean_ms"], t["no_python_floor_mean_ms"]
   rows = t["cpp_runner_rows_ms"]
   compute = rows.get(SCRIPTED_CALLBACK, 0.0)
@@ -821,10 +886,19 @@ def _scripted_markdown(t, step_ms):
     f"callbacks (torch's compute, DLPack in and out) take {compute:.2f} ms; "
     f"its share (its step - its floor - its callbacks): {share:.2f} ms, "
     f"{share / scripted_ms:.0%} of its step.",
-    "",
   ]
-  lines += _table(
-    "The C++ torch runner's step, recorded by tb.timeline(annotate=False)",
+  return lines
+
+
+def _scripted_markdown(name, t, placement):
+  """The C++ torch runner's recorded rows, under a heading of their own."""
+  scripted_ms, rows = t["cpp_runner_mean_ms"], t["cpp_runner_rows_ms"]
+  lines = _table(
+    f"{_heading(name, CPP_RUNNER_TITLE, placement)}\n\n"
+    "The C++ torch runner's step, recorded by `tb.timeline(annotate=False)`: "
+    f"{t['cpp_runner_recorded_mean_ms']:.2f} ms a step; unrecorded, in "
+    f"alternated blocks: {scripted_ms:.2f} ms (the mean of the middle 80% of "
+    f"{t['steps']} steps each).",
     rows,
     "recorded",
     t["cpp_runner_recorded_mean_ms"],
@@ -899,7 +973,11 @@ def _write(results, out, plots):
       )
       (out / f"step_trace_{name}{suffix}.json").write_text(json.dumps(chrome))
       if plots:
-        plot_step(f"{name} ({placement})", last, out / f"step_trace_{name}{suffix}.png")
+        plot_step(
+          plot_title(name, placement, torch.__version__),
+          last,
+          out / f"step_trace_{name}{suffix}.png",
+        )
   (out / "step_breakdown.json").write_text(json.dumps(results, indent=2) + "\n")
   (out / "step_breakdown.md").write_text(markdown(results))
 
@@ -929,10 +1007,15 @@ def main(argv=None):
     action="store_true",
     help="measure nothing: draw OUT's step_trace_*.png again from its step_trace_*.json",
   )
+  parser.add_argument(
+    "--torch-version",
+    help="with --replot: the torch version the traces were recorded with, for the "
+    "pictures' titles (the traces do not record it)",
+  )
   parser.add_argument("--out", default=os.path.join(harness.ROOT, "benchmarks", "results"))
   args = parser.parse_args(argv)
   if args.replot:
-    replot(args.out)
+    replot(args.out, args.torch_version)
     return 0
   if not _loader.available():
     print(f"the native op is not available: {_loader.status()}")

@@ -3,8 +3,8 @@ words (docs/_hooks.py: `<!-- report NAME -->` -> `page_table(NAME)`).
 
 The costs page's tables and the targets come from `report` (latest.json);
 the runners page's from runners.json; a benchmark's own committed table is
-shown with `USER_VIEWS`' exact edits, each of which fails the build when
-the text it edits is gone.
+shown with `USER_VIEWS`' edits, each of which fails the build when the
+text it edits is gone.
 
 Example:
   >>> torch_build("2.13.0+cpu")
@@ -13,10 +13,12 @@ Example:
 
 import json
 import re
+import statistics
 
 from benchmarks.report import NOTHING
 from benchmarks.report import PYTHON_PATH
-from benchmarks.report import markdown
+from benchmarks.report import crossings_markdown
+from benchmarks.report import steps_markdown
 from benchmarks.report import targets_markdown
 
 # benchmarks/runners.py's contenders (runners.json), as the runners page
@@ -137,32 +139,72 @@ def runners_call_markdown(runners):
 
 # A committed results table (a benchmark's own Markdown) as a user page shows
 # it: the commit it measured dropped (the results files table on
-# Contributing's measurement page has it) and each of its suite words
-# replaced. Every replaced text must be there: a benchmark that rewrites its
-# table fails the build here until this list follows it.
+# Contributing's measurement page has it), its torch build named as the user
+# pages name it, and each of its suite words replaced. Every replaced text
+# must be there: a benchmark that rewrites its table fails the build here
+# until this list follows it.
 _COMMIT = re.compile(r"^At [0-9a-f]{7,40}: |,? at [0-9a-f]{7,40}\b", re.M)
+_TORCH_BUILD = re.compile(r"\btorch (\d+\.\d+\.\d+\+(?:cpu|cu\d+))")
+# load.md's eager calls: a `tb.TorchModule` eager call runs torch whatever its
+# runner, so its three rows (one per runner the run built the module with)
+# time the same call: one row, each cell their median.
+_EAGER_ROWS = re.compile(
+  r"^\| torchbridge \(default: TF runner\) \| (\d+) \| (\d+) \| ([\d.]+)x \|\n"
+  r"\| torchbridge run='torch' \(C\+\+ runner\) \| (\d+) \| (\d+) \| ([\d.]+)x \|\n"
+  r"\| torchbridge run='torch' \(Python path\) \| (\d+) \| (\d+) \| ([\d.]+)x \|$",
+  re.M,
+)
+
+
+def _eager_row(match):
+  quiet, busy, ratio = (
+    statistics.median(float(match.group(k)) for k in (first, first + 3, first + 6))
+    for first in (1, 2, 3)
+  )
+  return f"| a `tb.TorchModule` eager call (any runner) | {quiet:.0f} | {busy:.0f} | {ratio:.2f}x |"
+
+
+# The load runs' conditions, as the pages say them.
+_BUSY = (
+  ("| busy1 |", "| beside 1 busy process |"),
+  ("| busy2 |", "| beside 2 busy processes |"),
+)
+_CONDITIONS = (*_BUSY, ("| nice19 busy1 |", "| niceness 19, beside 1 busy process |"))
 _LOAD_ROWS = (
-  ("| keras |", "| the Keras model |"),
+  ("| keras |", "| the Keras port |"),
   ("| torchbridge (default: TF runner) |", "| torchbridge (the default runner) |"),
   ("| torchbridge run='torch' (C++ runner) |", '| `run="torch"` (torch from C++) |'),
   ("| torchbridge run='torch' (Python path) |", f"| {PYTHON_PATH} |"),
 )
 USER_VIEWS = {
   "benchmarks/results/load.md": (
+    (_EAGER_ROWS, _eager_row),
     ("| contender |", "| |"),
     ("the same contender's quiet step", "the same row's quiet step"),
     ("each environment step; us)", "each environment step; µs)"),
+    ("| vs Keras, quiet |", "| vs the Keras port, quiet |"),
+    *_CONDITIONS,
+    ("| nice19 busy2 |", "| niceness 19, beside 2 busy processes |"),
     *_LOAD_ROWS,
   ),
   "benchmarks/results/load_breakdown.md": (
     ("the same contender's quiet step", "the same row's quiet step"),
     ("the median process; us per step)", "the median process; µs per step)"),
+    ("**Keras and the default runner again**", "**The Keras port and the default runner again**"),
+    (
+      "the default runner's ratio over Keras' ratio",
+      "the default runner's ratio over the Keras port's",
+    ),
+    ("| condition | Keras |", "| condition | the Keras port |"),
+    ("| ratio over Keras' |", "| ratio over the Keras port's |"),
     ("| torchbridge (default: TF runner) |", "| torchbridge (the default runner) |"),
+    *_CONDITIONS,
   ),
-  "benchmarks/results/load_torch_remedies.md": (),
+  "benchmarks/results/load_torch_remedies.md": _BUSY,
   "benchmarks/results/ddpg_loop.md": (
     ("| target updates |", "| updating the target networks |"),
-    ("| keras |", "| the Keras model |"),
+    ("| vs Keras |", "| vs the Keras port |"),
+    ("| keras |", "| the Keras port |"),
     ("| torchbridge |", "| torchbridge (the default runner) |"),
     ("| torchbridge run='torch' |", '| `run="torch"` (torch from C++) |'),
   ),
@@ -172,6 +214,13 @@ USER_VIEWS = {
     ("(torchbridge contenders)", "(torchbridge's rows)"),
     ('| torchbridge, run="torch" |', '| `run="torch"` |'),
     ('torchbridge, run="torch":', '`run="torch"`:'),
+    # The models by their names, not the benchmark's keys.
+    ("Sizes: bert: ", "Sizes: BERT-base: "),
+    ("; gpt2: ", "; GPT-2 small: "),
+    ("; resnet18: ", "; ResNet-18: "),
+    (", bert: torch: ", ": torch (C++): "),
+    (", gpt2: torch: ", ": torch (C++): "),
+    (", resnet18: torch: ", ": torch (C++): "),
   ),
   "benchmarks/results/first_call_breakdown.md": (
     ("# BERT-base's first training step, by part\n\n", ""),
@@ -194,6 +243,7 @@ USER_VIEWS = {
     ("- The same ops running the same torch modules through the leanest", None),
     ("- The same step on the C++ torch runner", None),
     ("TF's side, the bridged step against the floor", None),
+    ("The C++ torch runner's step, recorded by", "Recorded by"),
   ),
 }
 
@@ -201,15 +251,23 @@ USER_VIEWS = {
 def user_view(path, text):
   """A committed results table (`path`, its text) as a user page shows it:
   `USER_VIEWS[path]`'s edits (`(old, new)` replaces the text old, `(start,
-  None)` drops every line that starts so), the commit dropped."""
+  None)` drops every line that starts so, `(pattern, new)` substitutes a
+  compiled regular expression), the commit dropped, torch builds named as
+  `torch_build` names them."""
   if path not in USER_VIEWS:
     raise ValueError(f"no user view of {path}: add its edits to USER_VIEWS in {__file__}")
   for old, new in USER_VIEWS[path]:
+    if isinstance(old, re.Pattern):
+      text, found = old.subn(new, text)
+      if not found:
+        raise ValueError(f"{path} no longer holds {old.pattern!r}: update USER_VIEWS in {__file__}")
+      continue
     lines = text.split("\n")
     kept = [line for line in lines if not line.startswith(old)] if new is None else lines
     if old not in text or len(kept) == len(lines) and new is None:
       raise ValueError(f"{path} no longer holds {old!r}: update USER_VIEWS in {__file__}")
     text = "\n".join(kept) if new is None else text.replace(old, new)
+  text = _TORCH_BUILD.sub(lambda m: torch_build(m.group(1)), text)
   return _COMMIT.sub("", text)
 
 
@@ -217,13 +275,15 @@ def page_table(name, read):
   """The table a page's `<!-- report NAME -->` stands for (docs/_hooks.py).
 
   Args:
-    name: "costs", "targets", "runners", "runner-calls", or a committed
-      results table's path (`user_view`).
+    name: "costs" (the exchange and one call), "costs-steps" (the steps
+      the costs page splits), "targets", "runners", "runner-calls", or a
+      committed results table's path (`user_view`).
     read: reads a repository path and returns its text.
   """
-  if name in ("costs", "targets"):
+  if name in ("costs", "costs-steps", "targets"):
     results = json.loads(read("benchmarks/results/latest.json"))
-    return markdown(results) if name == "costs" else targets_markdown(results)
+    show = {"costs": crossings_markdown, "costs-steps": steps_markdown}.get(name, targets_markdown)
+    return show(results)
   if name in ("runners", "runner-calls"):
     runners = json.loads(read("benchmarks/results/runners.json"))
     return runners_markdown(runners) if name == "runners" else runners_call_markdown(runners)

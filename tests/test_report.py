@@ -39,7 +39,7 @@ def _html_of_tables(markdown):
 
 
 @pytest.mark.parametrize(
-  "name", ["costs", "runners", "runner-calls", *sorted(user_tables.USER_VIEWS)]
+  "name", ["costs", "costs-steps", "runners", "runner-calls", *sorted(user_tables.USER_VIEWS)]
 )
 def test_every_user_table_shows_no_workshop(name):
   table = user_tables.page_table(name, _read)
@@ -59,9 +59,24 @@ def test_costs_tables_name_the_python_path_and_leave_td3_and_the_targets_out():
   assert "td3" not in table.lower() and "target" not in table
   small = results["train_steps"]["small_mlp"]["torchbridge tf.function"]
   assert f"{small['median_us'] / 1e3:.2f}" in table
+  # The page's two markers: the crossings, then the steps it splits.
+  assert user_tables.page_table("costs", _read) == report.crossings_markdown(results)
+  assert user_tables.page_table("costs-steps", _read) == report.steps_markdown(results)
+  assert table == report.crossings_markdown(results) + "\n" + report.steps_markdown(results)
   targets = report.targets_markdown(results)
   assert targets.startswith("| target | measured | met |")
   assert all(t["name"] in targets for t in results["targets"])
+
+
+def test_costs_tables_state_no_runner_comparison():
+  # Each runner's step against the Keras port and pure torch is the runners
+  # page's (runners.json): the costs page shows no ratio between its rows and
+  # no Keras step in a `tf.function`, only the steps its split uses.
+  table = report.markdown(json.loads(_read("benchmarks/results/latest.json")))
+  assert " / pure torch" not in table and " / the Keras" not in table
+  assert "the Keras port, in a `tf.function`" not in table
+  assert "Keras model" not in table
+  assert "| the small MLP's step, part by part | ms |" in table
 
 
 def test_runners_tables_label_each_runner_and_hold_xla_to_keras_under_xla():
@@ -92,10 +107,17 @@ def test_runners_tables_label_each_runner_and_hold_xla_to_keras_under_xla():
 
 
 def test_a_user_view_fails_when_its_table_no_longer_holds_what_it_replaces():
-  path = "benchmarks/results/load_torch_remedies.md"
-  assert "at 3ab7de1" not in user_tables.user_view(
-    path, "Pure torch's step, at 3ab7de1: torch 2.13"
-  )
+  user_tables.USER_VIEWS["benchmarks/results/plain.md"] = ()
+  try:
+    # The commit dropped, the torch build named as the user pages name it.
+    assert (
+      user_tables.user_view(
+        "benchmarks/results/plain.md", "Pure torch's step, at 3ab7de1: torch 2.13.0+cpu"
+      )
+      == "Pure torch's step: torch 2.13 (CPU build)"
+    )
+  finally:
+    del user_tables.USER_VIEWS["benchmarks/results/plain.md"]
   user_tables.USER_VIEWS["benchmarks/results/missing.md"] = (("| contender |", "| |"),)
   try:
     with pytest.raises(ValueError, match="no longer holds"):
@@ -104,3 +126,55 @@ def test_a_user_view_fails_when_its_table_no_longer_holds_what_it_replaces():
     del user_tables.USER_VIEWS["benchmarks/results/missing.md"]
   with pytest.raises(ValueError, match="no user view"):
     user_tables.user_view("benchmarks/results/runners.md", "")
+
+
+def test_the_step_breakdown_page_names_each_step_runner_and_thread():
+  view = user_tables.page_table("benchmarks/results/step_breakdown.md", _read)
+  headings = [line for line in view.splitlines() if line.startswith("#")]
+  assert headings
+  for heading in headings:
+    # No benchmark keys: the steps, runners and threads in words.
+    assert not re.search(r"td3|small_mlp|-thread", heading), heading
+  assert (
+    '## TD3 train step, `run="torch"`, Python path, graph calls on the torch thread' in headings
+  )
+  assert '## TD3 train step, `run="torch"` from C++, graph calls on TF\'s thread' in headings
+  # The small MLP's step has no target networks: no Polyak updates.
+  sections = re.split(r"^## ", view, flags=re.M)
+  small = [s for s in sections if s.startswith("Small MLP")]
+  assert len(small) == 2 and not any("Polyak" in s for s in small)
+  assert all("| TF ops (kernels: the loss, Keras Adam) |" in s for s in small)
+  # A recorded step faster than the unrecorded one: noise, not a negative cost.
+  assert "0.899x (under 1: what profiling costs is within the noise)" in view
+  assert "(what profiling costs)" in view  # and the costs over 1 as they are
+
+
+def test_the_load_views_say_the_conditions_and_one_eager_row():
+  load = user_tables.page_table("benchmarks/results/load.md", _read)
+  breakdown = user_tables.page_table("benchmarks/results/load_breakdown.md", _read)
+  for table in (load, breakdown):
+    assert not re.search(r"busy\d|nice19|\+cpu|Keras model", table)
+    assert "| beside 1 busy process |" in table and "torch 2.13 (CPU build)" in table
+  # Eager calls run torch whatever the runner: one row, the median of the
+  # run's three (537, 536, 538 quiet; 542, 536, 531 beside a busy process).
+  eager = load[load.index("**One eager call") :]
+  assert "| a `tb.TorchModule` eager call (any runner) | 537 | 536 | 0.37x |" in eager
+  assert "run=" not in eager and "default runner" not in eager
+
+
+def test_the_real_models_view_names_the_models():
+  view = user_tables.page_table("benchmarks/results/real_models.md", _read)
+  assert not re.search(r"\b(bert|gpt2|resnet18):", view)
+  assert "Sizes: BERT-base: 12 layers" in view
+  assert "- BERT-base, training: torch (C++): an op has no TF translation" in view
+
+
+def test_a_pattern_edit_fails_when_its_table_no_longer_holds_it():
+  path = "benchmarks/results/missing.md"
+  user_tables.USER_VIEWS[path] = ((re.compile(r"^\| keras \|", re.M), "| the Keras port |"),)
+  try:
+    assert user_tables.user_view(path, "| keras | 1 |") == "| the Keras port | 1 |"
+    with pytest.raises(ValueError, match="no longer holds"):
+      user_tables.user_view(path, "| Keras | 1 |")
+  finally:
+    del user_tables.USER_VIEWS[path]

@@ -390,6 +390,30 @@ def test_an_entry_taken_out_of_troubleshooting_is_named():
   assert any("a line nobody wrote up" in p for p in missing_entries(page, new))
 
 
+def side_library_names(root: Path = ROOT) -> list[str]:
+  """The names the build lines give the libraries beside the op: each
+  `SideLibrary(..., what="...")` of torchbridge/ (filled into "building %s
+  into %s" and "built %s in %.1f s", so ENTRIES' phrases cannot hold them)."""
+  names = []
+  for path in sorted((root / "torchbridge").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("SideLibrary"):
+        for keyword in node.keywords:
+          if keyword.arg == "what" and isinstance(keyword.value, ast.Constant):
+            names.append(keyword.value.value)
+  return names
+
+
+def test_the_build_entry_names_each_library_as_its_build_lines_do():
+  names = side_library_names()
+  assert {"the C++ torch runner", "the XLA custom call (for jit_compile=True)"} <= set(names)
+  page = PAGE.read_text(encoding="utf-8")
+  section = next(b for _, t, b in headings(page) if t == "The native op's build")
+  for name in names:
+    assert f"torchbridge: building {name} into " in section, name
+    assert f"torchbridge: built {name} in " in section, name
+
+
 def test_the_reader_follows_a_message_through_the_functions_that_pass_it_on(tmp_path):
   package = tmp_path / "torchbridge"
   package.mkdir()
