@@ -315,14 +315,29 @@ def _why(record):
   return detail
 
 
+def _version(name, version):
+  """A version as the user pages write it: "torch 2.13 (CPU build)" for
+  "2.13.0+cpu", "(CUDA build)" for "+cu...", the release alone without a
+  local tag; "TensorFlow 2.21" for "2.21.0"."""
+  release, _, local = version.partition("+")
+  shown = f"{name} {'.'.join(release.split('.')[:2])}"
+  if local == "cpu":
+    shown += " (CPU build)"
+  elif local.startswith("cu"):
+    shown += " (CUDA build)"
+  elif local:
+    shown += f" ({local} build)"
+  return shown
+
+
 def markdown(data):
   """The tally by source and mode; each model's outcome in both modes, in
   a table narrow enough for a page; then, below it, why each call that did
   not run as a matching TF translation went as it did."""
   cpp_known = any(r.get("path") for r in data["records"])
   lines = [
-    f"Measured at {data['source']['commit'][:10]} (torch {data['torch']}, TF "
-    f"{data['tensorflow']}): each model "
+    f"Measured at {data['source']['commit'][:10]} with {_version('torch', data['torch'])} "
+    f"and {_version('TensorFlow', data['tensorflow'])}: each model "
     + (
       'in a `tf.function` through `tb.TorchModule(run="torch")` (torch from C++, '
       "or on the Python path), compared with torch."
@@ -352,7 +367,7 @@ def markdown(data):
     by_model.setdefault(r["model"], {})[r["training"]] = r
   lines += [
     "",
-    "| model | inference | training | capture, s |",
+    "| model | inference | training | capture (s): inference / training |",
     "|---|---|---|---|",
   ]
   reasons = []  # (model, modes, why), in the table's order
@@ -362,6 +377,7 @@ def markdown(data):
       r = modes.get(training)
       if r is None:
         cells.append("")
+        captures.append("–")
         continue
       outcome = r["outcome"]
       if outcome == "torch" and r.get("path"):
@@ -371,9 +387,11 @@ def markdown(data):
         whys.setdefault(why, []).append(_MODE[training])
         outcome += " (below)"
       cells.append(outcome)
-      if r.get("capture_s") is not None:
-        captures.append(f"{r['capture_s']:.2f}")
-    lines.append(f"| {model} | {cells[0]} | {cells[1]} | {' / '.join(captures)} |")
+      # A call that took torch from its capture's refusal has no capture
+      # time of the runner it took: "–" keeps each time under its mode.
+      captures.append(f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else "–")
+    shown = " / ".join(captures) if any(c != "–" for c in captures) else ""
+    lines.append(f"| {model} | {cells[0]} | {cells[1]} | {shown} |")
     reasons += [(model, " and ".join(m), why) for why, m in whys.items()]
   if reasons:
     lines += ["", "Why each call that did not run as a matching TF translation went as it did:", ""]

@@ -20,6 +20,7 @@ if any fails.
   PYTHONPATH=. python -m benchmarks.soak --parallel       # 100,000 steps each
   PYTHONPATH=. python -m benchmarks.soak --steps 2000 --td3-steps 1500 --out /tmp/s
   PYTHONPATH=. python -m benchmarks.soak --check benchmarks/results/soak.json
+  PYTHONPATH=. python -m benchmarks.soak --plot benchmarks/results/soak.json
 
 `make soak` runs the first (the three runs at once; without --parallel one
 after the other: the curves are the same, the wall time longer). Writes
@@ -27,7 +28,9 @@ OUT/soak.json (the curves: step -> rss_mb, fds, threads, copies; per run the
 warm-up point, the growth after it, the bounds and their verdicts),
 rewritten every `POLL_S` seconds while the runs go on, so a soak cut short
 leaves its curves so far, and OUT/soak.png (RSS over steps; descriptors and
-threads). `--check` evaluates the bounds again over a written file.
+threads). `--check` evaluates the bounds again over a written file (and
+rewrites it); `--plot` draws a written file's soak.png again, and nothing
+else.
 """
 
 import argparse
@@ -379,6 +382,33 @@ def write(results, out):
   os.replace(tmp, os.path.join(out, "soak.json"))
 
 
+# Each run as the docs name it, and a style that keeps it visible where
+# the curves coincide (descriptors and threads are equal across runs): the
+# first drawn wide and pale under the others, each with its own dashes and
+# markers, the markers staggered so that no two fall on one step.
+PLOT_STYLE = {
+  "mlp_eager": dict(
+    label="MLP, eager", color="tab:blue", linewidth=5, alpha=0.45, marker="o", markevery=(0, 12)
+  ),
+  "mlp_function": dict(
+    label="MLP, tf.function",
+    color="tab:orange",
+    linewidth=2.2,
+    linestyle="--",
+    marker="s",
+    markevery=(4, 12),
+  ),
+  "td3": dict(
+    label="TD3 (environment steps)",
+    color="tab:green",
+    linewidth=1.4,
+    linestyle="-.",
+    marker="^",
+    markevery=(8, 12),
+  ),
+}
+
+
 def plot(results, path):
   """The curves, one quantity a panel (resident memory, open descriptors,
   threads), drawn to be read at the docs' column width (about 690 px)."""
@@ -394,12 +424,14 @@ def plot(results, path):
   ax_rss, ax_fds, ax_threads = axes
   for run, entry in results["runs"].items():
     xs = [s["step"] for s in entry["samples"]]
-    (line,) = ax_rss.plot(xs, [s["rss_mb"] for s in entry["samples"]], linewidth=2, label=run)
-    color = line.get_color()
-    ax_fds.plot(xs, [s["fds"] for s in entry["samples"]], color=color, linewidth=2)
-    ax_threads.plot(xs, [s["threads"] for s in entry["samples"]], color=color, linewidth=2)
+    style = dict(PLOT_STYLE.get(run, {"label": run, "linewidth": 2}), markersize=5)
+    label = style.pop("label")
+    (line,) = ax_rss.plot(xs, [s["rss_mb"] for s in entry["samples"]], label=label, **style)
+    style["color"] = line.get_color()
+    ax_fds.plot(xs, [s["fds"] for s in entry["samples"]], **style)
+    ax_threads.plot(xs, [s["threads"] for s in entry["samples"]], **style)
     if "summary" in entry and "warmup_step" in entry["summary"]:
-      ax_rss.axvline(entry["summary"]["warmup_step"], color=color, linestyle=":")
+      ax_rss.axvline(entry["summary"]["warmup_step"], color=style["color"], linestyle=":")
   ax_rss.set_title("Soak: bridged training steps (dotted: end of warm-up)", fontsize=12)
   ax_rss.legend(fontsize=10)
   for ax, label in (
@@ -505,6 +537,15 @@ def recheck(path):
   return 1 if results["failures"] else 0
 
 
+def replot(path):
+  """The plot of a soak.json drawn again beside it (soak.png), from its
+  curves as they are: nothing is run, checked or rewritten."""
+  with open(path) as f:
+    results = json.load(f)
+  plot(results, os.path.join(os.path.dirname(os.path.abspath(path)), "soak.png"))
+  return 0
+
+
 def _print(results):
   for run, entry in results["runs"].items():
     s = entry.get("summary", {})
@@ -544,12 +585,17 @@ def main(argv=None):
   parser.add_argument(
     "--check", metavar="SOAK_JSON", help="evaluate the bounds again over a soak.json's curves"
   )
+  parser.add_argument(
+    "--plot", metavar="SOAK_JSON", help="draw a soak.json's soak.png again, running nothing"
+  )
   parser.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
   parser.add_argument("--partial", help=argparse.SUPPRESS)
   parser.add_argument("--td3-dir", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.check:
     return recheck(args.check)
+  if args.plot:
+    return replot(args.plot)
   args.td3_steps = args.td3_steps or args.steps
   # About 100 samples per run, at least every 1,000 steps on a full run.
   args.sample_every = args.sample_every or max(1, min(1000, args.steps // 100))

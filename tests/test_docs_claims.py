@@ -161,6 +161,44 @@ def test_translate_refuses_a_forward_that_writes_a_buffer_in_eval_mode():
     tb.translate(module, [tf.TensorSpec([None, 3], tf.float32)])
 
 
+# --- translate.md, "Training mode"; limitations.md: recurrent layers -------------
+
+
+class _Recurrent(torch.nn.Module):
+  def __init__(self, layer):
+    super().__init__()
+    self.layer = layer
+
+  def forward(self, x):
+    out = self.layer(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_a_recurrent_layer_in_training_mode_runs_torch_and_translates_in_eval(kind, caplog):
+  def net():
+    return _Recurrent(getattr(torch.nn, kind)(3, 4, batch_first=True))
+
+  module = tb.TorchModule(_seeded(net), name=f"recurrent_{kind}")
+  x = tf.ones([2, 5, 3])
+  with caplog.at_level(logging.INFO, logger="torchbridge"):
+    tf.function(lambda v: module(v, training=True))(x)
+  assert _runners.choices()[f"recurrent_{kind}"]["runner"] == "torch"
+  assert "a recurrent layer in training mode" in caplog.text
+  tf.function(lambda v: module(v, training=False))(x)
+  assert _runners.choices()[f"recurrent_{kind}"]["runner"] == "tf"
+  strict = tb.TorchModule(_seeded(net), name=f"recurrent_{kind}_tf", run="tf")
+  with pytest.raises(tb.UntranslatedOpsError, match="a recurrent layer in training mode"):
+    tf.function(lambda v: strict(v, training=True))(x)
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell", "RNNCell"])
+def test_a_recurrent_cell_translates_in_training_mode(kind):
+  module = tb.TorchModule(_seeded(lambda: getattr(torch.nn, kind)(3, 4)), name=f"cell_{kind}")
+  tf.function(lambda v: module(v, training=True))(tf.ones([2, 3]))
+  assert _runners.choices()[f"cell_{kind}"]["runner"] == "tf"
+
+
 # --- keras-layer.md: fit on the default runner, training-mode layers ------------
 
 
@@ -185,7 +223,7 @@ def test_keras_fit_on_the_default_runner_runs_training_batchnorm_and_dropout_as_
   assert np.any(weights["1.running_mean"] != 0)
 
 
-# --- devices.md, limitations.md: graph calls where TF sees a GPU ---------------
+# --- devices.md: graph calls where TF sees a GPU --------------------------------
 
 
 def test_where_tf_sees_a_gpu_graph_calls_that_run_torch_take_the_python_path(monkeypatch, caplog):

@@ -39,10 +39,8 @@ class MLP(tbk.TorchLayer):
     super().__init__(module, **kwargs)
     self.units = units
 
-  def get_config(self):
-    config = super().get_config()
-    config.pop("module", None)  # built in __init__: nothing pickled
-    return {**config, "units": self.units}
+  def get_config(self):  # no `module` argument: TorchLayer pickles nothing
+    return {**super().get_config(), "units": self.units}
 
 
 class NormDrop(tbk.TorchLayer):
@@ -55,11 +53,6 @@ class NormDrop(tbk.TorchLayer):
       torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Dropout(0.25), torch.nn.Linear(6, 2)
     )
     super().__init__(module, **kwargs)
-
-  def get_config(self):
-    config = super().get_config()
-    config.pop("module", None)
-    return config
 
 
 class KerasOwnLayerTest(keras_testing.TestCase):

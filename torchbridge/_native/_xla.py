@@ -92,7 +92,7 @@ _LIBRARY = _side_library.SideLibrary(
   requires=_require_the_op,
   what="the XLA custom call (for jit_compile=True)",
   optimize="-O1",
-  takes="about 25 s on 2 cores",
+  takes="about 40 s on 2 cores",
 )
 
 

@@ -65,12 +65,10 @@ class TorchModule(tf.Module):
   `RuntimeError`) naming it (what is watched: the `tb.TorchModule` guide).
 
   Graph calls that run torch run from C++ with no Python per call where
-  they can (each signature captured once with `torch.export` and checked
-  against the Python path, as for the TF runner); elsewhere (a refused
-  capture, a GPU, a `tf.distribute` replica, no native op) they run the
-  forward's Python on every call, said once (at WARNING where the capture
-  was refused, at INFO on a GPU or in a replica; without the native op its
-  own line says so);
+  they can (each signature captured once with `torch.export`, checked
+  against the Python path); elsewhere (a refused capture, a GPU, a replica,
+  no native op) they run the forward's Python on every call, said once (a
+  refused capture at WARNING, a GPU or a replica at INFO);
   `TORCHBRIDGE_TORCH_RUNNER=python` asks for that path.
 
   Args:
