@@ -711,6 +711,18 @@ def _fmt(value, digits=2):
   return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _rounds_text(rounds):
+  """The rounds a results file records, in words: 2 -> "2 alternated
+  rounds"; a run that gave some rows fewer records its rounds as text,
+  "2 (pure torch, ...; 1 for ...)" -> "2 alternated rounds (pure torch,
+  ...; 1 for ...)"."""
+  count, _, rest = str(rounds).partition(" ")
+  if not count.isdigit():
+    return f"alternated rounds: {rounds}"
+  words = f"{count} alternated round{'' if count == '1' else 's'}"
+  return f"{words} {rest}" if rest else words
+
+
 def markdown(data):
   """The table of a results file's `tasks` (what the docs page includes)."""
   tiny = data.get("tiny")
@@ -723,7 +735,7 @@ def markdown(data):
     ]
   lines += [
     f"Measured at {data['commit']} on {data['date']}, {data['machine']}; "
-    f"{data['rounds']} alternated round(s), {data['threads']} threads, one process per "
+    f"{_rounds_text(data['rounds'])}, {data['threads']} threads, one process per "
     f"row and round; steady step: the median of {data['steps']} steps.",
     "",
     f"Sizes: {_sizes_text(data['sizes'])}.",

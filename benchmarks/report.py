@@ -8,6 +8,7 @@ docs' tables are written into their pages when the site is built
 
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -18,6 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 BRIDGED = "torchbridge tf.function"
+# `decomposition`'s first row: the bridged step the other rows split.
+BRIDGED_STEP = "torchbridge tf.function step"
 PURE_TORCH = "pure torch"
 KERAS = "keras tf.function"
 TORCH_FORWARD_BACKWARD = "pure torch, forward and backward only"
@@ -84,7 +87,7 @@ def decomposition(results):
     t = steps["small_mlp"]
     ms = {n: t[n]["median_us"] / 1e3 for n in t}
     b, p, f = ms[BRIDGED], ms[PURE_TORCH], ms[floors[0]]
-    rows = [("torchbridge tf.function step", b), ("pure torch step (torch Adam)", p)]
+    rows = [(BRIDGED_STEP, b), ("pure torch step (torch Adam)", p)]
     if TORCH_FORWARD_BACKWARD in ms:
       rows.append(("pure torch forward and backward only", ms[TORCH_FORWARD_BACKWARD]))
     rows += [
@@ -365,19 +368,30 @@ def _plot_exchange(results, out_dir):
   ex = results.get("exchange")
   if not ex:
     return None
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
+
   labels = list(ex)
+  # Each size where its bytes put it on a log axis (4 KB to 64 MB is not
+  # four even steps), labelled with the run's own names for the sizes.
+  sizes = [ex[label]["bytes"] for label in labels]
   fig, ax = plt.subplots(figsize=(PLOT_WIDTH_IN, 4.5))
   for name, shown in (("torchbridge", "tb.to_tf(tb.to_torch(x))"), ("numpy_copy", "numpy copies")):
     ax.plot(
-      labels,
+      sizes,
       [ex[label]["timings"][name]["median_us"] for label in labels],
       marker="o",
       linewidth=2,
       label=shown,
     )
+  ax.set_xscale("log")
   ax.set_yscale("log")
+  ax.xaxis.set_major_locator(ticker.FixedLocator(sizes))
+  ax.xaxis.set_major_formatter(
+    ticker.FixedFormatter([re.sub(r"(\d)([KMG]B)", r"\1 \2", s) for s in labels])
+  )
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
   ax.tick_params(labelsize=11)
-  ax.set_xlabel("tensor size (float32)", fontsize=11)
+  ax.set_xlabel("tensor size (float32, log scale)", fontsize=11)
   ax.set_ylabel("µs, median (log scale)", fontsize=11)
   ax.legend(fontsize=11)
   ax.set_title("A tensor's round trip TF → torch → TF", fontsize=12)
@@ -519,7 +533,7 @@ CALL_ROWS = {
   "eager torchbridge identity": "eager `tb.torch_function` identity",
 }
 DECOMPOSITION_ROWS = {
-  "torchbridge tf.function step": f"{PYTHON_PATH}: the step",
+  BRIDGED_STEP: f"{PYTHON_PATH}: the step",
   "pure torch step (torch Adam)": "pure torch: the step (torch Adam)",
   "pure torch forward and backward only": "pure torch: forward and backward only",
   "bridged - pure torch: what running it from TF adds": (
@@ -582,22 +596,37 @@ def crossings_markdown(results):
 # The train steps the costs page splits: what the crossings add to a step,
 # at each size. Not a runner comparison (the runners page's, from its own
 # side-by-side run): no ratio between rows, and no Keras step in a
-# `tf.function` (the runners page's Keras port).
+# `tf.function` (the runners page's Keras port). The small MLP's step on the
+# Python path is stated once, on the runners page: here it is split into
+# parts (`decomposition`), and the larger models' steps, which the runners
+# page does not time, are shown whole.
 SPLIT_STEP_ROWS = tuple(n for n in STEP_ROWS if n != KERAS)
+# The model the costs page splits part by part, not shown whole.
+SPLIT_MODEL = "small_mlp"
+# The small MLP's other bridges, as what each adds over the step it splits.
+INSTEAD_ROWS = {
+  "torchbridge tf.function (tf.py_function path)": (
+    "through `tf.py_function` instead of the native op: what that adds"
+  ),
+  "numpy-copy bridge tf.function": "a bridge that copies through numpy instead: what that adds",
+}
 
 
 def steps_markdown(results):
   """The steps the costs page splits (latest.json), `run="torch"` on its
-  Python path: their times at each size (`SPLIT_STEP_ROWS`), and the small
-  MLP's step part by part."""
+  Python path: the larger models' steps whole (`SPLIT_STEP_ROWS`), and the
+  small MLP's step part by part, the step itself left out (the runners
+  page states each runner's step)."""
   out = []
-  steps = {m: t for m, t in results.get("train_steps", {}).items() if m in STEP_MODELS}
+  steps = {
+    m: t for m, t in results.get("train_steps", {}).items() if m in STEP_MODELS and m != SPLIT_MODEL
+  }
   if steps:
     rows = []
     for timings in steps.values():
       rows += [c for c in timings if c not in rows and _split_row(c)]
     out.append(
-      "| ms per train step, in the run of this page's tables (median [min-max]) | "
+      "| ms per train step, the larger models (median over processes [min-max]) | "
       + " | ".join(STEP_MODELS[m] for m in steps)
       + " |"
     )
@@ -613,12 +642,22 @@ def steps_markdown(results):
         )
       out.append(f"| {_label(c, STEP_ROWS)} | " + " | ".join(cells) + " |")
     out.append("")
-  rows = results.get("decomposition", {}).get("small_mlp")
+  rows = results.get("decomposition", {}).get(SPLIT_MODEL)
   if rows:
-    out.append("| the small MLP's step, part by part | ms |")
+    out.append(
+      f"| the small MLP's step, {PYTHON_PATH}, part by part (from medians over processes) | ms |"
+    )
     out.append("|---|---|")
+    step_ms = None
     for label, ms in rows:
+      if label == BRIDGED_STEP:
+        step_ms = ms  # the whole the parts split (each runner's step: the runners page's)
+        continue
       out.append(f"| {_label(label, DECOMPOSITION_ROWS)} | {ms:.2f} |")
+    timings = results.get("train_steps", {}).get(SPLIT_MODEL, {})
+    for name, label in INSTEAD_ROWS.items():
+      if step_ms is not None and name in timings:
+        out.append(f"| {label} | {timings[name]['median_us'] / 1e3 - step_ms:+.2f} |")
     out.append("")
   return "\n".join(out).rstrip("\n") + "\n"
 

@@ -8,10 +8,12 @@ mean over the seeds a thick one. Nothing is run again and nothing random is
 drawn, so the same file gives the same picture (byte for byte, on the same
 matplotlib). Writes rl_jobs_td3.png and rl_jobs_ppo.png beside the results.
 
-TD3 on Pendulum spends its first 10,000 steps on random actions (returns
-near -1300); the left panel shows the whole run with that phase shaded, the
-right one the last evaluations on their own scale, where the seeds and the
-backends can be told apart.
+TD3 on Pendulum spends its first 10,000 steps on random actions (the
+untrained actor's returns, about -1295 to -1360 by seed); the left panel
+shows the whole run with that phase shaded, the right one the last
+evaluations on their own scale, where the seeds and the backends can be
+told apart. The titles give each job's budget of environment steps (PPO's
+last evaluation falls at the end of the rollout that reaches it).
 SB3's TD3 is evaluated once, at the end (`learn()` runs no evaluation): its
 seeds are markers at the last step. PPO-LSTM's backends are all evaluated
 along the way: one panel, the task's maximum (500) and the 400 the tables
@@ -68,6 +70,10 @@ EVALUATIONS = {
 TD3_RANDOM_STEPS = 10_000
 # PPO: the task's maximum return, and the threshold the tables count from.
 PPO_MAX, PPO_THRESHOLD = 500.0, 400.0
+# Each job's budget of environment steps (rl_jobs.py's `--steps`; not --tiny).
+# A run stops at the first rollout that reaches it (PPO: 8 environments x 32
+# steps), and evaluates there: PPO's last evaluation is at 150,016.
+BUDGETS = {"td3": 20_000, "ppo": 150_000}
 
 
 def colour(backend: str, order: int = 0) -> str:
@@ -174,10 +180,13 @@ def _subtitle(data: dict, job: str, by_backend: dict) -> str:
   every = int(values[np.argmax(counts)]) if len(values) else 0
   irregular = any(len(steps) > 1 and steps[-1] - steps[-2] != every for steps in all_steps)
   cadence = f"every {every:,} steps" + (" and at the end" if irregular else "")
-  return (
-    f"seeds {seeds}; {last:,} environment steps each\n"
-    f"an evaluation {cadence}: the {EVALUATIONS[job]}"
-  )
+  steps = f"{last:,} environment steps each"
+  budget = None if data.get("tiny") else BUDGETS.get(job)
+  if budget is not None and budget <= last < budget + max(every, 1):
+    steps = f"{budget:,} environment steps each"
+    if last != budget:
+      steps += f" (the last evaluation at {last:,})"
+  return f"seeds {seeds}; {steps}\nan evaluation {cadence}: the {EVALUATIONS[job]}"
 
 
 def _styled(draw):

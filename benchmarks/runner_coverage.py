@@ -23,7 +23,9 @@ a copy of the module; a module whose torch output is random in that mode
 Writes the records (`--out`, with the commit) and the tally as markdown
 beside them (`runner_coverage.md`, which docs/coverage/runners.md
 includes); prints the tally. `--render` measures nothing: it writes the
-markdown again from the committed records (`--out`).
+markdown again from the committed records (`--out`), an older record's
+torch.export refusal in the words the runners write today where the
+record holds what they need (`_reason`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ import torchbridge as tb  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from benchmarks import translate_coverage as tc  # noqa: E402
 from torchbridge._runners import _record as _runners  # noqa: E402
+from torchbridge._translate import _export_errors  # noqa: E402
+from torchbridge._translate import _refusal  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 logging.getLogger("torch._export").setLevel(logging.ERROR)
@@ -294,7 +298,60 @@ def main(argv=None):
 _MODE = {False: "inference", True: "training"}
 # The name the benchmark gave each module (`translate('m16_0'): ...`) means
 # nothing to a reader; the reason is the same without it.
-_OWN_NAME = re.compile(r"^translate\('[^']*'\): ")
+_OWN_NAME = re.compile(r"translate\('[^']*'\): ")
+# The transformers models as their authors write them.
+_MODEL_NAMES = {"gpt2": "GPT-2", "bert": "BERT", "llama": "Llama", "t5": "T5", "vit": "ViT"}
+# A refusal of torch.export as records older than `Refusal.said()` hold it:
+# `tb.translate`'s sentence (the input_signature, torch's error, then advice
+# for translate's arguments, which a TorchModule takes none of).
+_OLD_EXPORT = re.compile(
+  r"(?:torch\.export could not capture the forward: )?"
+  r"torch\.export could not export the module with input_signature \[[^\]]*\]: (?P<error>.*)$"
+)
+_OLD_ADVICE = (
+  " Fixed sizes in place of None, or example_inputs closer to real data, may help; "
+  "else keep calling the module through the bridge."
+)
+_PREDATES = "(this record is older than today's wording{})"
+
+
+def _error_of(text):
+  """(torch's error, whole?) from the tail of an old export refusal: the
+  advice after it dropped; cut short ("...") where the record was."""
+  at = text.find(_OLD_ADVICE[:20])
+  if at >= 0:
+    return text[:at].rstrip(), True
+  if not text.endswith("..."):
+    return text, True
+  body = text[:-3]
+  for k in range(len(_OLD_ADVICE), 3, -1):  # cut inside the advice: the error is whole
+    if body.endswith(_OLD_ADVICE[:k]):
+      return body[:-k].rstrip(), True
+  return body.rstrip(), False
+
+
+def _reason(text):
+  """A recorded reason in the words the runners write today: an old
+  export refusal becomes `Refusal.said()`'s "torch.export could not capture
+  the forward: " and torch's error as `_export_errors.summary` says it,
+  derived from the error the record holds; where the record cut that error
+  short of its type, or of the words the summary needs, a note says the
+  record predates today's wording."""
+  text = _OWN_NAME.sub("", text)
+  old = _OLD_EXPORT.search(text)
+  if old is None:
+    return text
+  said = _refusal.WHAT["export"]
+  error, whole = _error_of(old["error"])
+  kind, colon, message = error.partition(": ")
+  if not (colon and kind.isidentifier()):  # the type itself cut short
+    return text[: old.start()] + said + " " + _PREDATES.format(" and cut torch's error short")
+  summary = _export_errors.summary(type(kind, (Exception,), {})(message))
+  # A data-dependent error is said from its type alone: today's line up to
+  # its "at" (the line in the forward, which the record does not hold).
+  if whole or summary.startswith("the code depends on tensor values"):
+    return text[: old.start()] + f"{said}: {summary}"
+  return text[: old.start()] + f"{said}: {summary}... " + _PREDATES.format("")
 
 
 def _escaped(text):
@@ -306,11 +363,11 @@ def _escaped(text):
 
 def _why(record):
   """What a record says beyond its outcome, or "" (a call that matched)."""
-  detail = _OWN_NAME.sub("", record.get("detail") or "")
+  detail = _reason(record.get("detail") or "")
   if record.get("path"):
     path = f"from {record['path']}"
     if record.get("path_reason"):
-      path += f" ({record['path_reason']})"
+      path += f" ({_reason(record['path_reason'])})"
     detail = f"{path}; {detail}" if detail else path
   return detail
 
@@ -391,6 +448,7 @@ def markdown(data):
       # time of the runner it took: "–" keeps each time under its mode.
       captures.append(f"{r['capture_s']:.2f}" if r.get("capture_s") is not None else "–")
     shown = " / ".join(captures) if any(c != "–" for c in captures) else ""
+    model = _MODEL_NAMES.get(model, model)
     lines.append(f"| {model} | {cells[0]} | {cells[1]} | {shown} |")
     reasons += [(model, " and ".join(m), why) for why, m in whys.items()]
   if reasons:

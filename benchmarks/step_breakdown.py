@@ -832,9 +832,10 @@ def _step_markdown(name, r, placement):
   lines += _table(
     "### The same step under TF's profiler\n\n"
     f"Under TF's profiler, with the bridge's annotations: "
-    f"{r['profiled_mean_ms']:.2f} ms a step; unprofiled: "
-    f"{r['unprofiled_mean_ms']:.2f} ms (median "
-    f"{r['unprofiled_median_ms']:.2f}; the middle 80% of {r['steps']} steps).",
+    f"{r['profiled_mean_ms']:.2f} ms a step (the mean of the middle 80% of "
+    f"{r['steps']} profiled steps); unprofiled: {r['unprofiled_mean_ms']:.2f} ms, "
+    "the unrecorded step of the section above (its alternated blocks, the "
+    "mean of the middle 80%).",
     {(tf_ops if row == TF_OPS else row): ms for row, ms in r["rows_ms"].items()},
     "profiled",
     r["profiled_mean_ms"],

@@ -75,13 +75,30 @@ def _runner_venvs(runners):
   return out
 
 
+def _timings_per_process(runners):
+  """How many timings each process of a runners.json took ("7", from its
+  rows' `samples_us`), or "" where it does not say."""
+  counts = {
+    len(process["samples_us"])
+    for models_ in runners["venvs"].values()
+    for rows in models_.values()
+    for row in rows.values()
+    for process in row.get("processes", ())
+    if "samples_us" in process
+  }
+  return "/".join(str(n) for n in sorted(counts))
+
+
 def runners_markdown(runners):
   """The runners page's tables (runners.json): the TD3 and small-MLP train
   steps per runner, with and without XLA, against the Keras port (the same
   XLA setting) and pure torch, for each torch build measured."""
+  timings = " ".join(filter(None, (_timings_per_process(runners), "timings")))
   out = [
     f"{runners['rounds']} alternated rounds, {runners['threads']} threads, each row in "
-    "processes of its own; the median of the rounds' medians; random batches.",
+    f"processes of its own, one a round; in each process, warmed up, {timings} of "
+    "about 0.25 s of steps, their median; a row's figure, the median of its processes' "
+    "medians; random batches.",
     "",
   ]
   titles = {"td3": "TD3 train step (batch 256)", "small_mlp": "small MLP train step"}
@@ -182,6 +199,12 @@ USER_VIEWS = {
     ("| contender |", "| |"),
     ("the same contender's quiet step", "the same row's quiet step"),
     ("each environment step; us)", "each environment step; µs)"),
+    # An eager `actor(obs)`: not the policy call of the TD3 example, which
+    # acts through the held `actor.torch_module` at pure torch's cost.
+    (
+      "(the policy call of each environment step;",
+      "(`actor(obs)`, as a policy that acts eagerly calls it each environment step;",
+    ),
     ("| vs Keras, quiet |", "| vs the Keras port, quiet |"),
     *_CONDITIONS,
     ("| nice19 busy2 |", "| niceness 19, beside 2 busy processes |"),
@@ -211,16 +234,22 @@ USER_VIEWS = {
   "benchmarks/results/real_models.md": (
     (" (Intel(R) Xeon(R) Processor)", " (x86_64)"),
     ("| contender |", "| |"),
-    ("(torchbridge contenders)", "(torchbridge's rows)"),
+    # Every `tb.TorchModule` row, on any runner (not "torchbridge": the
+    # default runner's alone).
+    ("(torchbridge contenders)", "(the `tb.TorchModule` rows)"),
     ('| torchbridge, run="torch" |', '| `run="torch"` |'),
     ('torchbridge, run="torch":', '`run="torch"`:'),
+    ('the default runner, run="torch";', 'the default runner, `run="torch"`;'),
+    # The runner column, as the pages name the runners.
+    ("| tf |", "| TF translation |"),
+    ("| torch (C++) |", "| torch from C++ |"),
     # The models by their names, not the benchmark's keys.
     ("Sizes: bert: ", "Sizes: BERT-base: "),
     ("; gpt2: ", "; GPT-2 small: "),
     ("; resnet18: ", "; ResNet-18: "),
-    (", bert: torch: ", ": torch (C++): "),
-    (", gpt2: torch: ", ": torch (C++): "),
-    (", resnet18: torch: ", ": torch (C++): "),
+    (", bert: torch: ", ": torch from C++: "),
+    (", gpt2: torch: ", ": torch from C++: "),
+    (", resnet18: torch: ", ": torch from C++: "),
   ),
   "benchmarks/results/first_call_breakdown.md": (
     ("# BERT-base's first training step, by part\n\n", ""),

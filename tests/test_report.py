@@ -57,8 +57,20 @@ def test_costs_tables_name_the_python_path_and_leave_td3_and_the_targets_out():
   assert '| `run="torch"`, Python path, in a `tf.function` |' in table
   assert "torchbridge tf.function" not in table
   assert "td3" not in table.lower() and "target" not in table
-  small = results["train_steps"]["small_mlp"]["torchbridge tf.function"]
-  assert f"{small['median_us'] / 1e3:.2f}" in table
+  # The small MLP's step on the Python path is the runners page's figure
+  # (runners.json): here it is split into its parts, not stated again.
+  steps = results["train_steps"]["small_mlp"]
+  small = steps["torchbridge tf.function"]["median_us"] / 1e3
+  assert f"{small:.2f}" not in table and f"{small:#.3g}" not in table
+  assert "| ms per train step, the larger models" in table
+  assert "| small MLP |" not in table.split("\n", 1)[0]
+  parts = dict(results["decomposition"]["small_mlp"])
+  assert f"| {parts['pure torch step (torch Adam)']:.2f} |" in table
+  # The other bridges, as what each adds over the step the parts split.
+  numpy_adds = steps["numpy-copy bridge tf.function"]["median_us"] / 1e3 - small
+  assert f"| a bridge that copies through numpy instead: what that adds | {numpy_adds:+.2f} |" in (
+    table
+  )
   # The page's two markers: the crossings, then the steps it splits.
   assert user_tables.page_table("costs", _read) == report.crossings_markdown(results)
   assert user_tables.page_table("costs-steps", _read) == report.steps_markdown(results)
@@ -76,7 +88,10 @@ def test_costs_tables_state_no_runner_comparison():
   assert " / pure torch" not in table and " / the Keras" not in table
   assert "the Keras port, in a `tf.function`" not in table
   assert "Keras model" not in table
-  assert "| the small MLP's step, part by part | ms |" in table
+  assert (
+    '| the small MLP\'s step, `run="torch"`, Python path, part by part (from medians over '
+    "processes) | ms |" in table
+  )
 
 
 def test_runners_tables_label_each_runner_and_hold_xla_to_keras_under_xla():
@@ -147,6 +162,10 @@ def test_the_step_breakdown_page_names_each_step_runner_and_thread():
   # A recorded step faster than the unrecorded one: noise, not a negative cost.
   assert "0.899x (under 1: what profiling costs is within the noise)" in view
   assert "(what profiling costs)" in view  # and the costs over 1 as they are
+  # The profiled sections hold their step against the recorded section's
+  # unrecorded step (a mean of the middle 80%), not a median of other steps.
+  assert "(median " not in view
+  assert "the unrecorded step of the section above" in view
 
 
 def test_the_load_views_say_the_conditions_and_one_eager_row():
@@ -160,13 +179,23 @@ def test_the_load_views_say_the_conditions_and_one_eager_row():
   eager = load[load.index("**One eager call") :]
   assert "| a `tb.TorchModule` eager call (any runner) | 537 | 536 | 0.37x |" in eager
   assert "run=" not in eager and "default runner" not in eager
+  # An eager `actor(obs)`, not "the policy call": the TD3 example acts
+  # through the held `actor.torch_module`, at pure torch's cost.
+  assert "policy call" not in eager.split("\n", 1)[0]
+  assert "(`actor(obs)`, as a policy that acts eagerly calls it" in eager
 
 
 def test_the_real_models_view_names_the_models():
   view = user_tables.page_table("benchmarks/results/real_models.md", _read)
   assert not re.search(r"\b(bert|gpt2|resnet18):", view)
   assert "Sizes: BERT-base: 12 layers" in view
-  assert "- BERT-base, training: torch (C++): an op has no TF translation" in view
+  assert "- BERT-base, training: torch from C++: an op has no TF translation" in view
+  # The runner column in the pages' words; the slow line names every
+  # `tb.TorchModule` row, not "torchbridge" (the default runner's alone).
+  assert "| torch from C++ |" in view and "| TF translation |" in view
+  assert not re.search(r"\| (tf|torch \(C\+\+\)) \|", view)
+  assert "pure torch's (the `tb.TorchModule` rows):" in view
+  assert "alternated round(s)" not in view
 
 
 def test_a_pattern_edit_fails_when_its_table_no_longer_holds_it():

@@ -87,7 +87,7 @@ def test_td3_one_colour_per_backend_seeds_thin_means_thick(data):
   assert "environment steps" in whole.get_xlabel() and "thousands" in whole.get_xlabel()
   assert "return" in whole.get_ylabel()
   title = fig._suptitle.get_text()  # pylint: disable=protected-access
-  assert "seeds 0, 1, 2" in title and "20,000 environment steps" in title
+  assert "seeds 0, 1, 2" in title and "20,000 environment steps each\n" in title
 
 
 def test_td3_range_shows_the_rise_and_the_end(data):
@@ -113,6 +113,26 @@ def test_ppo_one_panel_every_backend_evaluated(data):
   assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > rl_plots.PPO_MAX
   title = fig._suptitle.get_text()  # pylint: disable=protected-access
   assert "seeds 0, 1, 2" in title and "every 5,120 steps" in title
+  # The budget the tables give, and where the last evaluation fell past it
+  # (the end of the rollout that reached it).
+  last = max(int(s) for per in curves.values() for steps, _ in per.values() for s in steps)
+  assert last == 150_016
+  assert "150,000 environment steps each (the last evaluation at 150,016)" in title
+
+
+def test_the_titles_budgets_are_the_jobs(tmp_path):
+  # rl_plots.BUDGETS is what rl_jobs passes each example as --steps (SB3's
+  # runs take their own default, the same budget: sb3_process.py).
+  from benchmarks import rl_jobs  # pylint: disable=import-outside-toplevel
+
+  for job, budget in rl_plots.BUDGETS.items():
+    examples = 0
+    for run in rl_jobs._runs(job, 0, str(tmp_path)).values():  # pylint: disable=protected-access
+      (args,) = run.__defaults__
+      if "--steps" in args:
+        assert args[args.index("--steps") + 1] == str(budget), (job, args)
+        examples += 1
+    assert examples >= 2, job
 
 
 def test_a_smoke_run_draws_too(tmp_path):
