@@ -283,7 +283,7 @@ def test_unsupported_strategy_is_refused_with_the_fix():
 @pytest.mark.parametrize(
   "real_strategy, reason",
   [
-    (tf.distribute.TPUStrategy, "TPUs run compiled XLA programs"),
+    (tf.distribute.TPUStrategy, "a TPU cannot run the bridge's XLA custom call"),
     (tf.distribute.experimental.ParameterServerStrategy, "remote worker processes"),
   ],
   ids=["tpu", "parameter_server"],

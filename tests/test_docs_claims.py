@@ -199,6 +199,95 @@ def test_a_recurrent_cell_translates_in_training_mode(kind):
   assert _runners.choices()[f"cell_{kind}"]["runner"] == "tf"
 
 
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell", "RNNCell"])
+def test_a_recurrent_cell_served_matches_torch_eagerly_in_a_graph_and_under_xla(kind):
+  # translate.md, "Coverage": the cells.
+  net = _seeded(lambda: getattr(torch.nn, kind)(3, 4))
+  served = tb.translate(
+    tb.TorchModule(net, name=f"served_{kind}"), [tf.TensorSpec([None, 3], tf.float32)]
+  )
+  x = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
+  with torch.no_grad():
+    out = net(torch.from_numpy(x))
+  want = (out[0] if isinstance(out, tuple) else out).numpy()
+  for call in (
+    served,
+    tf.function(served.__call__),
+    tf.function(served.__call__, jit_compile=True),
+  ):
+    got = call(tf.constant(x))
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+# --- translate.md, "Training mode"; limitations.md: attention dropout ----------
+
+
+class _SelfAttention(torch.nn.Module):
+  """Attention as Hugging Face's models call it: dropout in training only,
+  or always (`always=True`)."""
+
+  def __init__(self, always=False):
+    super().__init__()
+    self.qkv = torch.nn.Linear(4, 12)
+    self.always = always
+
+  def forward(self, x):
+    q, k, v = (t.unsqueeze(1) for t in self.qkv(x).chunk(3, dim=-1))  # one head
+    p = 0.1 if self.training or self.always else 0.0
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p).squeeze(1)
+
+
+class _MultiheadAttention(torch.nn.Module):
+  def __init__(self, need_weights):
+    super().__init__()
+    self.attention = torch.nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True)
+    self.need_weights = need_weights
+
+  def forward(self, x):
+    return self.attention(x, x, x, need_weights=self.need_weights)[0]
+
+
+_ATTENTION = {
+  "scaled_dot_product_attention": (_SelfAttention, 4),
+  "MultiheadAttention_need_weights_False": (lambda: _MultiheadAttention(False), 8),
+  "TransformerEncoderLayer": (
+    lambda: torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True),
+    8,
+  ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_ATTENTION))
+def test_attention_dropout_in_training_mode_runs_torch_and_translates_in_eval(kind, caplog):
+  make, width = _ATTENTION[kind]
+  module = tb.TorchModule(_seeded(make), name=f"attention_{kind}")
+  x = tf.ones([2, 5, width])
+  with caplog.at_level(logging.INFO, logger="torchbridge"):
+    tf.function(lambda v: module(v, training=True))(x)
+  assert _runners.choices()[f"attention_{kind}"]["runner"] == "torch"
+  assert "attention dropout (dropout_p > 0)" in caplog.text
+  tf.function(lambda v: module(v, training=False))(x)
+  assert _runners.choices()[f"attention_{kind}"]["runner"] == "tf"
+  strict = tb.TorchModule(_seeded(make), name=f"attention_{kind}_tf", run="tf")
+  with pytest.raises(tb.UntranslatedOpsError, match=r"attention dropout \(dropout_p > 0\)"):
+    tf.function(lambda v: strict(v, training=True))(x)
+
+
+def test_multihead_attention_computing_its_weights_translates_its_dropout_in_training():
+  module = tb.TorchModule(_seeded(lambda: _MultiheadAttention(True)), name="mha_weights")
+  tf.function(lambda v: module(v, training=True))(tf.ones([2, 5, 8]))
+  assert _runners.choices()["mha_weights"]["runner"] == "tf"
+
+
+def test_attention_dropout_is_refused_in_eval_mode_too_and_by_translate():
+  module = tb.TorchModule(_seeded(lambda: _SelfAttention(always=True)), name="attention_always")
+  tf.function(lambda v: module(v, training=False))(tf.ones([2, 5, 4]))
+  assert _runners.choices()["attention_always"]["runner"] == "torch"
+  with pytest.raises(tb.UntranslatedOpsError, match=r"attention dropout \(dropout_p > 0\)"):
+    tb.translate(module, [tf.TensorSpec([None, 5, 4], tf.float32)])
+
+
 # --- keras-layer.md: fit on the default runner, training-mode layers ------------
 
 

@@ -66,10 +66,11 @@ def _cnn_more():
 
 
 class _Recurrent(torch.nn.Module):
-  def __init__(self, kind):
+  def __init__(self, kind, **kwargs):
     super().__init__()
-    self.rnn = kind(3, 6, num_layers=2, batch_first=True)
-    self.head = torch.nn.Linear(6, 2)
+    self.rnn = kind(3, 6, num_layers=2, batch_first=True, **kwargs)
+    directions = 2 if kwargs.get("bidirectional") else 1
+    self.head = torch.nn.Linear(6 * directions, 2)
 
   def forward(self, x):
     out, state = self.rnn(x)
@@ -170,6 +171,22 @@ CASES = {
   ),
   "gru": (
     lambda: _Recurrent(torch.nn.GRU),
+    [tf.TensorSpec([None, 5, 3])],
+    lambda n: [np.random.randn(n, 5, 3)],
+  ),
+  # The Serving guide's coverage list: RNN (tanh/relu), bidirectional.
+  "rnn_tanh": (
+    lambda: _Recurrent(torch.nn.RNN),
+    [tf.TensorSpec([None, 5, 3])],
+    lambda n: [np.random.randn(n, 5, 3)],
+  ),
+  "rnn_relu_bidirectional": (
+    lambda: _Recurrent(torch.nn.RNN, nonlinearity="relu", bidirectional=True),
+    [tf.TensorSpec([None, 5, 3])],
+    lambda n: [np.random.randn(n, 5, 3)],
+  ),
+  "lstm_bidirectional": (
+    lambda: _Recurrent(torch.nn.LSTM, bidirectional=True),
     [tf.TensorSpec([None, 5, 3])],
     lambda n: [np.random.randn(n, 5, 3)],
   ),

@@ -38,7 +38,7 @@ process that holds its variables. Create the module under one of those, e.g.
   with strategy.scope():
     module = tb.TorchModule(torch_module)"""
 
-_TPU_REASON = "TPUs run compiled XLA programs, which cannot call torch."
+_TPU_REASON = "a TPU cannot run the bridge's XLA custom call, which has a CPU kernel only."
 _PARAMETER_SERVER_REASON = (
   "its functions run on remote worker processes, which cannot reach this process's torch module."
 )
