@@ -4,7 +4,8 @@ Three runs, each in a child process of its own (issue 28, "a soak"):
   - `mlp_eager`: bridged training steps of a small MLP (a `tb.TorchModule`
     around a torch `nn.Sequential`, 32-64-64-1, batch 64, a new input batch
     every step, Keras Adam), eagerly;
-  - `mlp_function`: the same step inside `tf.function`;
+  - `mlp_function`: the same step inside `tf.function` (both with
+    `run="torch"`: torch from C++ through the bridge, every call crossing);
   - `td3`: examples/td3_pendulum.py's own training loop, torchbridge backend
     (environment, replay buffer, `tf.function` train step, evaluations,
     checkpoints and TensorBoard summaries as a user's run has them), for as
@@ -145,7 +146,10 @@ def run_mlp(mode, steps, every, threads, path):
     torch.nn.ReLU(),
     torch.nn.Linear(64, 1),
   )
-  net = tb.TorchModule(net_torch, name="mlp")
+  # Graph calls take run="torch": the soak's MLP runs are the bridge's
+  # crossings (the default runner would run its translation, no crossing;
+  # the TD3 run soaks that). Eager calls run torch on any runner.
+  net = tb.TorchModule(net_torch, name="mlp", run="torch")
   optimizer = tf.keras.optimizers.Adam(1e-3)
   tb.reset_exchange_stats()
 
