@@ -170,11 +170,16 @@ def _final_markers(ax, data: dict, job: str, by_backend: dict, at_step: float) -
     ax.plot([at_step / 1e3], [np.mean(values)], "o", color=c, ms=8, mfc="none", mew=2, zorder=4)
 
 
+def _last_step(by_backend: dict) -> int:
+  """The last evaluated step of any backend's seed."""
+  return max(int(steps[-1]) for per_seed in by_backend.values() for steps, _ in per_seed.values())
+
+
 def _subtitle(data: dict, job: str, by_backend: dict) -> str:
   """Which runs the figure shows: the seeds, the steps, the evaluations."""
   seeds = ", ".join(str(s) for s in sorted(data["runs"][job], key=int))
   all_steps = [steps for per_seed in by_backend.values() for steps, _ in per_seed.values()]
-  last = max(int(steps[-1]) for steps in all_steps)
+  last = _last_step(by_backend)
   gaps = np.concatenate([np.diff(steps) for steps in all_steps])
   values, counts = np.unique(gaps, return_counts=True)
   every = int(values[np.argmax(counts)]) if len(values) else 0
@@ -204,7 +209,7 @@ def _styled(draw):
 def td3_figure(data: dict) -> Figure:
   """TD3: the whole run, and the last evaluations on their own scale."""
   by_backend = curves(data, "td3")
-  last_step = max(steps[-1] for per in by_backend.values() for steps, _ in per.values())
+  last_step = _last_step(by_backend)
   fig = Figure(figsize=(WIDTH_IN, 5.6), dpi=DPI)
   whole, end = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
   if not data.get("tiny"):  # a smoke run (--tiny) starts training at 400 steps
@@ -274,7 +279,7 @@ def _zoom_start(by_backend: dict, level: float) -> float:
 def ppo_figure(data: dict) -> Figure:
   """PPO-LSTM: one panel, the maximum and the 400 threshold marked."""
   by_backend = curves(data, "ppo")
-  last_step = max(steps[-1] for per in by_backend.values() for steps, _ in per.values())
+  last_step = _last_step(by_backend)
   fig = Figure(figsize=(WIDTH_IN, 5.2), dpi=DPI)
   ax = fig.subplots()
   marks = [

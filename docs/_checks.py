@@ -188,7 +188,8 @@ _WORKSHOP = re.compile(
   r"(?<![\w/.-])(?:csrc|tests|benchmarks|docs|\.ci)/[\w./*-]*"  # a repository path
   r"|(?<![\w/.-])torchbridge/(?:_[\w./*-]+|[\w/]+\.(?:py|h|cc))"  # a source file
   r"|\btorchbridge\._[a-z]\w*(?:\.\w+)*"  # a private module
-  r"|(?<![\w./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/-]|\.\w)"  # a commit
+  # a commit: lower-case hex standing alone (capitals make an address, a name)
+  r"|(?-i:(?<![\w./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w/-]|\.\w))"
   r"|(?<![\w.])benchmarks\.\w+"  # python -m benchmarks.x
   r"|\bcontenders?\b|\bfloors?\b|\bbare op\b|\bdevelopment venv\b",
   re.I,
@@ -229,17 +230,13 @@ def workshop(html: str, class_names: Iterable[str] = ()) -> list[str]:
     ['csrc/torch_thread.h', '3301fe3']
   """
   text = _text(html)
+  # _JARGON's words, its commits left to _WORKSHOP's stricter pattern.
   found = [
     (m.start(), m.group(0)) for m in _JARGON.finditer(text) if not _HEX.fullmatch(m.group(0))
   ]
   found += [(m.start(), m.group(0)) for m in _WORKSHOP.finditer(text)]
   for name in class_names:
     found += [(m.start(), name) for m in re.finditer(rf"\b{re.escape(name)}\b", text)]
-  found = [
-    (at, word)
-    for at, word in found
-    if not (re.fullmatch(r"[0-9a-fA-F]{7,40}", word) and word != word.lower())
-  ]
   words = [word for _, word in sorted(found)]
   for head in _TABLE_HEAD.finditer(html):
     if re.search(r"<th\b[^>]*>\s*targets?\s*</th>", head.group(1), re.I):
