@@ -1,9 +1,5 @@
 """results.json, learning curves and the closing summary of a PPO run."""
 
-import glob
-import json
-import os
-
 import gymnasium as gym
 import matplotlib
 import numpy as np
@@ -13,9 +9,11 @@ import torch
 import torchbridge as tb
 from td3.reporting import ProgressBar  # noqa: F401  (the same bar as TD3's)
 from td3.reporting import closing_lines
+from td3.reporting import load_runs
 
 matplotlib.use("Agg")  # files only
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 SOLVED = 400.0
 
@@ -63,67 +61,132 @@ def results(run, args, wall_seconds):
   }
 
 
-_PANELS = (
+# Drawn for the documentation's content column, as the benchmarks' plots:
+# 7.2 inches wide, 9-point text, saved at 200 dpi.
+WIDTH_IN, DPI = 7.2, 200
+STYLE = {
+  "font.size": 9,
+  "axes.titlesize": 9,
+  "axes.labelsize": 9,
+  "xtick.labelsize": 8,
+  "ytick.labelsize": 8,
+  "legend.fontsize": 8,
+}
+PPO_MAX = 500.0  # CartPole-v1's episode limit: the most a policy can reach
+
+# The two panels: which variants each compares, and each variant's colour
+# (Okabe-Ito: told apart with any colour vision). A variant is keyed by
+# (policy, loss, backend, rollout steps, padded length).
+_BRIDGE = ("lstm", "masked", "torchbridge", 32, 32)
+PANELS = (
   (
-    "LSTM vs MLP, bridge vs pure torch",
+    "memory, and the bridge against pure torch (32-step rollouts)",
     {
-      "lstm masked (torchbridge)": "tab:blue",
-      "lstm masked (torch)": "tab:orange",
-      "mlp masked (torchbridge)": "tab:gray",
+      _BRIDGE: "#0072B2",
+      ("lstm", "masked", "torch", 32, 32): "#E69F00",
+      ("mlp", "masked", "torchbridge", 32, 32): "#000000",
     },
   ),
   (
-    "masked vs unmasked loss (bridge)",
+    "masked against unmasked loss, through the bridge",
     {
-      "lstm masked (torchbridge)": "tab:blue",
-      "lstm unmasked (torchbridge)": "tab:red",
-      "lstm masked (torchbridge, 128-step rollouts, T=128)": "tab:green",
-      "lstm unmasked (torchbridge, 128-step rollouts, T=128)": "tab:purple",
+      _BRIDGE: "#0072B2",
+      ("lstm", "unmasked", "torchbridge", 32, 32): "#D55E00",
+      ("lstm", "masked", "torchbridge", 128, 128): "#009E73",
+      ("lstm", "unmasked", "torchbridge", 128, 128): "#CC79A7",
     },
   ),
 )
+_MORE = ("#56B4E9", "#F0E442", "#999999")  # variants no panel names (the first panel's)
+
+
+def variant(r):
+  """The run's variant: (policy, loss, backend, rollout steps, padded length)."""
+  hyper = r["hyperparameters"]
+  return (r["policy"], r["loss"], r["backend"], hyper["n_steps"], hyper["max_seq_len"])
+
+
+def variant_name(key):
+  """A variant as a reader says it: "LSTM, masked loss, pure torch"."""
+  policy, loss, backend, n_steps, max_seq_len = key
+  policy = "LSTM" if policy == "lstm" else f"{policy.upper()} (no memory)"
+  backend = "pure torch" if backend == "torch" else backend
+  if (n_steps, max_seq_len) == (32, 32):
+    return f"{policy}, {loss} loss, {backend}"
+  return f"{policy}, {loss} loss, {n_steps}-step rollouts padded to {max_seq_len}, {backend}"
+
+
+def _mean_curve(curves):
+  """The mean over seeds at the steps every seed was evaluated at."""
+  common = sorted(set.intersection(*(set(steps.tolist()) for steps, _ in curves)))
+  means = [np.mean([returns[steps == s][0] for steps, returns in curves]) for s in common]
+  return np.asarray(common, float), np.asarray(means)
+
+
+def variants_figure(runs):
+  """Every run's evaluation returns, one colour per variant: each seed a
+  thin line, the mean over seeds a thick one; steps in thousands."""
+  by_variant = {}
+  for r in sorted(runs, key=lambda r: (variant(r), r["seed"])):
+    if r.get("eval_returns"):
+      steps, returns = np.asarray(r["eval_returns"], float).T
+      by_variant.setdefault(variant(r), []).append((steps, returns))
+  known = {key for _, colours in PANELS for key in colours}
+  extra = [key for key in by_variant if key not in known]
+  last_step = max(steps[-1] for curves in by_variant.values() for steps, _ in curves)
+  # What the runs were: evaluated every so many steps (the first
+  # evaluation's step), and trained before reward scaling where no run
+  # records it (the committed variants in examples/results/ppo/).
+  every = min(int(curves[0][0][0]) for curves in by_variant.values())
+  scaled = any("reward_scale" in r for r in runs)
+  with matplotlib.rc_context(STYLE):
+    fig = Figure(figsize=(WIDTH_IN, 10.4), dpi=DPI)
+    axes = fig.subplots(2, 1)
+    for i, (ax, (title, colours)) in enumerate(zip(axes, PANELS)):
+      colours = dict(colours)
+      if i == 0:
+        colours.update({key: _MORE[k % len(_MORE)] for k, key in enumerate(extra)})
+      handles = []
+      for key, colour in colours.items():
+        curves = by_variant.get(key)
+        if not curves:
+          continue
+        for steps, returns in curves:
+          ax.plot(steps / 1e3, returns, color=colour, lw=0.9, alpha=0.55, zorder=2)
+        steps, mean = _mean_curve(curves)
+        ax.plot(steps / 1e3, mean, color=colour, lw=2.6, marker="o", ms=3, zorder=3)
+        label = f"{variant_name(key)} ({len(curves)} seeds)"
+        handles.append(Line2D([], [], color=colour, lw=2.6, marker="o", ms=3, label=label))
+      ax.axhline(PPO_MAX, color="0.4", lw=1.0, ls=":", zorder=1)
+      ax.axhline(SOLVED, color="0.4", lw=1.0, ls="--", zorder=1)
+      ax.set_title(title)
+      ax.set_xlim(0, last_step / 1e3 + 2)
+      ax.set_ylim(0, PPO_MAX + 40)
+      ax.set_xlabel("environment steps (thousands)")
+      ax.set_ylabel("evaluation return\n(steps balanced, at most 500)")
+      ax.grid(True, color="0.88", lw=0.6, zorder=0)
+      ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
+    fig.suptitle(
+      "PPO on CartPole-v1 without velocities: the variants"
+      + ("" if scaled else ", before reward scaling")
+      + f"\nan evaluation every {every:,} steps (the mean return of greedy episodes)\n"
+      "thin: one seed; thick: the mean of the seeds; dotted: 500, the most there is; "
+      "dashed: 400"
+    )
+    fig.subplots_adjust(left=0.12, right=0.98, top=0.9, bottom=0.12, hspace=0.58)
+  return fig
+
+
+def plot_variants(runs, path):
+  """Draws `variants_figure(runs)` into `path`; returns `path`."""
+  variants_figure(runs).savefig(path, dpi=DPI)
+  return path
 
 
 def plot_learning_curves(runs_dir, path):
-  """Plots every PPO run found in `runs_dir/*/results.json` into `path`:
-  thin lines per seed, a thick line for the mean over seeds; variants not in
-  the two panels' legends go to the first panel."""
-  runs = {}
-  for results_path in sorted(glob.glob(os.path.join(runs_dir, "*", "results.json"))):
-    with open(results_path) as f:
-      r = json.load(f)
-    if "policy" in r and r.get("eval_returns"):
-      runs.setdefault(label(r), []).append(np.asarray(r["eval_returns"], float))
-  # One panel above the other, each the docs column's width (legible at it).
-  fig, axes = plt.subplots(2, 1, figsize=(7.5, 9), sharex=True)
-  known = {name for _, colors in _PANELS for name in colors}
-  for ax, (title, colors) in zip(axes, _PANELS):
-    names = [n for n in runs if n in colors or (ax is axes[0] and n not in known)]
-    for name in names:
-      color = colors.get(name)
-      curves = runs[name]
-      for curve in curves:
-        ax.plot(curve[:, 0], curve[:, 1], color=color, alpha=0.25, linewidth=1)
-      length = min(len(c) for c in curves)
-      mean = np.mean([c[:length, 1] for c in curves], axis=0)
-      ax.plot(
-        curves[0][:length, 0],
-        mean,
-        color=color,
-        linewidth=2.2,
-        label=f"{name}, mean of {len(curves)}",
-      )
-    ax.axhline(SOLVED, color="gray", linestyle="--", linewidth=1)
-    ax.set_title(title, fontsize=12)
-    ax.set_ylabel("mean evaluation return (greedy)", fontsize=10)
-    ax.tick_params(labelsize=10)
-    ax.legend(fontsize=9, loc="lower right")
-  axes[-1].set_xlabel("environment steps", fontsize=10)
-  fig.suptitle("PPO on CartPole-v1 without velocities (thin: one seed)", fontsize=12)
-  fig.tight_layout()
-  fig.savefig(path, dpi=130)
-  plt.close(fig)
-  return path
+  """Draws every PPO run found in `runs_dir/*/results.json` into `path`
+  (`variants_figure`); returns `path`."""
+  return plot_variants([r for r in load_runs(runs_dir) if "policy" in r], path)
 
 
 def summary(results, out_dir):
